@@ -1,0 +1,61 @@
+"""GRPO Lab's helper package: the one place where the lab book's logic lives.
+
+Notebooks teach and call ``labkit``; tests check it. Submodules are named after the
+concepts they hold and are imported lazily, so ``import labkit`` is cheap and works
+without torch (the structural notebook checks rely on that):
+
+- ``labkit.device``     which accelerator is here and which precision to train in
+- ``labkit.models``     tiny offline models, real policies (full / LoRA / QLoRA), the architecture catalogue
+- ``labkit.data``       GSM8K (bundled, MIT) as conversational prompts
+- ``labkit.objective``  group advantages, KL estimators, the clipped GRPO loss
+- ``labkit.rewards``    verifiable reward functions with TRL's calling convention
+- ``labkit.dashboard``  live reward and VRAM widgets
+- ``labkit.memory``     the VRAM estimator
+- ``labkit.nano``       a transparent GRPO loop and the CPU demo task
+- ``labkit.nbcheck``    structural checks of the lab's notebooks
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_SUBMODULES = (
+    "bench",
+    "dashboard",
+    "data",
+    "device",
+    "evaluate",
+    "lab",
+    "memory",
+    "models",
+    "nano",
+    "nbcheck",
+    "objective",
+    "presets",
+    "rewards",
+    "training",
+)
+
+__all__ = ["setup", "__version__", *_SUBMODULES]
+
+
+def setup(seed: int = 0, mode: str = "auto", *, verbose: bool = True):
+    """Return the lab's context (mode, device, precision) after seeding everything.
+
+    Every notebook calls this once, right after ``import labkit``. See
+    :func:`labkit.lab.setup` for the details.
+    """
+    from labkit.lab import setup as _setup
+
+    return _setup(seed=seed, mode=mode, verbose=verbose)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"labkit.{name}")
+    raise AttributeError(f"module 'labkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,145 @@
+"""Which accelerator is here, and which precision to train in on it.
+
+Introduced in ``00_setup.ipynb``; every training path (TRL's ``GRPOTrainer``, the nano
+loop, the benchmarks) takes its precision flags from :func:`precision_flags`, so that
+no path silently trains in bf16 on a CPU (TRL's ``GRPOConfig`` defaults to bf16, which
+made a CPU step about 7x slower) or on a T4 (which has no bf16 at all).
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = [
+    "DeviceInfo",
+    "detect_device",
+    "choose_precision",
+    "precision_flags",
+    "torch_dtype",
+    "PRECISIONS",
+]
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What :func:`detect_device` found: the kind of device and what it can do."""
+
+    kind: str  # "cuda", "mps" or "cpu"
+    name: str  # "NVIDIA GeForce RTX 3080 Laptop GPU", "Apple M2", "x86_64 CPU (2 cores)"
+    total_memory_gib: float | None  # GPU memory; None on CPU and MPS (shared memory)
+    compute_capability: tuple[int, int] | None  # (8, 6) for Ampere laptop cards, (7, 5) for a T4
+    bf16: bool  # can it train in bfloat16 at full speed?
+    fp16: bool  # can it train in float16 mixed precision?
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("cuda", "mps")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.kind)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        mem = f", {self.total_memory_gib:.1f} GiB" if self.total_memory_gib else ""
+        cc = f", sm_{self.compute_capability[0]}{self.compute_capability[1]}" if self.compute_capability else ""
+        return f"{self.kind}: {self.name}{mem}{cc}"
+
+
+def detect_device(prefer: str | None = None) -> DeviceInfo:
+    """Return a :class:`DeviceInfo` for the best device here (cuda, then mps, then cpu).
+
+    ``prefer="cpu"`` (or the environment variable ``LABKIT_DEVICE=cpu``) forces the CPU
+    even when a GPU is present, which is what the lab's CPU mode and CI do.
+    """
+    prefer = prefer or os.environ.get("LABKIT_DEVICE") or None
+    if prefer not in (None, "cuda", "mps", "cpu"):
+        raise ValueError(f"prefer must be 'cuda', 'mps' or 'cpu', not {prefer!r}")
+    if prefer in (None, "cuda") and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        capability = (props.major, props.minor)
+        # bf16 tensor cores arrived with Ampere (sm_80). torch.cuda.is_bf16_supported() can
+        # say True on older cards through emulation, which is slow: decide from the capability.
+        return DeviceInfo(
+            kind="cuda",
+            name=props.name,
+            total_memory_gib=props.total_memory / _GIB,
+            compute_capability=capability,
+            bf16=capability >= (8, 0),
+            fp16=capability >= (6, 0),
+        )
+    if prefer == "cuda":
+        raise RuntimeError("prefer='cuda' but torch sees no CUDA device (torch.cuda.is_available() is False)")
+    mps = getattr(torch.backends, "mps", None)
+    if prefer in (None, "mps") and mps is not None and mps.is_available():
+        return DeviceInfo("mps", f"Apple {platform.machine()}", None, None, bf16=False, fp16=False)
+    if prefer == "mps":
+        raise RuntimeError("prefer='mps' but torch.backends.mps.is_available() is False")
+    cores = os.cpu_count() or 1
+    return DeviceInfo("cpu", f"{platform.machine()} CPU ({cores} cores)", None, None, bf16=False, fp16=False)
+
+
+def choose_precision(info: DeviceInfo | None = None) -> str:
+    """Return ``"bf16"``, ``"fp16"`` or ``"fp32"``: the training precision for this device.
+
+    bf16 on Ampere or newer (no loss scaling needed), fp16 with loss scaling on older cards
+    (a T4 is sm_75 and has no bf16), fp32 on CPU and Apple MPS. Never bf16 on a CPU.
+    """
+    info = info or detect_device()
+    if info.kind == "cuda":
+        if info.bf16:
+            return "bf16"
+        if info.fp16:
+            return "fp16"
+    return "fp32"
+
+
+def precision_flags(info: DeviceInfo | None = None, precision: str | None = None) -> dict:
+    """Return ``{"bf16": bool, "fp16": bool}`` for ``GRPOConfig`` / ``TrainingArguments``.
+
+    Pass ``precision`` to override the automatic choice; asking for a precision the device
+    cannot do fails here, with what to change, instead of deep inside training.
+    """
+    info = info or detect_device()
+    precision = precision or choose_precision(info)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if precision == "bf16" and not info.bf16:
+        raise ValueError(
+            f"bf16 was asked for, but {info} has no bf16 support. "
+            f"Use precision={choose_precision(info)!r} (or leave precision unset to choose automatically)."
+        )
+    if precision == "fp16" and not info.fp16:
+        raise ValueError(
+            f"fp16 mixed precision was asked for, but {info} cannot train in fp16. "
+            f"Use precision={choose_precision(info)!r}."
+        )
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def torch_dtype(precision: str, method: str = "full") -> torch.dtype:
+    """Return the dtype to load a policy's weights in, for a training precision and method.
+
+    - bf16: weights in bf16 (half the memory of fp32; no loss scaling needed).
+    - fp16 + full fine-tuning: weights stay fp32, because fp16 AMP keeps fp32 master
+      weights (the trainer refuses to unscale fp16 gradients).
+    - fp16 + LoRA/QLoRA: the frozen base is loaded in fp16; PEFT keeps the small adapters
+      in fp32, so the trainable part still has fp32 master weights.
+    - fp32: fp32.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp16" and method in ("lora", "qlora"):
+        return torch.float16
+    return torch.float32

@@ -1,0 +1,341 @@
+"""Models for the lab: tiny offline ones for the CPU mode, real ones for the GPU mode.
+
+- :func:`tiny_tokenizer` / :func:`build_tiny_model`: a byte-level tokenizer with a
+  ChatML chat template and a tiny Qwen2- or Llama-shaped causal LM, built locally with no
+  download, saved to a cache folder and reused. Every notebook's CPU mode and every test
+  trains these (introduced in ``00_setup.ipynb``).
+- :func:`load_policy`: a real instruct model by hub id or local path, as full, LoRA or
+  QLoRA (4-bit, bitsandbytes), in the precision :mod:`labkit.device` picks.
+- :data:`ARCHITECTURES` / :func:`build_architecture`: the published shapes of the models
+  the lab trains, built with random weights on any device (or ``"meta"``) for memory work.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "ARCHITECTURES",
+    "cache_dir",
+    "tiny_tokenizer",
+    "build_tiny_model",
+    "tiny_model_path",
+    "architecture_config",
+    "build_architecture",
+    "lora_config",
+    "load_tokenizer",
+    "load_policy",
+    "count_parameters",
+    "enable_checkpointing",
+    "DEFAULT_LORA_TARGETS",
+]
+
+# ChatML, the format of Qwen2.5's chat template, without its tool-calling branches.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# The lab's answer format. As single tokens a tiny model can learn the format in a few
+# hundred steps; as bytes it takes far longer. Real tokenizers split them into pieces.
+_FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+
+# Tiny shapes: a few hundred thousand parameters, one GRPO step in well under a second on CPU.
+_TINY_SHAPES = {
+    "qwen2": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2),
+    "llama": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2),
+}
+
+# LoRA on attention and MLP projections. The 16 GB laptop recipe in REFERENCES.md used
+# q/k/o/up/down; adding v and gate costs little and is PEFT's usual "all linear" choice.
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def cache_dir() -> Path:
+    """Return the folder where labkit keeps what it builds (``$LABKIT_CACHE`` or ``~/.cache/labkit``)."""
+    root = os.environ.get("LABKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "labkit")
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _byte_alphabet() -> list[str]:
+    # GPT-2's printable stand-ins for the 256 byte values, so byte-level BPE can show any byte.
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    return sorted(ByteLevel.alphabet())
+
+
+def tiny_tokenizer():
+    """Return a byte-level ``PreTrainedTokenizerFast`` with a ChatML chat template, built offline.
+
+    Every byte is a token (256), plus ``<|endoftext|>`` (padding), ``<|im_start|>`` and
+    ``<|im_end|>`` (end of a turn: the EOS that stops generation) and the four format tags.
+    Any unicode text round-trips exactly through ``encode``/``decode``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], ignore_merges=True))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    # Format tags are ordinary (non-special) added tokens: decode keeps them in the text.
+    tokenizer.add_tokens(_FORMAT_TOKENS)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"  # decoder-only generation pads on the left
+    return tokenizer
+
+
+def _tiny_config(arch: str, vocab_size: int, tokenizer, **overrides):
+    from transformers import LlamaConfig, Qwen2Config
+
+    if arch not in _TINY_SHAPES:
+        raise ValueError(f"arch must be one of {sorted(_TINY_SHAPES)}, not {arch!r}")
+    shape = {**_TINY_SHAPES[arch], **overrides}
+    common = dict(
+        vocab_size=vocab_size,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **shape,
+    )
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    return LlamaConfig(**common)
+
+
+def tiny_model_path(arch: str = "qwen2", seed: int = 0, **overrides) -> Path:
+    """Return the cache folder a tiny model with these settings is (or will be) saved in."""
+    key = json.dumps({"arch": arch, "seed": seed, "overrides": overrides, "v": 2}, sort_keys=True)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+    return cache_dir() / "tiny-models" / f"tiny-{arch}-{digest}"
+
+
+def build_tiny_model(arch: str = "qwen2", *, seed: int = 0, rebuild: bool = False, **overrides) -> Path:
+    """Return the path of a saved tiny causal LM (and its tokenizer), building it if needed.
+
+    The path, not the model object, is what GRPOTrainer wants: with ``beta > 0`` it reloads
+    the reference model from the model's name, so a model that lives only in memory breaks.
+    ``overrides`` change the shape (``hidden_size=128``, ``num_hidden_layers=4``, ...). The
+    weights are a deterministic function of ``seed`` and the shape.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_path(arch, seed, **overrides)
+    if (path / "config.json").exists() and not rebuild:
+        return path
+    tokenizer = tiny_tokenizer()
+    config = _tiny_config(arch, len(tokenizer), tokenizer, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():  # rebuild=True, or a half-written folder from an interrupted build
+        import shutil
+
+        shutil.rmtree(path)
+    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a model
+    return path
+
+
+# --------------------------------------------------------------------------- catalogue
+
+
+def _load_architectures() -> dict:
+    text = resources.files("labkit").joinpath("data/architectures.json").read_text()
+    data = json.loads(text)
+    data.pop("_about", None)
+    return data
+
+
+ARCHITECTURES: dict[str, dict] = _load_architectures()
+
+
+def architecture_config(name: str, **overrides):
+    """Return a transformers config for a catalogue architecture (``"Qwen/Qwen2.5-1.5B-Instruct"``, ...).
+
+    Short names work too: ``"Qwen2.5-1.5B-Instruct"`` or ``"qwen2.5-1.5b"``.
+    """
+    from transformers import AutoConfig
+
+    spec = dict(ARCHITECTURES[_resolve_architecture(name)])
+    spec.pop("params_b")
+    model_type = spec.pop("model_type")
+    spec.update(overrides)
+    return AutoConfig.for_model(model_type, **spec)
+
+
+def _resolve_architecture(name: str) -> str:
+    if name in ARCHITECTURES:
+        return name
+    wanted = name.lower().removesuffix("-instruct")
+    matches = [k for k in ARCHITECTURES if k.split("/")[-1].lower().removesuffix("-instruct") == wanted]
+    if len(matches) == 1:
+        return matches[0]
+    raise KeyError(f"unknown architecture {name!r}; the catalogue has: {', '.join(ARCHITECTURES)}")
+
+
+def build_architecture(name: str, *, device: str | torch.device = "meta", dtype: torch.dtype = torch.bfloat16,
+                       seed: int = 0, **overrides):
+    """Return a catalogue architecture as a causal LM with random weights on ``device``.
+
+    On ``"meta"`` no memory is allocated: count parameters, or plan memory. On ``"cuda"``
+    the weights are real (random) tensors, which is all a memory measurement needs:
+    memory depends on shapes, not on weight values.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = architecture_config(name, **overrides)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def count_parameters(model) -> dict:
+    """Return ``{"total": n, "trainable": n}``: parameter counts of a model (tied weights once)."""
+    seen, total, trainable = set(), 0, 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+    return {"total": total, "trainable": trainable}
+
+
+# --------------------------------------------------------------------------- real policies
+
+
+def enable_checkpointing(model) -> None:
+    """Turn on activation (gradient) checkpointing, non-reentrant, under either transformers name."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    try:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    except TypeError:
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def lora_config(rank: int = 16, alpha: int | None = None, dropout: float = 0.05,
+                target_modules: list[str] | None = None):
+    """Return a ``peft.LoraConfig`` with the lab's defaults (alpha = 2 x rank, attention + MLP)."""
+    from peft import LoraConfig
+
+    if rank < 1:
+        raise ValueError(f"LoRA rank must be at least 1, not {rank}")
+    return LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        lora_dropout=dropout,
+        target_modules=list(target_modules or DEFAULT_LORA_TARGETS),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool = False):
+    """Return the tokenizer of a policy, padded on the left (as generation needs) with a pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise ValueError(
+            f"{name_or_path} has no chat template; the lab's prompts are conversational. "
+            "Use an instruct model (Qwen/Qwen2.5-1.5B-Instruct, meta-llama/Llama-3.2-1B-Instruct) "
+            "or set tokenizer.chat_template yourself."
+        )
+    return tokenizer
+
+
+def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precision: str | None = None,
+                lora_rank: int = 16, lora_alpha: int | None = None, target_modules: list[str] | None = None,
+                gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False):
+    """Return ``(model, tokenizer)``: a policy ready to train with ``method`` full, lora or qlora.
+
+    - ``full``: every weight trains; weights in the dtype :func:`labkit.device.torch_dtype` picks.
+    - ``lora``: the base is frozen in that dtype; PEFT adds rank-``lora_rank`` adapters.
+    - ``qlora``: the base is stored in 4-bit NF4 (bitsandbytes; about 0.5 byte a parameter)
+      with double quantisation; computation runs in the training precision. Needs CUDA.
+
+    With ``gradient_checkpointing`` and a PEFT method, the input embeddings are made to
+    require grad: otherwise no tensor entering a checkpointed block requires grad and the
+    backward pass silently finds nothing to do (a classic LoRA pitfall).
+    ``trust_remote_code`` stays off unless you turn it on for a model you trust.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from labkit.device import choose_precision, detect_device, torch_dtype
+
+    if method not in ("full", "lora", "qlora"):
+        raise ValueError(f"method must be 'full', 'lora' or 'qlora', not {method!r}")
+    info = detect_device()
+    precision = precision or choose_precision(info)
+    dtype = torch_dtype(precision, method)
+    kwargs = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if method == "qlora":
+        if info.kind != "cuda":
+            raise RuntimeError(
+                "QLoRA stores weights in 4-bit with bitsandbytes, which needs a CUDA GPU; "
+                f"this machine has {info}. Use method='lora' here."
+            )
+        from transformers import BitsAndBytesConfig
+
+        compute = torch.bfloat16 if precision == "bf16" else torch.float16
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute,
+        )
+        kwargs.setdefault("device_map", {"": torch.cuda.current_device()})
+    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **kwargs)
+    checkpointing_kwargs = {"use_reentrant": False}
+    if device_map is None and method != "qlora" and info.kind != "cpu":
+        model.to(info.torch_device)
+    tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
+    if method == "full":
+        if gradient_checkpointing:
+            enable_checkpointing(model)
+        return model, tokenizer
+
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                gradient_checkpointing_kwargs=checkpointing_kwargs)
+    elif gradient_checkpointing:
+        enable_checkpointing(model)
+        model.enable_input_require_grads()
+    model = get_peft_model(model, lora_config(lora_rank, lora_alpha, target_modules=target_modules))
+    return model, tokenizer

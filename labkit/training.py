@@ -1,0 +1,69 @@
+"""The production path: TRL's ``GRPOTrainer``, configured for this device.
+
+Every notebook that trains through TRL builds its configuration with :func:`grpo_config`,
+which takes the precision flags from :mod:`labkit.device` (never bf16 on a CPU, never
+bf16 on a T4) and fills in what a lesson needs (logging every step, no external
+reporting). Introduced in ``00_setup.ipynb``; used from notebook 03 on.
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["grpo_config", "build_trainer"]
+
+
+def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, **overrides):
+    """Return a ``trl.GRPOConfig`` whose precision and device flags match this machine.
+
+    ``overrides`` are any ``GRPOConfig`` fields (``num_generations=4``, ``beta=0.04``, ...).
+    Setting ``bf16``/``fp16`` directly is refused: pass ``precision="fp16"`` instead, which
+    is checked against the device (a T4 asked for bf16 fails here, before training).
+    """
+    from trl import GRPOConfig
+
+    from labkit.device import detect_device, precision_flags
+
+    for flag in ("bf16", "fp16"):
+        if flag in overrides:
+            raise TypeError(f"pass precision='{flag}' instead of {flag}=...: the lab checks it against the device")
+    device = device or detect_device()
+    flags = precision_flags(device, precision)
+    defaults = dict(
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=device.kind == "cpu",
+        # TRL's default optimiser is the fused AdamW, which needs a GPU; plain AdamW on CPU.
+        optim="adamw_torch_fused" if device.kind == "cuda" else "adamw_torch",
+        # Recompute activations in the backward pass on a GPU (memory is the constraint there);
+        # transformers 5 renamed gradient_checkpointing to activation_checkpointing.
+        activation_checkpointing=device.kind == "cuda",
+        dataloader_pin_memory=device.kind == "cuda",
+    )
+    defaults.update(overrides)
+    return GRPOConfig(output_dir=str(output_dir), **flags, **defaults)
+
+
+def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, peft_config=None,
+                  callbacks=None, eval_dataset=None):
+    """Return a ``trl.GRPOTrainer`` for ``model`` (a path, hub id or loaded model).
+
+    A model that was built in memory must be saved and passed as a path when ``beta > 0``:
+    TRL then reloads the reference model from that name.
+    """
+    from trl import GRPOTrainer
+
+    if args.beta > 0 and not isinstance(model, (str, os.PathLike)) and peft_config is None \
+            and not hasattr(model, "peft_config"):
+        name = getattr(getattr(model, "config", None), "_name_or_path", "")
+        if not name or not os.path.exists(name) and "/" not in name:
+            raise ValueError(
+                "beta > 0 needs a reference model, which GRPOTrainer reloads from the policy's name, but this "
+                "model was built in memory. Save it first (model.save_pretrained(path)) and pass the path."
+            )
+    kwargs = dict(model=model if not isinstance(model, os.PathLike) else str(model), reward_funcs=reward_funcs,
+                  args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=callbacks,
+                  peft_config=peft_config)
+    if tokenizer is not None:
+        kwargs["processing_class"] = tokenizer
+    return GRPOTrainer(**kwargs)

@@ -1,0 +1,29 @@
+"""Shared test set-up: offline and CPU, whatever the machine."""
+import os
+
+# Before anything imports huggingface_hub: tests never touch the hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("LABKIT_MODE", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path():
+    """Path of the tiny Qwen2-shaped model (built once, then reused from labkit's cache)."""
+    from labkit.models import build_tiny_model
+
+    return build_tiny_model("qwen2")
