@@ -1,0 +1,85 @@
+"""Cheap structural checks of every notebook: no torch needed (labkit.nbcheck is pure Python)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit.nbcheck import check_notebook, check_notebooks, colab_badge
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no notebooks found"
+    assert NOTEBOOKS[0].name == "00_setup.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_structure(path):
+    assert check_notebook(path) == []
+
+
+def test_numbers_are_unique(repo_root):
+    report = check_notebooks(repo_root / "notebooks")
+    assert not [p for problems in report.values() for p in problems if "more than one" in p]
+
+
+# The checker itself must catch what it claims to catch: each mutation of a good notebook is reported.
+
+
+def _good_notebook() -> dict:
+    return json.loads(NOTEBOOKS[0].read_text())
+
+
+def _write(tmp_path, nb, name="00_setup.ipynb"):
+    path = tmp_path / name
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_a_good_notebook_passes(tmp_path):
+    assert check_notebook(_write(tmp_path, _good_notebook())) == []
+
+
+def test_committed_outputs_are_caught(tmp_path):
+    nb = _good_notebook()
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["hello\n"]}]
+    code["execution_count"] = 3
+    problems = check_notebook(_write(tmp_path, nb))
+    assert any("committed outputs" in p for p in problems)
+    assert any("execution count" in p for p in problems)
+
+
+def test_syntax_errors_are_caught_but_magics_are_not(tmp_path):
+    nb = _good_notebook()
+    nb["cells"][3]["source"] = "%matplotlib inline\n!pip list\nx = (1,\n"
+    problems = check_notebook(_write(tmp_path, nb))
+    assert any("does not parse" in p for p in problems)
+    nb["cells"][3]["source"] = "%matplotlib inline\nif True:\n    !pip list\nx = 1\n"
+    assert check_notebook(_write(tmp_path, nb)) == []
+
+
+def test_bad_name_missing_badge_parameters_and_install_guard(tmp_path):
+    nb = _good_notebook()
+    assert any("NN_lowercase" in p for p in check_notebook(_write(tmp_path, nb, "Setup.ipynb")))
+    nb["cells"][0]["source"] = "# Set-up\n\nNo badge here."
+    for cell in nb["cells"]:
+        cell.get("metadata", {}).pop("tags", None)
+    nb["cells"][1]["source"] = "!pip install labkit"
+    problems = check_notebook(_write(tmp_path, nb))
+    assert any("Open in Colab" in p for p in problems)
+    assert any("tagged 'parameters'" in p for p in problems)
+    assert any("install cell" in p for p in problems)
+
+
+def test_badge_helper_matches_the_checker(tmp_path):
+    nb = _good_notebook()
+    nb["cells"][0]["source"] = "# Title\n\n" + colab_badge("00_setup.ipynb")
+    assert check_notebook(_write(tmp_path, nb)) == []
+
+
+def test_invalid_json_is_reported(tmp_path):
+    path = tmp_path / "01_broken.ipynb"
+    path.write_text("{not json")
+    assert any("not valid JSON" in p for p in check_notebook(path))
