@@ -11,6 +11,9 @@ without torch (the structural notebook checks rely on that):
 - ``labkit.rewards``    verifiable reward functions with TRL's calling convention
 - ``labkit.dashboard``  live reward and VRAM widgets
 - ``labkit.memory``     the VRAM estimator
+- ``labkit.presets``    named recipes that fit a card, preflight, resumable runs, ``python -m labkit train``
+- ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
+- ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change
 - ``labkit.nano``       a transparent GRPO loop and the CPU demo task
 - ``labkit.nbcheck``    structural checks of the lab's notebooks
 """
@@ -32,6 +35,7 @@ _SUBMODULES = (
     "nano",
     "nbcheck",
     "objective",
+    "oom",
     "presets",
     "rewards",
     "training",

@@ -19,6 +19,8 @@ BENCHMARKS = {
     "chunked-logps": ("labkit.memory:bench_chunked_cli", "peak memory of chunked vs full log-probs -> results/"),
     "rewards": ("labkit.rewards:bench_cli", "worst-case reward time on adversarial inputs -> results/"),
     "dashboard": ("labkit.dashboard:bench_cli", "dashboard overhead per training step -> results/"),
+    "preset": ("labkit.presets:bench_preset_cli",
+               "GRPO steps of a preset (random weights, full-length completions) under a GPU memory cap -> results/"),
     "demo": ("labkit.nano:bench_demo_cli", "the main job over several seeds -> results/"),
 }
 

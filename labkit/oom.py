@@ -1,0 +1,347 @@
+"""The OOM doctor: a CUDA out-of-memory error during GRPO training, explained in a few lines.
+
+Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`train_with_oom_doctor` runs
+``trainer.train()`` with a :class:`PhaseTracker` attached. When the card runs out of
+memory, the raw traceback (hundreds of lines through accelerate, TRL and transformers)
+becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
+
+- which step, and which phase of it: generation, scoring (rewards, old and reference
+  log-probs), the loss's forward pass, the backward pass, the optimiser step;
+- what was allocated and reserved, and what the failed allocation asked for;
+- an ordered list of settings to change, first the ones that cut that phase's memory;
+- the last checkpoint, which is kept (nothing is written after an OOM: the model and
+  optimiser may be half updated), so the run resumes from there.
+
+Why the phase matters. Generation holds the KV cache of ``generation_batch_size``
+sequences of prompt + completion tokens; the loss's forward and backward passes hold
+activations and a ``(B, T, V)`` logits tensor per micro-batch (Qwen's V is 151,936);
+the optimiser step allocates the AdamW states on the first step. Each has its own cure.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "PHASES",
+    "Change",
+    "candidate_changes",
+    "ordered_changes",
+    "OOMReport",
+    "TrainingOutOfMemory",
+    "PhaseTracker",
+    "is_oom",
+    "explain_oom",
+    "settings_from_trainer",
+    "train_with_oom_doctor",
+]
+
+_GIB = 1024**3
+PHASES = {
+    "setup": "setup, before the first step (loading, optimiser creation)",
+    "generation": "generation: sampling the completions (KV cache of the whole generation batch)",
+    "scoring": "scoring: rewards and the old / reference log-probs of the completions",
+    "forward": "the loss's forward pass (policy log-probs and logits of prompt + completion)",
+    "backward": "the backward pass (activations and gradients)",
+    "optimizer": "the optimiser step (AdamW states are allocated on the first one)",
+    "between steps": "between steps (logging, saving a checkpoint)",
+}
+_SMALLER = {
+    "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-3B-Instruct",
+    "Qwen/Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-1B-Instruct",
+}
+_EIGHT_BIT = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit")
+# Which changes to try first, by the phase that ran out of memory.
+_ORDER = {
+    "generation": ["completion", "generations", "method", "model", "batch", "checkpointing", "optim", "beta"],
+    "scoring": ["batch", "completion", "beta", "generations", "method", "model", "checkpointing", "optim"],
+    "forward": ["checkpointing", "batch", "completion", "generations", "method", "model", "beta", "optim"],
+    "backward": ["checkpointing", "batch", "completion", "generations", "method", "model", "beta", "optim"],
+    "optimizer": ["optim", "method", "model", "checkpointing", "batch", "completion", "generations", "beta"],
+    "setup": ["method", "model", "optim", "beta", "checkpointing", "batch", "completion", "generations"],
+}
+_DEFAULT_ORDER = ["checkpointing", "batch", "completion", "optim", "generations", "method", "model", "beta"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting change (``updates``: field -> new value, ``before``: the old values) and why it helps."""
+
+    kind: str
+    updates: dict
+    before: dict
+    why: str
+
+    def __str__(self) -> str:
+        moves = ", ".join(f"{k} {self.before.get(k)!r} -> {v!r}" for k, v in self.updates.items())
+        return f"{moves}: {self.why}"
+
+
+def candidate_changes(settings: dict) -> list[Change]:
+    """Return the changes that would cut memory for these settings (preset field names), unordered.
+
+    Each keeps the run valid: the per-device batch halves while the accumulation doubles
+    (same generation batch), ``num_generations`` halves (it still divides the batch).
+    Changes already made (checkpointing on, 8-bit AdamW, batch 1, ...) are not offered.
+    """
+    s = settings
+    out: list[Change] = []
+
+    def add(kind, updates, why):
+        out.append(Change(kind, updates, {k: s.get(k) for k in updates}, why))
+
+    if s.get("gradient_checkpointing") is False:
+        add("checkpointing", {"gradient_checkpointing": True},
+            "recompute activations in the backward pass: a large cut in activation memory for about 20-30 % speed")
+    batch, accumulation = s.get("per_device_train_batch_size"), s.get("gradient_accumulation_steps")
+    if batch and accumulation and batch > 1:
+        add("batch", {"per_device_train_batch_size": max(1, batch // 2), "gradient_accumulation_steps": accumulation * 2},
+            "half the completions in each forward/backward pass; the same completions per optimiser step")
+    completion = s.get("max_completion_length")
+    if completion and completion > 128:
+        shorter = max(128, int(completion * 2 / 3) // 64 * 64)
+        add("completion", {"max_completion_length": shorter},
+            "KV cache, activations and logits all grow with completion length; longer answers get cut "
+            "(watch completions/clipped_ratio)")
+    generations = s.get("num_generations")
+    if generations and generations >= 4 and generations % 2 == 0:
+        add("generations", {"num_generations": generations // 2},
+            "fewer completions per prompt: less memory, noisier advantages")
+    optim = s.get("optim")
+    if optim and optim not in _EIGHT_BIT:
+        add("optim", {"optim": "adamw_bnb_8bit"}, "8-bit AdamW keeps about 2 bytes of state per trainable parameter, not 8")
+    method = s.get("method")
+    if method == "full":
+        add("method", {"method": "lora"}, "train small adapters: no gradients or AdamW states for the frozen weights")
+    elif method == "lora":
+        add("method", {"method": "qlora"}, "store the frozen weights in 4 bits (about 0.5 byte per parameter instead of 2)")
+    model = s.get("model")
+    if model in _SMALLER:
+        add("model", {"model": _SMALLER[model]}, "a smaller model of the same family")
+    if s.get("beta") and method == "full":
+        add("beta", {"beta": 0.0}, "beta = 0 drops the reference model (a second copy of the weights)")
+    return out
+
+
+def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
+    """Return :func:`candidate_changes` ordered for the phase that ran out of memory (first = try first)."""
+    order = _ORDER.get(phase or "", _DEFAULT_ORDER)
+    rank = {kind: i for i, kind in enumerate(order)}
+    return sorted(candidate_changes(settings), key=lambda c: rank.get(c.kind, len(order)))
+
+
+@dataclass
+class OOMReport:
+    """The OOM doctor's diagnosis: where it failed, what memory held, what to change, what is kept."""
+
+    step: int
+    max_steps: int | None
+    phase: str
+    error: str  # the first line of the original message
+    tried_gib: float | None = None
+    allocated_gib: float | None = None
+    reserved_gib: float | None = None
+    peak_allocated_gib: float | None = None
+    total_gib: float | None = None
+    changes: list = field(default_factory=list)
+    checkpoint: str | None = None
+    output_dir: str | None = None
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["changes"] = [str(c) for c in self.changes]
+        return data
+
+    def __str__(self) -> str:
+        of = f" of {self.max_steps}" if self.max_steps else ""
+        lines = [f"Out of GPU memory at step {self.step}{of}, during {PHASES.get(self.phase, self.phase)}."]
+        if self.allocated_gib is None:
+            lines.append("  memory: no CUDA statistics on this device.")
+        else:
+            tried = f"tried to allocate {self.tried_gib:.2f} GiB; " if self.tried_gib is not None else ""
+            total = f" of {self.total_gib:.1f} GiB" if self.total_gib else ""
+            lines.append(f"  {tried}allocated {self.allocated_gib:.2f} GiB, reserved {self.reserved_gib:.2f} GiB, "
+                         f"peak allocated {self.peak_allocated_gib:.2f} GiB{total}")
+        if self.changes:
+            lines.append("Change, in this order (one at a time, then re-run):")
+            lines += [f"  {i}. {c}" for i, c in enumerate(self.changes, 1)]
+        if self.reserved_gib is not None and self.allocated_gib is not None \
+                and self.reserved_gib - self.allocated_gib > 0.5:
+            lines.append("  Reserved >> allocated (fragmentation): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                         "before Python starts.")
+        if self.checkpoint:
+            lines.append(f"Kept: {self.checkpoint}. Re-run the same command or cell to resume from it. Only "
+                         "gradient_checkpointing may change on resume; any other change needs a new output_dir.")
+        else:
+            lines.append("No checkpoint was written before the error: the run starts again from step 0.")
+        lines.append("Restart the Python process (the kernel) before retrying: memory is fragmented after an OOM.")
+        return "\n".join(lines)
+
+
+class TrainingOutOfMemory(RuntimeError):
+    """Training ran out of GPU memory; ``str(error)`` and ``error.report`` are the OOM doctor's report."""
+
+    def __init__(self, report: OOMReport):
+        super().__init__(str(report))
+        self.report = report
+
+
+def is_oom(error: BaseException) -> bool:
+    """Return True for CUDA (and other accelerators') out-of-memory errors, whatever raised them."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def _tried_gib(message: str) -> float | None:
+    match = re.search(r"Tried to allocate ([\d.]+) ?([KMGT]i?B)", message)
+    if not match:
+        return None
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)[0]]
+    return float(match.group(1)) * scale / _GIB
+
+
+class PhaseTracker:
+    """Records which phase of which step is running, by wrapping the trainer's phase methods.
+
+    ``_generate`` (TRL: sampling) marks generation, its return marks scoring; ``compute_loss``
+    marks the forward pass, its return the backward pass; the optimiser callbacks mark the
+    optimiser step. A trainer without one of these methods just reports a coarser phase.
+    """
+
+    def __init__(self):
+        self.phase = "setup"
+        self.step = 0
+        self._trainer = None
+        self._callback = None
+
+    def install(self, trainer) -> "PhaseTracker":
+        from transformers import TrainerCallback
+
+        tracker = self
+
+        def wrap(original, start, end):
+            @functools.wraps(original)
+            def wrapped(*args, **kwargs):
+                tracker.phase = start
+                result = original(*args, **kwargs)
+                tracker.phase = end
+                return result
+
+            return wrapped
+
+        for name, start, end in (("_generate", "generation", "scoring"), ("compute_loss", "forward", "backward")):
+            original = getattr(trainer, name, None)
+            if original is not None:
+                setattr(trainer, name, wrap(original, start, end))
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                tracker.step = state.global_step + 1
+
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                tracker.phase = "optimizer"
+
+            def on_optimizer_step(self, args, state, control, **kwargs):
+                tracker.phase = "between steps"
+
+            def on_step_end(self, args, state, control, **kwargs):
+                tracker.phase = "between steps"
+
+        self._trainer, self._callback = trainer, _Callback()
+        trainer.add_callback(self._callback)
+        return self
+
+    def uninstall(self) -> None:
+        if self._trainer is None:
+            return
+        for name in ("_generate", "compute_loss"):
+            self._trainer.__dict__.pop(name, None)  # back to the class's method
+        self._trainer.remove_callback(self._callback)
+        self._trainer = None
+
+
+def settings_from_trainer(trainer) -> dict:
+    """Return the memory-relevant settings of a ``GRPOTrainer`` under preset field names."""
+    args, model = trainer.args, trainer.model
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(getattr(model, "base_model", None), "is_loaded_in_4bit", False):
+        method = "qlora"
+    elif hasattr(model, "peft_config"):
+        method = "lora"
+    else:
+        method = "full"
+    optim = getattr(args.optim, "value", args.optim)
+    return {
+        "model": getattr(getattr(model, "config", None), "_name_or_path", None),
+        "method": method,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "num_generations": args.num_generations,
+        "max_completion_length": args.max_completion_length,
+        "optim": optim,
+        "gradient_checkpointing": bool(args.activation_checkpointing),
+        "beta": args.beta,
+    }
+
+
+def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, max_steps: int | None = None,
+                settings: dict | None = None, checkpoint=None, output_dir=None) -> OOMReport:
+    """Return the :class:`OOMReport` for an out-of-memory ``error`` raised during ``phase`` of ``step``.
+
+    Call it while the failed step's tensors are still alive (inside the ``except`` block)
+    for the allocated figures to show what filled the card.
+    """
+    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    report = OOMReport(step=step, max_steps=max_steps, phase=phase, error=message[:300],
+                       tried_gib=_tried_gib(str(error)),
+                       changes=ordered_changes(settings or {}, phase),
+                       checkpoint=str(checkpoint) if checkpoint else None,
+                       output_dir=str(output_dir) if output_dir else None)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        report.allocated_gib = torch.cuda.memory_allocated(index) / _GIB
+        report.reserved_gib = torch.cuda.memory_reserved(index) / _GIB
+        report.peak_allocated_gib = torch.cuda.max_memory_allocated(index) / _GIB
+        report.total_gib = torch.cuda.get_device_properties(index).total_memory / _GIB
+    return report
+
+
+def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dict | None = None):
+    """Return ``trainer.train(...)``'s ``TrainOutput``; an OOM becomes :class:`TrainingOutOfMemory`.
+
+    The report is also written to ``OUTPUT_DIR/oom_report.json``. The exception is raised
+    after the failed step's frames are released and the CUDA cache is emptied, so the
+    notebook's kernel gets its memory back; its message is the report, not a traceback.
+    """
+    from labkit.presets import last_checkpoint
+
+    tracker = PhaseTracker().install(trainer)
+    report = None
+    try:
+        return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    except BaseException as error:
+        if not is_oom(error):
+            raise
+        output_dir = trainer.args.output_dir
+        report = explain_oom(error, phase=tracker.phase, step=tracker.step, max_steps=trainer.state.max_steps,
+                             settings=settings or settings_from_trainer(trainer),
+                             checkpoint=last_checkpoint(output_dir), output_dir=output_dir)
+    finally:
+        tracker.uninstall()
+    # Out of the except block: the traceback (and the failed step's tensors) is gone.
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if trainer.args.should_save:
+        path = Path(report.output_dir) / "oom_report.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    raise TrainingOutOfMemory(report)

@@ -1,0 +1,107 @@
+"""GSM8K evaluation: strict vs lenient scoring, batching that changes nothing, records, before/after."""
+import json
+
+import pytest
+import torch
+
+from labkit.data import load_gsm8k
+from labkit.evaluate import EvalResult, before_after_table, ci95, gsm8k_accuracy, score_completion
+from labkit.models import build_tiny_model, load_policy, tiny_tokenizer
+
+
+@pytest.mark.parametrize("completion, gold, expected", [
+    ("<think>3 + 4 = 7</think>\n<answer>7</answer>", "7", (True, True, True)),
+    ("<think>3 + 4 = 7</think>\n<answer>$7.00</answer>", "7", (True, True, True)),
+    ("<think>3 + 4 = 8</think>\n<answer>8</answer>", "7", (True, False, False)),
+    ("The answer is 7.", "7", (False, False, True)),  # right number, no format: lenient only
+    ("<answer>7</answer>", "7", (False, False, True)),  # no reasoning: not the format
+    ("<think>7</think><answer>7</answer> and 9", "7", (False, False, False)),  # trailing text, last number 9
+    ("", "7", (False, False, False)),
+    ("\x00\ufffd" * 1000, "7", (False, False, False)),
+])
+def test_score_completion(completion, gold, expected):
+    scores = score_completion(completion, gold)
+    assert (scores["format_ok"], scores["strict_correct"], scores["lenient_correct"]) == expected
+
+
+class ScriptedPolicy(torch.nn.Module):
+    """Answers each GSM8K question with a scripted completion, whatever the batch and its padding."""
+
+    def __init__(self, tokenizer, answers: dict[str, str]):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.tokenizer, self.answers = tokenizer, answers
+        self.generation_config = type("GenerationConfig", (), {"eos_token_id": tokenizer.eos_token_id})()
+        self.batch_sizes = []
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        assert not kwargs.get("do_sample") and not self.training
+        assert (attention_mask[:, -1] == 1).all(), "prompts must be padded on the left"
+        self.batch_sizes.append(input_ids.shape[0])
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):
+            prompt = self.tokenizer.decode(ids[mask.bool()])
+            question = next(q for q in self.answers if q in prompt)
+            new = self.tokenizer(self.answers[question], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            rows.append(new[:max_new_tokens])
+        width = max(map(len, rows))
+        pad = self.tokenizer.pad_token_id
+        new = torch.tensor([r + [pad] * (width - len(r)) for r in rows])  # (b, new)
+        return torch.cat([input_ids, new], dim=1)
+
+
+@pytest.fixture(scope="module")
+def six_questions():
+    return load_gsm8k("test", limit=6)
+
+
+def test_rates_and_records_come_back_in_dataset_order(six_questions, tmp_path):
+    tokenizer = tiny_tokenizer()
+    q, gold = six_questions["question"], six_questions["answer"]
+    scripted = {
+        q[0]: f"<think>ok</think>\n<answer>{gold[0]}</answer>",  # strict and lenient
+        q[1]: f"<think>ok</think>\n<answer>{gold[1]}</answer>",  # strict and lenient
+        q[2]: f"so it is {gold[2]}",  # lenient only
+        q[3]: "<think>ok</think>\n<answer>-1</answer>",  # format only
+        q[4]: "no idea",
+        q[5]: "x" * 500,  # cut at max_new_tokens
+    }
+    model = ScriptedPolicy(tokenizer, scripted)
+    model.train()
+    path = tmp_path / "records.jsonl"
+    result = gsm8k_accuracy(model, tokenizer, limit=6, batch_size=4, max_new_tokens=64, records_path=path,
+                            progress=False)
+    assert model.training  # put back as it was
+    assert model.batch_sizes == [4, 2]
+    assert (result.n, result.strict_accuracy, result.lenient_accuracy, result.format_rate) == (6, 2 / 6, 3 / 6, 3 / 6)
+    assert result.truncated_rate == pytest.approx(1 / 6)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["index"] for r in lines] == list(range(6)) and [r["gold"] for r in lines] == gold
+    assert lines[2]["lenient_correct"] and not lines[2]["strict_correct"]
+    assert lines[5]["truncated"] and lines[5]["completion_tokens"] == 64
+    assert lines[0]["completion"] == scripted[q[0]]
+
+
+def test_batching_does_not_change_greedy_completions():
+    model, tokenizer = load_policy(build_tiny_model("qwen2"), "full")
+    one = gsm8k_accuracy(model, tokenizer, limit=5, batch_size=1, max_new_tokens=12, progress=False)
+    five = gsm8k_accuracy(model, tokenizer, limit=5, batch_size=5, max_new_tokens=12, progress=False)
+    assert [r["completion"] for r in one.records] == [r["completion"] for r in five.records]
+    assert tokenizer.padding_side == "left"
+
+
+def test_before_after_table():
+    before = EvalResult(n=100, strict_accuracy=0.2, lenient_accuracy=0.4, format_rate=0.5)
+    after = EvalResult(n=100, strict_accuracy=0.35, lenient_accuracy=0.45, format_rate=0.9)
+    table = before_after_table(before, after)
+    assert table.loc["strict accuracy", "change"] == pytest.approx(0.15)
+    assert table.loc["format rate", "after"] == pytest.approx(0.9)
+    assert table.loc["strict accuracy", "± 95% (each)"] == pytest.approx(ci95(0.35, 100), abs=1e-4)
+    with pytest.raises(ValueError, match="same questions"):
+        before_after_table(before, EvalResult(n=50, strict_accuracy=0.1, lenient_accuracy=0.1, format_rate=0.1))
+
+
+def test_interval_shrinks_with_more_questions():
+    assert ci95(0.5, 1319) == pytest.approx(0.027, abs=0.001)
+    assert ci95(0.5, 30) == pytest.approx(0.179, abs=0.001)
+    assert ci95(0.0, 10) == 0.0

@@ -1,0 +1,240 @@
+"""Presets: every one validates on its card, every bad combination fails early and says what to change."""
+import math
+
+import pytest
+
+from labkit import device as dev
+from labkit.presets import (PRESETS, Preset, PresetError, build_run, get_preset, preflight, reward_functions,
+                            training_prompts, validate)
+
+LAPTOP = dev.DeviceInfo("cuda", "NVIDIA GeForce RTX 3080 Laptop GPU", 16.0, (8, 6), bf16=True, fp16=True)
+T4 = dev.DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
+CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU}
+
+
+def test_every_preset_has_a_card_to_validate_on():
+    assert set(CARDS) == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_validates_on_its_card(name):
+    assert validate(PRESETS[name], CARDS[name]) == []
+
+
+def test_laptop_preset_is_the_published_recipe():
+    p = PRESETS["laptop-16gb"]
+    assert (p.per_device_train_batch_size, p.gradient_accumulation_steps, p.num_generations) == (1, 4, 4)
+    assert (p.max_prompt_length, p.max_completion_length) == (256, 786)
+    assert set(p.target_modules) == {"q_proj", "k_proj", "o_proj", "up_proj", "down_proj"}
+    assert p.optim == "adamw_bnb_8bit" and p.gradient_checkpointing and p.method == "lora"
+    assert PRESETS["qlora-3b"].method == "qlora" and "3B" in PRESETS["qlora-3b"].model
+
+
+def test_a_preset_round_trips_through_json():
+    p = get_preset("laptop-16gb", target_modules=["q_proj", "v_proj"], max_steps=7)
+    assert Preset.from_dict(p.to_dict()) == p
+    assert p.target_modules == ("q_proj", "v_proj")
+
+
+# ----------------------------------------------------------------------------- bad combinations
+
+
+@pytest.mark.parametrize("overrides, device, expected", [
+    # TRL needs each prompt's G completions in one generation batch
+    (dict(gradient_accumulation_steps=3), LAPTOP, r"multiple of num_generations \(4\).*gradient_accumulation_steps=4"),
+    (dict(per_device_train_batch_size=2, gradient_accumulation_steps=1, num_generations=8), LAPTOP,
+     r"gradient_accumulation_steps=4"),
+    (dict(num_generations=1), LAPTOP, r"num_generations must be at least 2"),
+    # prompt + completion beyond the model's context (Qwen2.5: 32,768)
+    (dict(max_completion_length=32_600), LAPTOP, r"context of 32768.*max_completion_length to at most 32512"),
+    # precision the card cannot do
+    (dict(precision="bf16"), T4, r"no bf16 support.*precision='fp16'"),
+    (dict(precision="fp16"), CPU, r"cannot train in fp16"),
+    # bitsandbytes needs CUDA
+    (dict(), CPU, r"QLoRA .* needs a CUDA GPU.*method='lora'"),
+    (dict(method="lora"), CPU, r"8-bit optimiser, which needs a CUDA GPU.*optim='adamw_torch'"),
+    (dict(method="dora"), LAPTOP, r"'full', 'lora' or 'qlora'"),
+    (dict(optim="sgd"), LAPTOP, r"optim must be one of"),
+    (dict(rewards=("accuracy", "vibes")), LAPTOP, r"unknown reward 'vibes'"),
+    (dict(reward_weights=(1.0,)), LAPTOP, r"reward_weights has 1 values for 3 reward functions"),
+])
+def test_bad_combinations_fail_with_what_to_change(overrides, device, expected):
+    preset = get_preset("qlora-3b", **overrides)
+    with pytest.raises(PresetError, match=expected):
+        validate(preset, device)
+
+
+def test_tiny_context_is_checked_too():
+    with pytest.raises(PresetError, match=r"context of 2048.*at most 1536"):
+        validate(get_preset("cpu-tiny", max_completion_length=4000), CPU)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(PresetError, match="choose from"):
+        get_preset("desktop-4090")
+    with pytest.raises(PresetError, match="unknown preset field"):
+        get_preset("cpu-tiny", num_generation=4)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_batch_rule_agrees_with_trl(tmp_path, processes):
+    """validate() refuses exactly the (batch, accumulation, G) that GRPOConfig itself refuses."""
+    from trl import GRPOConfig
+
+    checked = 0
+    for batch in (1, 2, 3, 4):
+        for accumulation in (1, 2, 3, 4):
+            for generations in (2, 3, 4, 8):
+                preset = get_preset("cpu-tiny", per_device_train_batch_size=batch,
+                                    gradient_accumulation_steps=accumulation, num_generations=generations)
+                try:
+                    validate(preset, CPU, num_processes=processes)
+                    ours = True
+                except PresetError:
+                    ours = False
+                if processes == 1:
+                    try:
+                        GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=batch,
+                                   gradient_accumulation_steps=accumulation, num_generations=generations,
+                                   use_cpu=True, bf16=False, report_to="none")
+                        theirs = True
+                    except ValueError:
+                        theirs = False
+                else:  # TRL's rule with world_size processes: (batch x processes x accumulation) % G == 0
+                    theirs = (batch * processes * accumulation) % generations == 0
+                assert ours == theirs, (batch, accumulation, generations, processes)
+                checked += 1
+    assert checked == 64
+
+
+# ----------------------------------------------------------------------------- preflight
+
+
+def test_preflight_agrees_with_the_memory_estimate():
+    from labkit.memory import estimate
+
+    report = preflight("laptop-16gb", LAPTOP)
+    direct = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", num_generations=4, per_device_batch=1,
+                      gradient_accumulation_steps=4, prompt_len=256, completion_len=786, optimizer="adamw_8bit",
+                      gradient_checkpointing=True, beta=0.0, precision="bf16", lora_rank=16,
+                      lora_targets=list(PRESETS["laptop-16gb"].target_modules))
+    assert math.isclose(report.estimate_gib, direct.total, rel_tol=1e-9)
+    assert report.fits is True and report.changes == []
+    assert "fits" in str(report)
+
+
+def test_preflight_that_does_not_fit_plans_changes_until_it_fits():
+    # full fine-tuning with TRL 1.16's batch defaults (8 completions of 512 tokens) and no checkpointing
+    preset = get_preset("laptop-16gb", method="full", per_device_train_batch_size=8, gradient_accumulation_steps=1,
+                        num_generations=8, max_completion_length=512, optim="adamw_torch",
+                        gradient_checkpointing=False)
+    report = preflight(preset, LAPTOP, card_gib=4)
+    assert report.fits is False
+    afters = [after for change, after in report.changes if change.kind != "model"]
+    assert afters == sorted(afters) and all(after < report.estimate_gib for _, after in report.changes)
+    assert report.changes[0][0].kind == "checkpointing"  # the activations dominate: the biggest cut
+    plan = [after for _, after in report.plan]
+    assert plan == sorted(plan, reverse=True) and plan[-1] + report.margin_gib <= 4 < plan[-2] + report.margin_gib
+    # each plan step is the estimate of all the changes so far, applied together
+    applied = preset
+    for change, _ in report.plan:
+        applied = applied.replace(**change.updates)
+    assert math.isclose(preflight(applied, LAPTOP, card_gib=4).estimate_gib, plan[-1])
+    assert preflight(applied, LAPTOP, card_gib=4).fits
+    text = str(report)
+    assert "does NOT fit" in text and "until it fits" in text and "gradient_checkpointing False -> True" in text
+
+
+def test_preflight_without_a_gpu_has_nothing_to_compare():
+    report = preflight("cpu-tiny", CPU)
+    assert report.fits is None and report.estimate_gib > 0
+
+
+# ----------------------------------------------------------------------------- prompts and rewards
+
+
+def test_prompts_over_the_limit_are_dropped_and_counted():
+    from labkit.models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    preset = get_preset("cpu-tiny", max_prompt_length=400, train_limit=40)
+    kept, dropped = training_prompts(preset, tokenizer)
+    assert len(kept) == 40 and dropped > 0
+    assert max(kept["prompt_length"]) <= 400
+    # brute force over the same (shuffled) order: the first 40 short-enough prompts, and the drops among them
+    from labkit.data import load_gsm8k
+
+    rows = load_gsm8k("train", seed=0).select(range(200))
+    lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]) for p in rows["prompt"]]
+    short = [i for i, n in enumerate(lengths) if n <= 400][:40]
+    assert kept["question"] == [rows[i]["question"] for i in short]
+    assert dropped == short[-1] + 1 - 40
+
+
+def test_default_rewards_are_labkits_gsm8k_set():
+    from labkit.rewards import gsm8k_rewards
+
+    funcs, weights = reward_functions(PRESETS["laptop-16gb"])
+    assert (funcs, weights) == tuple(map(list, gsm8k_rewards()))
+    funcs, weights = reward_functions(get_preset("cpu-tiny", rewards=("accuracy", "format"), reward_weights=(1, 0.5)))
+    assert [f.__name__ for f in funcs] == ["accuracy_reward", "format_reward"] and weights == [1.0, 0.5]
+
+
+# ----------------------------------------------------------------------------- the run and the command
+
+
+@pytest.mark.slow
+def test_run_config_carries_the_preset(tmp_path):
+    preset = get_preset("cpu-tiny", train_limit=8, save_steps=3)
+    run = build_run(preset, tmp_path, device=CPU, disable_tqdm=True)
+    args = run.trainer.args
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.num_generations) == (4, 2, 4)
+    assert args.max_completion_length == 32 and args.generation_batch_size == 8
+    assert args.activation_checkpointing is True and args.save_steps == 3
+    assert args.bf16 is False and args.fp16 is False
+    assert args.reward_weights == [1.0, 0.5, 0.25]
+    assert hasattr(run.model, "peft_config") and run.model.peft_config["default"].r == 8
+
+
+@pytest.mark.slow
+def test_train_command_trains_saves_and_refuses_a_changed_recipe(tmp_path, capsys):
+    from labkit.presets import train_cli
+
+    out = tmp_path / "run"
+    common = ["--preset", "cpu-tiny", "--output-dir", str(out), "--train-limit", "8", "--save-steps", "1"]
+    assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=8"]) == 0
+    assert (out / "final" / "adapter_model.safetensors").exists()
+    assert (out / "checkpoint-2" / "labkit_preset.json").exists()
+    # same recipe, same command: finds checkpoint-2 and has nothing left to do
+    assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=8"]) == 0
+    assert "resuming from" in capsys.readouterr().out
+    # another recipe in the same folder: a clear error, exit code 2
+    assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=16"]) == 2
+    assert "max_completion_length: checkpoint 8, now 16" in capsys.readouterr().err
+
+
+def test_train_command_dry_run_and_bad_preset(capsys):
+    from labkit.presets import train_cli
+
+    assert train_cli(["--preset", "cpu-tiny", "--dry-run"]) == 0
+    assert "preflight cpu-tiny" in capsys.readouterr().out
+    assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--set", "num_generations=3"]) == 2
+    assert "gradient_accumulation_steps=3" in capsys.readouterr().err
+    assert train_cli(["--list"]) == 0
+
+
+@pytest.mark.slow
+def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
+    from labkit.presets import bench_preset_cli
+
+    assert bench_preset_cli(["--preset", "cpu-tiny", "--steps", "2", "--results", str(tmp_path)]) == 0
+    import json
+
+    record = json.loads((tmp_path / "preset_cpu-tiny.json").read_text())
+    assert record["steps_done"] == 2 and record["seconds_per_step"] > 0
+    assert record["completion_mean_length"] == PRESETS["cpu-tiny"].max_completion_length
+    assert record["peak_allocated_gib"] is None and "no CUDA" in record["note"]
+    assert record["provenance"]["versions"]["trl"]
+    assert (tmp_path / "presets.csv").read_text().count("\n") == 2

@@ -1,0 +1,211 @@
+"""Resume after an interruption, and the OOM doctor: a simulated CUDA OOM becomes a short report."""
+import json
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from labkit import device as dev
+from labkit.oom import (OOMReport, TrainingOutOfMemory, candidate_changes, explain_oom, ordered_changes)
+from labkit.presets import (ResumeMismatchError, build_run, get_preset, last_checkpoint, resume_checkpoint,
+                            save_preset)
+
+CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+PRESET = get_preset("cpu-tiny", max_steps=5, save_steps=2, train_limit=24, max_completion_length=16)
+OOM_MESSAGE = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.57 GiB of which "
+               "1.12 GiB is free. Including non-PyTorch memory, this process has 14.44 GiB memory in use.")
+
+
+class Disconnect(Exception):
+    """Stands in for a Colab disconnect: the process stops mid-run."""
+
+
+class StopAfter(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Disconnect(f"gone after step {self.step}")
+
+
+class StepsSeen(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+def _trainable(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_at_its_checkpoint_and_ends_where_an_uninterrupted_run_does(tmp_path):
+    straight = build_run(PRESET, tmp_path / "straight", device=CPU, disable_tqdm=True)
+    assert straight.train().global_step == 5
+
+    interrupted = build_run(PRESET, tmp_path / "run", device=CPU, disable_tqdm=True, callbacks=[StopAfter(3)])
+    with pytest.raises(Disconnect):
+        interrupted.train()
+    assert last_checkpoint(tmp_path / "run").name == "checkpoint-2"  # step 3 was done but never saved
+
+    seen = StepsSeen()
+    resumed = build_run(PRESET, tmp_path / "run", device=CPU, disable_tqdm=True, callbacks=[seen])
+    result = resumed.train()  # resume="auto"
+    assert seen.steps == [3, 4, 5] and result.global_step == 5
+    logged = [h["step"] for h in resumed.trainer.state.log_history if "loss" in h]
+    assert logged == [1, 2, 3, 4, 5]
+    # Same data order, same RNG (restored from the checkpoint): the very same adapter weights.
+    a, b = _trainable(straight.model), _trainable(resumed.model)
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_changed_recipe_is_refused_on_resume(tmp_path):
+    save_preset(PRESET, tmp_path)
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text("{}")
+    assert resume_checkpoint(tmp_path, PRESET) == checkpoint
+    with pytest.raises(ResumeMismatchError, match=r"num_generations: checkpoint 4, now 2[\s\S]*new output_dir"):
+        resume_checkpoint(tmp_path, PRESET.replace(num_generations=2, per_device_train_batch_size=2))
+    # memory-only settings may change: gradient checkpointing is what an OOM report may ask for
+    assert resume_checkpoint(tmp_path, PRESET.replace(gradient_checkpointing=False)) == checkpoint
+    with pytest.raises(ResumeMismatchError, match="already holds checkpoints"):
+        resume_checkpoint(tmp_path, PRESET, resume=False)
+
+
+def test_resume_modes_and_half_written_checkpoints(tmp_path):
+    assert resume_checkpoint(tmp_path, PRESET) is None  # nothing yet: start at step 0
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        resume_checkpoint(tmp_path, PRESET, resume=True)
+    save_preset(PRESET, tmp_path)
+    for step in (2, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    # checkpoint-4 has no trainer_state.json: the process died while writing it
+    assert last_checkpoint(tmp_path).name == "checkpoint-2"
+
+
+def test_a_checkpoint_without_a_saved_recipe_is_not_resumed_blindly(tmp_path):
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
+    with pytest.raises(ResumeMismatchError, match="cannot be checked"):
+        resume_checkpoint(tmp_path, PRESET)
+
+
+# ----------------------------------------------------------------------------- the OOM doctor
+
+
+class OOMAtStep(TrainerCallback):
+    """Arms a patched method to raise a CUDA OOM once step ``step`` has begun."""
+
+    def __init__(self, step):
+        self.step, self.armed = step, False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.armed = state.global_step + 1 >= self.step
+
+
+def _patch_to_oom(monkeypatch, obj, name, trigger, when=lambda: True):
+    original = getattr(obj, name)
+
+    def failing(*args, **kwargs):
+        if trigger.armed and when():
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, failing)
+
+
+@pytest.mark.slow
+def test_oom_in_the_loss_forward_becomes_a_report_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    trigger = OOMAtStep(3)
+    run = build_run(PRESET, tmp_path, device=CPU, disable_tqdm=True, callbacks=[trigger])
+    base = run.model.get_base_model()
+    # The loss's forward runs with gradients on; generation and scoring run under no_grad.
+    _patch_to_oom(monkeypatch, base, "forward", trigger, when=torch.is_grad_enabled)
+    with pytest.raises(TrainingOutOfMemory) as caught:
+        run.train()
+    report = caught.value.report
+    assert (report.step, report.max_steps, report.phase) == (3, 5, "forward")
+    assert report.tried_gib == pytest.approx(2.0)
+    assert report.checkpoint.endswith("checkpoint-2")
+    kept = tmp_path / "checkpoint-2"
+    assert (kept / "adapter_model.safetensors").exists() and (kept / "trainer_state.json").exists()
+    assert last_checkpoint(tmp_path) == kept  # nothing was written after the OOM
+    # first the cut for the forward pass: checkpointing is already on, so a smaller per-device batch
+    assert report.changes[0].updates == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}
+    text = str(caught.value)
+    assert text.startswith("Out of GPU memory at step 3 of 5, during the loss's forward pass")
+    assert "Traceback" not in text and len(text.splitlines()) < 20
+    assert caught.value.__context__ is None and caught.value.__cause__ is None  # no chained raw traceback
+    saved = json.loads((tmp_path / "oom_report.json").read_text())
+    assert saved["phase"] == "forward" and saved["changes"][0].startswith("per_device_train_batch_size 4 -> 2")
+    # the patched trainer methods are gone again: the same trainer trains normally once the fault is cleared
+    assert "compute_loss" not in run.trainer.__dict__ and "_generate" not in run.trainer.__dict__
+
+    monkeypatch.undo()
+    seen = StepsSeen()
+    resumed = build_run(PRESET, tmp_path, device=CPU, disable_tqdm=True, callbacks=[seen])
+    assert resumed.train().global_step == 5 and seen.steps == [3, 4, 5]
+
+
+@pytest.mark.slow
+def test_oom_during_generation_puts_completion_length_first(tmp_path, monkeypatch):
+    trigger = OOMAtStep(1)
+    preset = PRESET.replace(max_completion_length=256)  # never generated: the first generate() fails
+    run = build_run(preset, tmp_path, device=CPU, disable_tqdm=True, callbacks=[trigger])
+    _patch_to_oom(monkeypatch, run.model.get_base_model(), "generate", trigger)
+    with pytest.raises(TrainingOutOfMemory) as caught:
+        run.train()
+    report = caught.value.report
+    assert (report.step, report.phase, report.checkpoint) == (1, "generation", None)
+    assert report.changes[0].updates == {"max_completion_length": 128}
+    assert "starts again from step 0" in str(report)
+
+
+@pytest.mark.slow
+def test_other_errors_pass_through_untouched(tmp_path, monkeypatch):
+    run = build_run(PRESET, tmp_path, device=CPU, disable_tqdm=True)
+
+    def broken(*args, **kwargs):
+        raise ValueError("not a memory problem")
+
+    monkeypatch.setattr(run.model.get_base_model(), "generate", broken)
+    with pytest.raises(ValueError, match="not a memory problem"):
+        run.train()
+    assert not (tmp_path / "oom_report.json").exists()
+
+
+def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
+    settings = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="full", per_device_train_batch_size=4,
+                    gradient_accumulation_steps=2, num_generations=8, max_completion_length=786,
+                    optim="adamw_torch", gradient_checkpointing=False, beta=0.04)
+    first = {phase: ordered_changes(settings, phase)[0].kind
+             for phase in ("generation", "forward", "backward", "optimizer", "scoring")}
+    assert first == {"generation": "completion", "forward": "checkpointing", "backward": "checkpointing",
+                     "optimizer": "optim", "scoring": "batch"}
+    kinds = {c.kind: c for c in candidate_changes(settings)}
+    assert kinds["batch"].updates == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}
+    assert kinds["generations"].updates == {"num_generations": 4}
+    assert kinds["model"].updates == {"model": "Qwen/Qwen2.5-0.5B-Instruct"}
+    assert kinds["beta"].updates == {"beta": 0.0} and kinds["method"].updates == {"method": "lora"}
+    done = dict(settings, method="qlora", per_device_train_batch_size=1, gradient_accumulation_steps=16,
+                optim="paged_adamw_8bit", gradient_checkpointing=True, num_generations=2, max_completion_length=128)
+    assert {c.kind for c in candidate_changes(done)} == {"model"}
+
+
+def test_explain_oom_reads_the_failed_allocation():
+    report = explain_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. ..."),
+                         phase="backward", step=7, max_steps=200, settings={"gradient_checkpointing": False})
+    assert isinstance(report, OOMReport) and report.tried_gib == pytest.approx(0.5)
+    assert report.changes[0].kind == "checkpointing"
+    assert "step 7 of 200, during the backward pass" in str(report)
+    assert explain_oom(RuntimeError("CUDA error: out of memory"), phase="x").tried_gib is None
