@@ -14,6 +14,8 @@ without torch (the structural notebook checks rely on that):
 - ``labkit.presets``    named recipes that fit a card, preflight, resumable runs, ``python -m labkit train``
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
 - ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change
+- ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
+- ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment) and its comparison with plain TRL
 - ``labkit.nano``       a transparent GRPO loop and the CPU demo task
 - ``labkit.nbcheck``    structural checks of the lab's notebooks
 """
@@ -38,7 +40,9 @@ _SUBMODULES = (
     "oom",
     "presets",
     "rewards",
+    "scale",
     "training",
+    "unsloth_path",
 )
 
 __all__ = ["setup", "__version__", *_SUBMODULES]

@@ -21,6 +21,8 @@ BENCHMARKS = {
     "dashboard": ("labkit.dashboard:bench_cli", "dashboard overhead per training step -> results/"),
     "preset": ("labkit.presets:bench_preset_cli",
                "GRPO steps of a preset (random weights, full-length completions) under a GPU memory cap -> results/"),
+    "unsloth": ("labkit.unsloth_path:bench_unsloth_cli",
+                "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
     "demo": ("labkit.nano:bench_demo_cli", "the main job over several seeds -> results/"),
 }
 

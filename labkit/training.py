@@ -7,6 +7,7 @@ reporting). Introduced in ``00_setup.ipynb``; used from notebook 03 on.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 __all__ = ["grpo_config", "build_trainer"]
@@ -41,6 +42,13 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
         dataloader_pin_memory=device.kind == "cuda",
     )
     defaults.update(overrides)
+    # transformers 5.17 (the Unsloth environment, requirements-unsloth.txt) has no
+    # activation_checkpointing yet: pass its older name there.
+    if "activation_checkpointing" not in {f.name for f in dataclasses.fields(GRPOConfig)}:
+        for new, old in (("activation_checkpointing", "gradient_checkpointing"),
+                         ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")):
+            if new in defaults:
+                defaults[old] = defaults.pop(new)
     return GRPOConfig(output_dir=str(output_dir), **flags, **defaults)
 
 

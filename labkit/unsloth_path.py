@@ -1,0 +1,451 @@
+"""The Unsloth fast path: load a preset's policy through ``FastLanguageModel``, and measure it against plain TRL.
+
+Introduced in ``06_unsloth.ipynb``. Unsloth (``pip install unsloth``) replaces parts of a model's
+forward and backward pass with Triton kernels, adds its own gradient checkpointing (which offloads
+the checkpointed activations to CPU RAM) and can generate with vLLM (``fast_inference=True``). It
+needs a CUDA GPU, and its releases pin older libraries than the lab's (``unsloth`` 2026.10 requires
+``trl<=1.15``, ``transformers<=5.17``, ``datasets<5``): it lives in its own environment,
+``requirements-unsloth.txt``, never in the lab's main one.
+
+- :func:`unsloth_status` says whether this machine can run the Unsloth path, and if not, why
+  (no CUDA GPU, unsloth not installed, installed versions outside unsloth's declared ranges). It
+  never imports unsloth: importing it patches transformers and TRL for the whole process.
+- :func:`load_unsloth_policy` loads a :class:`labkit.presets.Preset`'s model with 4-bit weights
+  (QLoRA presets) or 16-bit ones (LoRA presets), LoRA adapters of the preset's rank on its target
+  modules, and Unsloth's gradient checkpointing.
+- :func:`comparison_run` trains one preset for a few steps through plain TRL (``backend="trl"``,
+  the code path of notebook 04: :func:`labkit.presets.build_run`) or through Unsloth, then
+  evaluates it on GSM8K (:func:`labkit.evaluate.gsm8k_accuracy`), and returns peak VRAM, seconds
+  per step and accuracy. Only the model loading differs between the two backends.
+- ``python -m labkit bench unsloth`` (:func:`bench_unsloth_cli`) runs both backends, each in a
+  fresh process, and appends their rows to ``results/unsloth_vs_trl.csv``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+__all__ = [
+    "BACKENDS",
+    "RESULTS_FILE",
+    "UnslothStatus",
+    "unsloth_status",
+    "requirement_conflicts",
+    "load_unsloth_policy",
+    "comparison_run",
+    "bench_unsloth",
+    "bench_unsloth_cli",
+    "read_comparison",
+    "comparison_summary",
+]
+
+BACKENDS = ("trl", "unsloth")
+RESULTS_FILE = "unsloth_vs_trl.csv"
+_GIB = 1024**3
+# The packages whose versions unsloth pins and the lab's code path depends on.
+_CHECKED = ("torch", "trl", "transformers", "datasets", "peft", "accelerate", "bitsandbytes")
+_CSV_FIELDS = ("backend", "preset", "model", "method", "precision", "steps", "steps_done", "seconds_per_step",
+               "peak_allocated_gib", "peak_reserved_gib", "strict_accuracy", "lenient_accuracy", "format_rate",
+               "eval_n", "reward_last", "lora_dropout", "fast_inference", "device", "date", "torch", "transformers", "trl", "unsloth")
+
+
+@dataclass(frozen=True)
+class UnslothStatus:
+    """What :func:`unsloth_status` found: can the Unsloth path run here, and if not, why."""
+
+    available: bool
+    reason: str
+    version: str | None = None
+    conflicts: tuple[str, ...] = field(default=())
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def requirement_conflicts(requirements: list[str] | None = None, installed: dict | None = None) -> list[str]:
+    """Return the installed packages outside unsloth's declared ranges: ``["trl 1.16.0 (unsloth needs <=1.15.0,...)"]``.
+
+    ``requirements`` defaults to unsloth's own ``Requires-Dist`` (from its installed metadata);
+    ``installed`` maps package name to version and defaults to what is installed here. Only the
+    packages the lab's training path uses are checked (torch, trl, transformers, datasets, peft,
+    accelerate, bitsandbytes); requirements whose environment marker does not apply are skipped.
+    """
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
+
+    if requirements is None:
+        requirements = metadata.requires("unsloth") or []
+    if installed is None:
+        installed = {}
+        for name in _CHECKED:
+            try:
+                installed[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                pass
+    conflicts = []
+    for text in requirements:
+        req = Requirement(text)
+        name = req.name.lower().replace("_", "-")
+        if name not in _CHECKED or name not in installed:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            ok = req.specifier.contains(Version(installed[name]), prereleases=True)
+        except InvalidVersion:
+            continue
+        if not ok:
+            conflicts.append(f"{name} {installed[name]} (unsloth needs {req.specifier})")
+    return conflicts
+
+
+def unsloth_status(device=None) -> UnslothStatus:
+    """Return an :class:`UnslothStatus`: whether the Unsloth path can run on this machine, and why not.
+
+    Checked in order, without importing unsloth: a CUDA GPU (Unsloth's GRPO path runs Triton
+    kernels; its CPU fallback only covers supervised fine-tuning), unsloth installed, and the
+    installed torch / TRL / transformers / datasets inside unsloth's declared ranges.
+    """
+    from labkit.device import detect_device
+
+    device = device or detect_device()
+    if device.kind != "cuda":
+        return UnslothStatus(False, f"Unsloth's GRPO path needs a CUDA GPU (its kernels are written in Triton); "
+                                    f"this machine has {device}.")
+    if importlib.util.find_spec("unsloth") is None:
+        return UnslothStatus(False, "unsloth is not installed in this environment. It pins older TRL and "
+                                    "transformers than the lab, so install it in a separate one: "
+                                    "`pip install -r requirements-unsloth.txt -e .` (or run notebook 06's "
+                                    "install cell on Colab).")
+    version = metadata.version("unsloth")
+    conflicts = tuple(requirement_conflicts())
+    if conflicts:
+        return UnslothStatus(False, f"unsloth {version} is installed, but these versions are outside its "
+                                    f"declared ranges: {'; '.join(conflicts)}. Reinstall from "
+                                    "requirements-unsloth.txt in a fresh environment.", version, conflicts)
+    return UnslothStatus(True, f"unsloth {version} on {device}", version)
+
+
+def _require_unsloth():
+    status = unsloth_status()
+    if not status.available:
+        raise RuntimeError(status.reason)
+    return status
+
+
+def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_utilization: float = 0.5,
+                        lora_dropout: float = 0.0, seed: int = 0):
+    """Return ``(model, tokenizer)``: the preset's policy loaded by Unsloth's ``FastLanguageModel``, with LoRA.
+
+    The settings :func:`labkit.presets.build_run` gives plain TRL: 4-bit NF4 weights for a
+    ``qlora`` preset (16-bit for ``lora``), LoRA of the preset's rank (alpha = 2 x rank unless
+    set) on its target modules, the precision the trainer will use (the preset's, else
+    :mod:`labkit.device`'s choice for the card: fp16 on a T4). One deliberate difference: LoRA
+    dropout is 0 (the lab's PEFT default is 0.05), because Unsloth's fused LoRA kernels apply only
+    without dropout; the comparison records each backend's dropout. Unsloth's own gradient
+    checkpointing (``"unsloth"``) replaces the trainer's when the preset checkpoints.
+    ``fast_inference=True`` starts a vLLM engine in this process for generation (needs ``vllm``),
+    taking ``gpu_memory_utilization`` of the card. The exact model id is loaded
+    (``use_exact_model_name=True``), not one of Unsloth's pre-quantised copies, so both backends
+    start from the same checkpoint. Raises ``RuntimeError`` (with the reason) where Unsloth cannot run.
+    """
+    _require_unsloth()
+    import unsloth  # noqa: F401  (first: it patches transformers and TRL as it loads)
+    from unsloth import FastLanguageModel
+
+    from labkit.device import choose_precision, detect_device, torch_dtype
+    from labkit.presets import get_preset, resolve_model
+
+    preset = get_preset(preset)
+    if preset.method not in ("lora", "qlora"):
+        raise ValueError(f"the Unsloth path trains LoRA adapters: use a 'lora' or 'qlora' preset, not {preset.method!r}")
+    precision = preset.precision or choose_precision(detect_device())  # what build_run's GRPOConfig will use
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=resolve_model(preset.model),
+        max_seq_length=preset.max_prompt_length + preset.max_completion_length,
+        dtype=torch_dtype(precision, preset.method),
+        load_in_4bit=preset.method == "qlora",
+        fast_inference=fast_inference,
+        max_lora_rank=preset.lora_rank,
+        gpu_memory_utilization=gpu_memory_utilization,
+        use_exact_model_name=True,
+        random_state=seed,
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=preset.lora_rank,
+        lora_alpha=preset.lora_alpha if preset.lora_alpha is not None else 2 * preset.lora_rank,
+        target_modules=list(preset.target_modules),
+        lora_dropout=lora_dropout,
+        use_gradient_checkpointing="unsloth" if preset.gradient_checkpointing else False,
+        random_state=seed,
+    )
+    tokenizer.padding_side = "left"  # decoder-only generation pads on the left
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _step_meter(times: list, rewards: list):
+    from transformers import TrainerCallback
+
+    class StepMeter(TrainerCallback):
+        """Collects TRL's ``step_time`` and mean reward from every log."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "step_time" in logs:
+                times.append(float(logs["step_time"]))
+            if logs and "reward" in logs:
+                rewards.append(float(logs["reward"]))
+
+    return StepMeter()
+
+
+def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit: int = 200,
+                   output_dir: str | os.PathLike | None = None, seed: int = 0, fast_inference: bool = False,
+                   callbacks=None) -> dict:
+    """Return one row of the Unsloth-vs-TRL comparison: ``steps`` GRPO steps of ``preset`` through ``backend``.
+
+    ``backend="trl"`` is notebook 04's path (:func:`labkit.presets.build_run` loads the model);
+    ``"unsloth"`` loads it with :func:`load_unsloth_policy` and hands it to the same
+    ``build_run``, so prompts, rewards, ``GRPOConfig`` and evaluation are identical. Measured:
+
+    - ``peak_allocated_gib`` / ``peak_reserved_gib``: ``torch.cuda.max_memory_allocated`` /
+      ``max_memory_reserved`` from before loading the model to the end of training (CUDA only);
+    - ``seconds_per_step``: the mean of TRL's logged ``step_time``, leaving out the first step (warm-up);
+    - ``strict_accuracy`` / ``lenient_accuracy`` / ``format_rate`` after training, greedy, on the
+      first ``eval_limit`` questions of GSM8K's test split, at most ``max_completion_length`` tokens.
+
+    Run each backend in its own process (:func:`bench_unsloth` does): once unsloth is imported it
+    has patched TRL and transformers for the rest of the process. On a CPU the plain-TRL backend
+    runs (a smoke test of this code with the ``cpu-tiny`` preset); memory is then not measured.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if backend == "unsloth":
+        status = _require_unsloth()
+        import unsloth  # noqa: F401  (before labkit.presets imports transformers and TRL)
+    import torch
+
+    from labkit.device import choose_precision, detect_device
+    from labkit.evaluate import gsm8k_accuracy
+    from labkit.lab import provenance
+    from labkit.presets import build_run, get_preset
+
+    preset = get_preset(preset, max_steps=steps, save_steps=None)
+    device = detect_device()
+    cuda = device.kind == "cuda"
+    precision = preset.precision or choose_precision(device)
+    owned = output_dir is None
+    output_dir = Path(output_dir or tempfile.mkdtemp(prefix=f"labkit-{backend}-"))
+    times, rewards = [], []
+    meters = [_step_meter(times, rewards), *(callbacks or [])]
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    if backend == "unsloth":
+        model, tokenizer = load_unsloth_policy(preset, fast_inference=fast_inference, seed=seed)
+        # Unsloth's checkpointing is already on the model; the trainer's would replace it.
+        run = build_run(preset, output_dir / "run", device=device, model=model, tokenizer=tokenizer,
+                        callbacks=meters, seed=seed, activation_checkpointing=False, disable_tqdm=True)
+    else:
+        run = build_run(preset, output_dir / "run", device=device, callbacks=meters, seed=seed, disable_tqdm=True)
+    run.train(resume=False)
+    train_seconds = time.perf_counter() - start
+    record = {"backend": backend, "preset": preset.name, "model": preset.model, "method": preset.method,
+              "precision": precision, "steps": steps, "steps_done": run.trainer.state.global_step,
+              "fast_inference": fast_inference and backend == "unsloth"}
+    timed = times[1:] if len(times) > 1 else times
+    record["seconds_per_step"] = round(sum(timed) / len(timed), 3) if timed else None
+    record["load_and_train_seconds"] = round(train_seconds, 1)
+    if cuda:
+        record["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / _GIB, 3)
+        record["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / _GIB, 3)
+    else:
+        record["peak_allocated_gib"] = record["peak_reserved_gib"] = None
+        record["note"] = "no CUDA: a smoke test of the comparison code; memory is not measured"
+    record["reward_last"] = round(rewards[-1], 4) if rewards else None
+
+    model = run.model
+    peft_config = getattr(model, "peft_config", {}).get("default")
+    record["lora_dropout"] = getattr(peft_config, "lora_dropout", None)
+    if backend == "unsloth":
+        from unsloth import FastLanguageModel
+
+        FastLanguageModel.for_inference(model)
+    result = gsm8k_accuracy(model, run.tokenizer, "test", limit=eval_limit, batch_size=preset.eval_batch_size,
+                            max_new_tokens=preset.max_completion_length, progress=False)
+    record.update(strict_accuracy=round(result.strict_accuracy, 4), lenient_accuracy=round(result.lenient_accuracy, 4),
+                  format_rate=round(result.format_rate, 4), eval_n=result.n, eval_seconds=result.seconds)
+    record["unsloth"] = status.version if backend == "unsloth" else None
+    record["settings"] = preset.to_dict()
+    record["provenance"] = provenance(device)
+    if owned:
+        import shutil
+
+        shutil.rmtree(output_dir, ignore_errors=True)
+    return record
+
+
+def _csv_row(record: dict) -> dict:
+    versions = record["provenance"]["versions"]
+    row = {k: record.get(k) for k in _CSV_FIELDS}
+    row.update(device=record["provenance"]["device"], date=record["provenance"]["date"],
+               torch=versions.get("torch"), transformers=versions.get("transformers"), trl=versions.get("trl"),
+               unsloth=record.get("unsloth"))
+    return row
+
+
+def bench_unsloth(preset="colab-t4", *, backends=BACKENDS, steps: int = 30, eval_limit: int = 200,
+                  overrides: dict | None = None, fast_inference: bool = False, results: str | os.PathLike = "results",
+                  python: str = sys.executable, timeout_s: float | None = None) -> list[dict]:
+    """Return the records of one comparison: ``preset`` through each of ``backends``, each in a fresh process.
+
+    Every backend runs ``python -m labkit.unsloth_path arm ...`` (:func:`comparison_run`) in its
+    own process, one after the other, so neither run sees the other's memory or Unsloth's patches.
+    Each record is written to ``results/unsloth_vs_trl_BACKEND.json`` and appended as a row to
+    ``results/unsloth_vs_trl.csv`` (with the device, versions and date). A backend that fails
+    raises ``RuntimeError`` with the end of its output; rows already written stay.
+    """
+    from labkit.bench import append_csv, results_dir, write_json
+
+    folder = results_dir(results)
+    records = []
+    for backend in backends:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+        with tempfile.TemporaryDirectory(prefix="labkit-arm-") as tmp:
+            out = Path(tmp) / "record.json"
+            name = preset if isinstance(preset, str) else preset.name
+            command = [python, "-m", "labkit.unsloth_path", "arm", "--backend", backend, "--preset", name,
+                       "--steps", str(steps), "--eval-limit", str(eval_limit), "--out", str(out)]
+            for key, value in (overrides or {}).items():
+                command += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+            if fast_inference:
+                command.append("--fast-inference")
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0 or not out.exists():
+                tail = (done.stdout + done.stderr)[-3000:]
+                raise RuntimeError(f"the {backend} run failed (exit {done.returncode}):\n{tail}")
+            record = json.loads(out.read_text())
+        write_json(folder / f"unsloth_vs_trl_{backend}.json", record)
+        append_csv(folder / RESULTS_FILE, [_csv_row(record)])
+        records.append(record)
+    return records
+
+
+def read_comparison(path: str | os.PathLike = Path("results") / RESULTS_FILE):
+    """Return the measured comparison as a ``pandas.DataFrame`` (one row per backend and run), or None if none is recorded."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    return pd.read_csv(path)
+
+
+def comparison_summary(frame):
+    """Return ``(latest, ratio)`` from a :func:`read_comparison` table: GPU rows only, newest per backend.
+
+    ``latest`` keeps, for each (preset, method, backend), the last row measured on a CUDA device
+    with a memory figure (CPU rows are smoke tests and measure no memory); ``ratio`` is Unsloth's
+    peak allocated memory and seconds per step divided by plain TRL's, per (preset, method) where
+    both were measured (below 1: Unsloth uses less), or None when no pair exists yet.
+    """
+    if frame is None:
+        return None, None
+    gpu = frame[frame["device"].astype(str).str.startswith("cuda") & frame["peak_allocated_gib"].notna()]
+    if gpu.empty:
+        return gpu, None
+    latest = gpu.groupby(["preset", "method", "backend"], as_index=False).last()
+    values = ["peak_allocated_gib", "seconds_per_step"]
+    wide = latest.pivot_table(index=["preset", "method"], columns="backend", values=values)
+    if not {"trl", "unsloth"} <= set(latest["backend"]):
+        return latest, None
+    ratio = (wide.xs("unsloth", axis=1, level=1) / wide.xs("trl", axis=1, level=1)).dropna(how="all").round(3)
+    return latest, ratio if not ratio.empty else None
+
+
+def _parse_set(pairs) -> dict:
+    import yaml
+
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--set takes KEY=VALUE, not {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)  # 1 -> int, 1e-4 -> float, true -> bool, a,b -> str
+    return out
+
+
+def bench_unsloth_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
+
+    Exit codes: 0 both measured, 1 a run failed, 2 Unsloth cannot run here (the reason is printed).
+    """
+    parser = argparse.ArgumentParser(prog="python -m labkit bench unsloth", description=bench_unsloth_cli.__doc__)
+    parser.add_argument("--preset", default="colab-t4", help="a labkit.presets name (default colab-t4)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="preset overrides for BOTH backends; method is qlora (4-bit weights) unless set")
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--eval-limit", type=int, default=200, help="GSM8K test questions to score after training")
+    parser.add_argument("--fast-inference", action="store_true", help="Unsloth generates with vLLM (needs vllm)")
+    parser.add_argument("--results", default="results")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if "unsloth" in args.backends:
+        status = unsloth_status()
+        if not status.available:
+            print(f"cannot run the Unsloth backend: {status.reason}", file=sys.stderr)
+            return 2
+    try:
+        records = bench_unsloth(args.preset, backends=args.backends, steps=args.steps, eval_limit=args.eval_limit,
+                                overrides={"method": "qlora", **_parse_set(args.set)},
+                                fast_inference=args.fast_inference,
+                                results=args.results)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    for record in records:
+        print(json.dumps({k: v for k, v in record.items() if k not in ("settings", "provenance")}))
+    print(f"appended {len(records)} row(s) to {Path(args.results) / RESULTS_FILE}")
+    return 0
+
+
+def _arm_cli(argv: list[str]) -> int:
+    """``python -m labkit.unsloth_path arm``: one backend's :func:`comparison_run`, written as JSON to --out."""
+    parser = argparse.ArgumentParser(prog="python -m labkit.unsloth_path arm")
+    parser.add_argument("--backend", required=True, choices=BACKENDS)
+    parser.add_argument("--preset", required=True)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--eval-limit", type=int, default=200)
+    parser.add_argument("--fast-inference", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.backend == "unsloth":
+        import unsloth  # noqa: F401  (first thing in the process: it patches transformers and TRL as it loads)
+    from labkit.presets import get_preset
+
+    preset = get_preset(args.preset, **_parse_set(args.set))
+    record = comparison_run(preset, args.backend, steps=args.steps, eval_limit=args.eval_limit,
+                            fast_inference=args.fast_inference)
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    _argv = sys.argv[1:]
+    if _argv[:1] == ["arm"]:
+        raise SystemExit(_arm_cli(_argv[1:]))
+    raise SystemExit(bench_unsloth_cli(_argv))

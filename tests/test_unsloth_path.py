@@ -1,0 +1,242 @@
+"""The Unsloth fast path: availability is reported honestly, unsloth is never imported by accident,
+the GPU install file agrees with unsloth's own constraints, and the comparison code runs (its plain
+TRL backend, on CPU with the tiny preset; the Unsloth backend needs a CUDA GPU and is refused here)."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from importlib.machinery import ModuleSpec
+
+import pytest
+
+from labkit.device import DeviceInfo
+
+# unsloth 2026.10.9's Requires-Dist (its wheel's METADATA), the packages the lab's path uses.
+UNSLOTH_2026_10_9 = [
+    "torch<2.15.0,>=2.4.0",
+    "bitsandbytes!=0.46.0,!=0.48.0,>=0.45.5",
+    "datasets!=4.0.*,!=4.1.0,!=4.4.*,!=4.5.0,<5.0.0,>=3.4.1",
+    "accelerate>=0.34.1",
+    "peft!=0.11.0,>=0.18.0",
+    "transformers!=4.53.0,!=4.54.0,!=4.55.0,!=4.55.1,!=4.57.0,!=4.57.4,!=4.57.5,!=5.0.0,!=5.1.0,<=5.17.0,>=4.52.4",
+    "trl!=0.19.0,<=1.15.0,>=0.18.2",
+    'triton>=3.0.0; "linux" in sys_platform',
+    'xformers>=0.0.27.post2; sys_platform == "win32"',
+    'unsloth[huggingface]; extra == "colab"',
+]
+CPU = DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+T4 = DeviceInfo("cuda", "Tesla T4", 15.0, (7, 5), bf16=False, fp16=True)
+
+
+def _pins(path):
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_conflicts_name_the_package_its_version_and_the_range():
+    from labkit.unsloth_path import requirement_conflicts
+
+    found = requirement_conflicts(UNSLOTH_2026_10_9, {"trl": "1.16.0", "transformers": "5.17.0", "datasets": "5.2.0",
+                                                      "torch": "2.13.0", "peft": "0.21.2"})
+    assert len(found) == 2
+    assert any(c.startswith("trl 1.16.0 (unsloth needs") and "<=1.15.0" in c for c in found)
+    assert any(c.startswith("datasets 5.2.0") for c in found)
+    # an excluded version inside the range is a conflict too
+    assert requirement_conflicts(UNSLOTH_2026_10_9, {"datasets": "4.4.1"}) != []
+    # requirements for other platforms, extras and unchecked packages are skipped
+    assert requirement_conflicts(UNSLOTH_2026_10_9, {"torch": "2.13.0"}) == []
+
+
+def test_the_gpu_install_file_satisfies_unsloth_and_the_main_one_does_not(repo_root):
+    from labkit.unsloth_path import requirement_conflicts
+
+    gpu = _pins(repo_root / "requirements-unsloth.txt")
+    assert gpu["unsloth"] == "2026.10.9"  # the version whose constraints are copied above
+    assert requirement_conflicts(UNSLOTH_2026_10_9, gpu) == []
+    main = _pins(repo_root / "requirements.txt")
+    clashes = " ".join(requirement_conflicts(UNSLOTH_2026_10_9, main))
+    assert "trl" in clashes and "transformers" in clashes and "datasets" in clashes
+
+
+def test_no_gpu_means_skip_with_the_reason():
+    from labkit.unsloth_path import unsloth_status
+
+    status = unsloth_status(CPU)
+    assert status.available is False
+    assert "CUDA GPU" in status.reason and "x86_64 CPU" in status.reason
+
+
+def test_gpu_without_unsloth_points_to_the_separate_install(monkeypatch):
+    import labkit.unsloth_path as up
+
+    monkeypatch.setattr(up.importlib.util, "find_spec", lambda name: None)
+    status = up.unsloth_status(T4)
+    assert not status.available and "requirements-unsloth.txt" in status.reason
+
+
+def test_gpu_with_unsloth_in_the_wrong_environment_reports_the_conflicts(monkeypatch):
+    import labkit.unsloth_path as up
+
+    real_version = up.metadata.version
+    monkeypatch.setattr(up.importlib.util, "find_spec",
+                        lambda name: ModuleSpec("unsloth", None) if name == "unsloth" else None)
+    monkeypatch.setattr(up.metadata, "version", lambda name: "2026.10.9" if name == "unsloth" else real_version(name))
+    monkeypatch.setattr(up.metadata, "requires", lambda name: UNSLOTH_2026_10_9)
+    status = up.unsloth_status(T4)  # this venv has trl 1.16, transformers 5.23, datasets 5.2
+    assert not status.available and status.version == "2026.10.9"
+    assert any(c.startswith("trl ") for c in status.conflicts) and "fresh environment" in status.reason
+    assert "unsloth" not in sys.modules  # checked from metadata; never imported
+
+    monkeypatch.setattr(up, "requirement_conflicts", lambda: [])
+    ok = up.unsloth_status(T4)
+    assert ok.available and ok.reason == "unsloth 2026.10.9 on cuda: Tesla T4, 15.0 GiB, sm_75"
+
+
+def test_loading_through_unsloth_is_refused_here_with_the_reason():
+    from labkit.unsloth_path import load_unsloth_policy, unsloth_status
+
+    with pytest.raises(RuntimeError) as info:
+        load_unsloth_policy("colab-t4")
+    assert str(info.value) == unsloth_status().reason
+    assert "unsloth" not in sys.modules
+
+
+def test_importing_the_module_is_cheap():
+    code = ("import sys, labkit.unsloth_path as u; u.unsloth_status(); "
+            "print(sorted(m for m in ('unsloth', 'trl', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_bench_command_refuses_the_unsloth_backend_without_a_gpu(tmp_path, capsys):
+    from labkit.unsloth_path import bench_unsloth_cli
+
+    assert bench_unsloth_cli(["--results", str(tmp_path)]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing recorded
+
+
+def test_read_comparison_is_none_until_something_is_measured(tmp_path):
+    from labkit.unsloth_path import read_comparison
+
+    assert read_comparison(tmp_path / "unsloth_vs_trl.csv") is None
+
+
+@pytest.mark.slow
+def test_the_plain_trl_backend_runs_in_its_own_process_and_is_recorded(tmp_path):
+    """The comparison's plumbing end to end, on CPU: one backend, a fresh process, a JSON record, a CSV row."""
+    from labkit.unsloth_path import RESULTS_FILE, bench_unsloth, read_comparison
+
+    records = bench_unsloth("cpu-tiny", backends=("trl",), steps=2, eval_limit=4, results=tmp_path, timeout_s=300)
+    assert len(records) == 1
+    record = records[0]
+    assert record["backend"] == "trl" and record["steps_done"] == 2
+    assert record["lora_dropout"] == 0.05  # read from the trained model's PEFT config (the lab's default)
+    assert record["seconds_per_step"] > 0 and record["eval_n"] == 4
+    assert all(0 <= record[k] <= 1 for k in ("strict_accuracy", "lenient_accuracy", "format_rate"))
+    assert record["peak_allocated_gib"] is None and "no CUDA" in record["note"]  # never a made-up GPU figure
+    assert record["provenance"]["device"].startswith("cpu")
+    saved = json.loads((tmp_path / "unsloth_vs_trl_trl.json").read_text())
+    assert saved["seconds_per_step"] == record["seconds_per_step"]
+    with open(tmp_path / RESULTS_FILE) as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 1 and rows[0]["backend"] == "trl" and rows[0]["device"].startswith("cpu")
+    assert rows[0]["peak_allocated_gib"] == ""
+    table = read_comparison(tmp_path / RESULTS_FILE)
+    assert list(table["backend"]) == ["trl"]
+
+
+def test_the_summary_keeps_gpu_rows_and_pairs_backends():
+    """A hand-made table (a fixture, not a measurement): CPU rows are dropped, the newest GPU row per backend kept."""
+    import pandas as pd
+
+    from labkit.unsloth_path import comparison_summary
+
+    rows = [
+        dict(backend="trl", preset="colab-t4", method="qlora", device="cpu: x86_64 CPU", peak_allocated_gib=None,
+             seconds_per_step=1.0),
+        dict(backend="trl", preset="colab-t4", method="qlora", device="cuda: Tesla T4", peak_allocated_gib=8.0,
+             seconds_per_step=20.0),
+        dict(backend="trl", preset="colab-t4", method="qlora", device="cuda: Tesla T4", peak_allocated_gib=6.0,
+             seconds_per_step=16.0),
+    ]
+    latest, ratio = comparison_summary(pd.DataFrame(rows))
+    assert len(latest) == 1 and latest.iloc[0]["peak_allocated_gib"] == 6.0 and ratio is None
+    rows.append(dict(backend="unsloth", preset="colab-t4", method="qlora", device="cuda: Tesla T4",
+                     peak_allocated_gib=3.0, seconds_per_step=8.0))
+    latest, ratio = comparison_summary(pd.DataFrame(rows))
+    assert sorted(latest["backend"]) == ["trl", "unsloth"]
+    assert ratio.loc[("colab-t4", "qlora"), "peak_allocated_gib"] == 0.5
+    assert ratio.loc[("colab-t4", "qlora"), "seconds_per_step"] == 0.5
+    assert comparison_summary(pd.DataFrame(rows[:1]))[0].empty
+    assert comparison_summary(None) == (None, None)
+
+
+class _FakeFastLanguageModel:
+    """A stand-in for unsloth.FastLanguageModel (unsloth needs a CUDA GPU): records the calls, loads with PEFT.
+
+    It checks the lab's plumbing around Unsloth (what the preset passes in, what happens to the model
+    after), not Unsloth itself; nothing it produces is recorded as a figure.
+    """
+
+    calls: list = []
+
+    @classmethod
+    def from_pretrained(cls, model_name, **kwargs):
+        from transformers import AutoModelForCausalLM
+
+        from labkit.models import load_tokenizer
+
+        cls.calls.append(("from_pretrained", model_name, kwargs))
+        tokenizer = load_tokenizer(model_name)
+        return AutoModelForCausalLM.from_pretrained(model_name, dtype=kwargs["dtype"]), tokenizer
+
+    @classmethod
+    def get_peft_model(cls, model, **kwargs):
+        from peft import LoraConfig, get_peft_model
+
+        cls.calls.append(("get_peft_model", kwargs))
+        config = LoraConfig(r=kwargs["r"], lora_alpha=kwargs["lora_alpha"], lora_dropout=kwargs["lora_dropout"],
+                            target_modules=kwargs["target_modules"], task_type="CAUSAL_LM")
+        return get_peft_model(model, config)
+
+    @classmethod
+    def for_inference(cls, model):
+        cls.calls.append(("for_inference",))
+
+
+@pytest.mark.slow
+def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch):
+    """The Unsloth backend's code path with a stand-in loader: the preset's settings reach FastLanguageModel."""
+    import types
+
+    import labkit.unsloth_path as up
+    from labkit.presets import get_preset, resolve_model
+
+    fake = types.ModuleType("unsloth")
+    fake.FastLanguageModel = _FakeFastLanguageModel
+    _FakeFastLanguageModel.calls = []
+    monkeypatch.setitem(sys.modules, "unsloth", fake)
+    monkeypatch.setattr(up, "_require_unsloth", lambda: up.UnslothStatus(True, "stand-in", "0+fake"))
+
+    record = up.comparison_run("cpu-tiny", "unsloth", steps=2, eval_limit=4)
+    preset = get_preset("cpu-tiny")
+    (_, name, load), (_, peft), (inference,) = _FakeFastLanguageModel.calls
+    assert name == resolve_model(preset.model)
+    assert load["max_seq_length"] == preset.max_prompt_length + preset.max_completion_length
+    assert load["load_in_4bit"] is False and load["use_exact_model_name"] is True
+    assert str(load["dtype"]) == "torch.float32"  # the trainer's precision on a CPU
+    assert peft["r"] == preset.lora_rank and peft["lora_alpha"] == 2 * preset.lora_rank
+    assert peft["target_modules"] == list(preset.target_modules) and peft["lora_dropout"] == 0.0
+    assert peft["use_gradient_checkpointing"] == "unsloth"
+    assert inference == "for_inference"
+    assert record["backend"] == "unsloth" and record["unsloth"] == "0+fake" and record["steps_done"] == 2
+    assert record["lora_dropout"] == 0.0 and record["eval_n"] == 4
