@@ -1,0 +1,278 @@
+"""The live dashboard in a real browser: JupyterLab, headless Debian Chromium, driven by Playwright.
+
+Starts JupyterLab on 127.0.0.1 (free port, random token) in a temporary folder holding a notebook,
+runs a cell that feeds a LiveDashboard a simulated run, and checks in the DOM that the widgets
+render (the card, the gauge, the eight SVG charts), that they update while the cell runs, and that
+no "Error displaying widget" appears. Screenshots go to $LABKIT_ARTIFACTS (or the test's tmp folder);
+with LABKIT_DOCS_SCREENSHOT=path the mid-run dashboard is also copied there (docs/dashboard.png).
+
+Needs /usr/bin/chromium (Debian: ``apt-get install -y chromium``) and the playwright package;
+Playwright never downloads a browser here. Skipped, with the reason, when either is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"  # never fetch a browser; we drive Debian's
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SERVER_START_TIMEOUT_S = 60
+CELL_TIMEOUT_MS = 75_000
+
+# Two cells: the first creates the dashboard and feeds 36 of 60 simulated steps (mid-run), the
+# second finishes the run. Updates are made frequent here so the test sees several of them.
+MIDRUN_CELL = """\
+import time
+from labkit.dashboard import LiveDashboard, simulated_run
+
+stream = simulated_run(60)
+board = LiveDashboard(title="GRPO Lab dashboard · simulated metrics, CPU (nothing is trained)",
+                      total_steps=60, budget_gib=1.0, min_interval_s=0.25, max_overhead=0.5)
+for step, logs in stream:
+    time.sleep(0.1)  # stands in for a training step
+    board.log(step, logs)
+    if step == 36:
+        break
+board.render()
+print("LABKIT_MIDRUN", board.frontend, board.plot_renders)
+"""
+FINISH_CELL = """\
+for step, logs in stream:
+    board.log(step, logs)
+board.close()
+print("LABKIT_DONE", board.step)
+"""
+
+
+def _missing() -> str | None:
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} not found (Debian: apt-get install -y chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install playwright; no browser download needed)"
+    return None
+
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(_missing() is not None, reason=str(_missing()))]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _write_notebook(path: Path) -> None:
+    def cell(source):
+        return {"cell_type": "code", "execution_count": None, "id": secrets.token_hex(4), "metadata": {},
+                "outputs": [], "source": source.splitlines(keepends=True)}
+
+    notebook = {"cells": [cell(MIDRUN_CELL), cell(FINISH_CELL)],
+                "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                            "name": "python3"}},
+                "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(notebook, indent=1))
+
+
+def _request(url: str, token: str, method: str = "GET", timeout: float = 5.0):
+    req = urllib.request.Request(url, method=method, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=timeout) as response:
+        return response.status, response.read()
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab server in tmp_path, shut down (kernels included) when the test ends."""
+    import psutil
+
+    home = tmp_path / "jupyter"
+    (home / "config" / "labconfig").mkdir(parents=True)
+    # No news pop-up and no extension manager (both would reach the network and can cover the page).
+    (home / "config" / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {
+        "@jupyterlab/apputils-extension:announcements": True, "@jupyterlab/extensionmanager-extension": True}}))
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _write_notebook(notebooks / "dashboard.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    env.update(
+        JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_DATA_DIR=str(home / "data"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), IPYTHONDIR=str(home / "ipython"),
+        # the kernelspec says "python": make it this interpreter, with labkit importable
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep),
+        MPLBACKEND="Agg", LABKIT_MODE="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+    )
+    log_path = tmp_path / "jupyterlab.log"
+    log = log_path.open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--ServerApp.terminals_enabled=False",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],  # CI containers run as root
+        cwd=notebooks, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    started = False
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                started = _request(f"{base}/api/status", token, timeout=2)[0] == 200
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.5)
+        if not started:
+            why = f"exited with code {server.returncode}" if server.poll() is not None else \
+                f"did not answer in {SERVER_START_TIMEOUT_S} s"
+            pytest.fail(f"JupyterLab {why}:\n{log_path.read_text()[-3000:]}")
+        yield {"base": base, "token": token, "notebook": "dashboard.ipynb", "log": log_path, "pid": server.pid}
+    finally:
+        # Kernels run in their own sessions: remember every process the server started, by id.
+        try:
+            children = psutil.Process(server.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
+        try:
+            _request(f"{base}/api/shutdown", token, method="POST", timeout=5)
+        except Exception:  # noqa: BLE001 - the server may already be gone
+            pass
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=5)
+        _, alive = psutil.wait_procs(children, timeout=5)
+        for process in alive:
+            process.kill()
+        log.close()
+        artifacts = Path(os.environ.get("LABKIT_ARTIFACTS") or tmp_path)
+        artifacts.mkdir(parents=True, exist_ok=True)
+        if artifacts != tmp_path:
+            shutil.copy(log_path, artifacts / "jupyterlab.log")
+        assert server.returncode is not None, "JupyterLab is still running"
+
+
+def _dashboard_state(page) -> dict:
+    """Read what the browser shows of the dashboard."""
+    return page.evaluate("""() => {
+        const card = document.querySelector('.labkit-dashboard .labkit-progress');
+        const gauge = document.querySelector('.labkit-dashboard .labkit-gauge');
+        const panels = document.querySelectorAll('.labkit-dashboard .labkit-dashboard-plot svg.labkit-panel');
+        const reward = document.querySelector('.labkit-dashboard-plot polyline[data-series="reward"]');
+        const box = panels.length ? panels[0].getBoundingClientRect() : null;
+        return {
+            progress: card ? card.innerText : null,
+            level: gauge ? gauge.dataset.level : null,
+            gaugeText: gauge ? gauge.innerText : null,
+            panels: panels.length,
+            panelWidth: box ? box.width : 0,
+            rewardPoints: reward ? Number(reward.dataset.points) : 0,
+            rewardDrawn: reward ? reward.getAttribute('points').trim().split(/\s+/).length : 0,
+            tiles: document.querySelectorAll('.labkit-dashboard .labkit-tile').length,
+        };
+    }""")
+
+
+def _output_text(page) -> str:
+    return "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+
+
+def _wait_for_output(page, marker: str, timeout_ms: int, on_poll=None) -> None:
+    deadline = time.monotonic() + timeout_ms / 1000
+    while time.monotonic() < deadline:
+        if on_poll is not None:
+            on_poll()
+        if marker in _output_text(page):
+            return
+        errors = page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]')
+        if errors.count():
+            pytest.fail(f"the cell raised:\n{errors.first.inner_text()[-3000:]}")
+        page.wait_for_timeout(250)
+    pytest.fail(f"no {marker!r} in the outputs after {timeout_ms / 1000:.0f} s; outputs:\n{_output_text(page)[-2000:]}")
+
+
+def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    artifacts = Path(os.environ.get("LABKIT_ARTIFACTS") or tmp_path)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    url = f"{jupyterlab['base']}/lab/tree/{jupyterlab['notebook']}?token={jupyterlab['token']}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+                                             timeout=30_000)
+        try:
+            # wide enough for the charts side by side; 2x pixels so the README screenshot stays sharp
+            page = browser.new_page(viewport={"width": 1600, "height": 1050}, device_scale_factor=2)
+            page.set_default_timeout(30_000)
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=45_000)
+            # the kernel indicator in the status bar reads "... | Idle" once the kernel is up
+            page.wait_for_function("() => /\\|\\s*Idle/.test(document.body.innerText)", timeout=45_000)
+
+            page.locator(".jp-Notebook .jp-Cell").first.click()
+            page.keyboard.press("Escape")  # command mode
+            page.keyboard.press("Shift+Enter")  # run the first cell, move to the second
+
+            seen_progress, seen_points = set(), set()
+
+            def watch():
+                state = _dashboard_state(page)
+                if state["progress"]:
+                    seen_progress.add(state["progress"])  # "... · step N / 60 · ..."
+                seen_points.add(state["rewardPoints"])
+
+            _wait_for_output(page, "LABKIT_MIDRUN", CELL_TIMEOUT_MS, on_poll=watch)
+            page.wait_for_timeout(500)  # let the last update reach the DOM
+            state = _dashboard_state(page)
+            assert "LABKIT_MIDRUN widgets" in _output_text(page), "the kernel did not pick the widgets front end"
+            assert "step 36 / 60" in state["progress"] and "left" in state["progress"]
+            assert state["tiles"] == 8
+            assert state["level"] in ("green", "amber", "red")
+            assert "No CUDA GPU" in state["gaugeText"] and "GiB budget" in state["gaugeText"]
+            assert state["panels"] == 8 and state["panelWidth"] >= 200, state
+            assert state["rewardPoints"] == state["rewardDrawn"] == 36, state
+            # live: the card and the charts changed while the cell was running
+            steps_seen = {int(m.group(1)) for text in seen_progress if (m := re.search(r"step (\d+)", text))}
+            assert len(steps_seen) >= 3, seen_progress
+            assert len(seen_points - {0, 36}) >= 2, f"the charts did not grow during the run: {seen_points}"
+            assert "Error displaying widget" not in page.content()
+
+            dashboard = page.locator(".labkit-dashboard").first
+            dashboard.scroll_into_view_if_needed()
+            dashboard.screenshot(path=str(artifacts / "dashboard_midrun.png"))
+            page.screenshot(path=str(artifacts / "jupyterlab_midrun.png"))
+            if os.environ.get("LABKIT_DOCS_SCREENSHOT"):
+                shutil.copy(artifacts / "dashboard_midrun.png", os.environ["LABKIT_DOCS_SCREENSHOT"])
+
+            page.keyboard.press("Shift+Enter")  # the second cell: finish the run
+            _wait_for_output(page, "LABKIT_DONE 60", CELL_TIMEOUT_MS)
+            page.wait_for_timeout(500)
+            final = _dashboard_state(page)
+            assert "step 60 / 60" in final["progress"] and final["rewardPoints"] == 60, final
+            assert "Error displaying widget" not in page.content()
+            page.screenshot(path=str(artifacts / "jupyterlab_done.png"))
+        finally:
+            browser.close()

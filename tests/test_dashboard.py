@@ -1,0 +1,528 @@
+"""labkit.dashboard: what the live dashboard records, draws and shows, and what the VRAM monitor measures."""
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from transformers import TrainerState
+
+import labkit.dashboard as dash
+from labkit.dashboard import (GAUGE_COLOURS, PANELS, LiveDashboard, MemorySnapshot, VRAMMonitor, detect_frontend,
+                              gauge_level, memory_snapshot, simulated_run)
+
+GIB = 1024**3
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# Recorded from TRL 1.16.0's GRPOTrainer (state.log_history) on the tiny Qwen2 model, LoRA, beta=0.04,
+# two reward functions: `parity`, and `only_long`, which returned None for every completion, so TRL
+# logged None for its mean and std. The last row is the run's summary, logged again at the last step.
+TRL_LOG_HISTORY = [
+    {"loss": 0.0, "grad_norm": 0.0, "learning_rate": 0.01, "num_tokens": 1684.0, "completions/mean_length": 16.0,
+     "completions/min_length": 16.0, "completions/max_length": 16.0, "completions/clipped_ratio": 1.0,
+     "rewards/parity/mean": 0.0, "rewards/parity/std": 0.0, "rewards/only_long/mean": None,
+     "rewards/only_long/std": None, "reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0, "kl": 0.0,
+     "entropy": 5.555185317993164, "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+     "clip_ratio/region_mean": 0.0, "step_time": 0.265415839999946, "epoch": 0.0833, "step": 1},
+    {"loss": 1.4901161193847656e-08, "grad_norm": 0.32851117849349976, "learning_rate": 0.006666666666666666,
+     "num_tokens": 4100.0, "completions/mean_length": 16.0, "completions/min_length": 16.0,
+     "completions/max_length": 16.0, "completions/clipped_ratio": 1.0, "rewards/parity/mean": 0.75,
+     "rewards/parity/std": 0.5, "rewards/only_long/mean": None, "rewards/only_long/std": None, "reward": 0.75,
+     "reward_std": 0.5, "frac_reward_zero_std": 0.0, "kl": 0.0, "entropy": 5.555355072021484,
+     "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0,
+     "step_time": 0.3651847999999518, "epoch": 0.1667, "step": 2},
+    {"loss": 5.799252539873123e-05, "grad_norm": 0.24603994190692902, "learning_rate": 0.003333333333333333,
+     "num_tokens": 5368.0, "completions/mean_length": 16.0, "completions/min_length": 16.0,
+     "completions/max_length": 16.0, "completions/clipped_ratio": 1.0, "rewards/parity/mean": 0.5,
+     "rewards/parity/std": 0.5773502588272095, "rewards/only_long/mean": None, "rewards/only_long/std": None,
+     "reward": 0.5, "reward_std": 0.5773502588272095, "frac_reward_zero_std": 0.0, "kl": 0.0014498606324195862,
+     "entropy": 5.554575443267822, "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+     "clip_ratio/region_mean": 0.0, "step_time": 0.18576298000004954, "epoch": 0.25, "step": 3},
+    {"train_runtime": 0.8353, "train_samples_per_second": 14.366, "train_steps_per_second": 3.591,
+     "total_flos": 0.0, "train_loss": 1.933580885330836e-05, "epoch": 0.25, "step": 3},
+]
+
+
+def replay(dashboard, history=TRL_LOG_HISTORY):
+    """Feed a recorded log history through the TrainerCallback hooks, as GRPOTrainer would."""
+    state = TrainerState(max_steps=max(row["step"] for row in history))
+    dashboard.on_train_begin(None, state, None)
+    for row in history:
+        state.global_step = row["step"]
+        logs = {k: v for k, v in row.items() if k != "step"}
+        dashboard.on_log(None, state, None, logs=logs)
+    dashboard.on_train_end(None, state, None)
+    return dashboard
+
+
+def cuda_snapshot(used_gib, total_gib=24.0, allocated_gib=None, reserved_gib=None):
+    allocated = int((allocated_gib if allocated_gib is not None else used_gib * 0.6) * GIB)
+    reserved = int((reserved_gib if reserved_gib is not None else used_gib * 0.8) * GIB)
+    return MemorySnapshot("cuda", allocated, reserved, allocated, int(used_gib * GIB), int(total_gib * GIB),
+                          2 * GIB, 32 * GIB)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+# ----------------------------------------------------------------------------- recording
+
+
+def test_recorded_trl_stream_has_a_point_per_logged_value():
+    board = replay(LiveDashboard(frontend="none"))
+    assert board.series("reward") == ([1, 2, 3], [0.0, 0.75, 0.5])
+    assert board.series("rewards/parity/mean") == ([1, 2, 3], [0.0, 0.75, 0.5])
+    assert "rewards/only_long/mean" not in board.history  # TRL logged None: no point, no series
+    assert board.series("kl")[1] == [0.0, 0.0, 0.0014498606324195862]
+    assert len(board.series("train_runtime")[0]) == 1
+    # the summary row comes at step 3 again: memory keeps one point per step
+    assert board.series("memory/process_rss")[0] == [1, 2, 3]
+    assert board.total_steps == 3 and board.step == 3
+
+
+def test_missing_keys_none_nan_and_tensors_are_handled():
+    board = LiveDashboard(frontend="none")
+    for step, logs in simulated_run(28):
+        board.log(step, logs)
+    assert len(board.series("clip_ratio/region_mean")[0]) == 28 - 28 // 4  # missing on every 4th step
+    assert len(board.series("rewards/correctness/mean")[0]) == 28 - 28 // 7  # None on every 7th step
+    assert len(board.series("rewards/format/mean")[0]) == 28
+    board.log(29, {"reward": torch.tensor(1.5), "kl": float("nan"), "entropy": float("inf"), "note": "text",
+                   "flag": True})
+    assert board.latest("reward") == 1.5
+    assert len(board.series("kl")[0]) == 28 and "note" not in board.history and "flag" not in board.history
+    board.log(metrics={"loss": 0.1})  # no step given: continues from the last one
+    assert board.series("loss")[0][-1] == 30
+
+
+def test_only_the_main_process_records():
+    board = LiveDashboard(frontend="none")
+    state = TrainerState(global_step=1)
+    state.is_world_process_zero = False
+    board.on_log(None, state, None, logs={"reward": 1.0})
+    assert board.history == {}
+
+
+# ----------------------------------------------------------------------------- the figure
+
+
+def test_figure_lines_hold_the_logged_data():
+    board = replay(LiveDashboard(frontend="none"))
+    axes = board.axes
+    assert set(axes) == {p.key for p in PANELS}
+    reward_lines = {line.get_label(): line for line in axes["reward"].lines}
+    assert set(reward_lines) == {"reward", "parity"}  # only_long never had a value
+    np.testing.assert_allclose(reward_lines["reward"].get_xdata(), [1, 2, 3])
+    np.testing.assert_allclose(reward_lines["reward"].get_ydata(), [0.0, 0.75, 0.5])
+    kl_line, = axes["kl"].lines
+    np.testing.assert_allclose(kl_line.get_ydata(), [0.0, 0.0, 0.0014498606324195862])
+    assert {line.get_label() for line in axes["clip"].lines} == {"low", "high", "region"}
+    memory = {line.get_label() for line in axes["memory"].lines}
+    assert "process rss" in memory
+    # the reward band spans mean +/- reward_std: highest at step 2, lowest at step 3
+    band = axes["reward"].collections[0].get_paths()[0].vertices
+    assert band[:, 1].max() == pytest.approx(0.75 + 0.5) and band[:, 1].min() == pytest.approx(0.5 - 0.57735, abs=1e-5)
+
+
+def test_lines_grow_as_steps_arrive_and_kl_panel_explains_beta_zero():
+    board = LiveDashboard(frontend="none")
+    stream = list(simulated_run(12, beta=0.0))
+    for step, logs in stream[:5]:
+        board.log(step, logs)
+    reward_line = next(line for line in board.axes["reward"].lines if line.get_label() == "reward")
+    assert len(reward_line.get_xdata()) == 5
+    for step, logs in stream[5:]:
+        board.log(step, logs)
+    board.draw()
+    assert len(reward_line.get_xdata()) == 12
+    kl_ax = board.axes["kl"]
+    assert len(kl_ax.lines) == 0 and "kl" not in board.history
+    notes = [t for t in kl_ax.texts if t.get_visible()]
+    assert len(notes) == 1 and "beta = 0" in notes[0].get_text()
+    assert not any(t.get_visible() for t in board.axes["reward"].texts)
+
+
+def test_save_writes_a_png_of_the_figure(tmp_path):
+    board = LiveDashboard(frontend="none", budget_gib=16)
+    for step, logs in simulated_run(20):
+        board.log(step, logs)
+    path = board.save(tmp_path / "run.png", dpi=60)
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert (width, height) == (13 * 60, int(5.6 * 60))
+
+
+def svg_panel(charts: str, key: str) -> str:
+    return re.search(rf'<svg class="labkit-panel" data-panel="{key}".*?</svg>', charts).group(0)
+
+
+def polyline_points(svg: str, name: str) -> list[tuple[float, float]]:
+    points = re.search(rf'data-series="{re.escape(name)}" data-points="\d+" points="([^"]*)"', svg).group(1)
+    return [tuple(map(float, p.split(","))) for p in points.split()]
+
+
+def test_live_charts_draw_each_logged_point():
+    board = replay(LiveDashboard(frontend="none"))
+    charts = board.charts_html()
+    assert charts.count('<svg class="labkit-panel"') == len(PANELS)
+    reward = svg_panel(charts, "reward")
+    assert 'data-series="reward" data-points="3"' in reward and 'data-series="rewards/parity/mean"' in reward
+    assert "only_long" not in reward and "labkit-band" in reward
+    xs, ys = zip(*polyline_points(reward, "reward"))
+    assert xs[0] < xs[1] < xs[2]  # steps 1, 2, 3 left to right
+    assert ys[1] < ys[2] < ys[0]  # rewards 0.75 > 0.5 > 0.0: higher is further up (smaller y)
+    assert "labkit-note" not in svg_panel(charts, "kl")
+
+
+def test_live_charts_thin_long_runs_and_explain_missing_kl():
+    board = LiveDashboard(frontend="none")
+    for step, logs in simulated_run(1000, beta=0.0):
+        board.log(step, logs)
+    charts = board.charts_html()
+    count = int(re.search(r'data-series="reward" data-points="(\d+)"', charts).group(1))
+    assert 200 <= count <= 241
+    xs = [x for x, _ in polyline_points(svg_panel(charts, "reward"), "reward")]
+    assert xs == sorted(xs) and xs[-1] == pytest.approx(260 - 8)  # the last step is kept, at the right edge
+    kl = svg_panel(charts, "kl")
+    assert "<polyline" not in kl and "beta = 0" in kl
+
+
+def test_memory_chart_shows_the_budget_zones(monkeypatch):
+    monkeypatch.setattr(dash, "memory_snapshot", lambda device=None: cuda_snapshot(13.0))
+    board = LiveDashboard(frontend="none", budget_gib=16)
+    for step in range(1, 4):
+        board.log(step, {"reward": 0.1})
+    memory = svg_panel(board.charts_html(), "memory")
+    for colour in GAUGE_COLOURS.values():
+        assert f'fill="{colour}"' in memory
+    assert {"memory/allocated", "memory/reserved", "memory/peak", "memory/device_used"} <= set(
+        re.findall(r'data-series="([^"]+)"', memory))
+
+
+# ----------------------------------------------------------------------------- the gauge
+
+
+@pytest.mark.parametrize("used, level", [(0.0, "green"), (11.99, "green"), (12.0, "amber"), (14.39, "amber"),
+                                         (14.4, "red"), (20.0, "red")])
+def test_gauge_level_thresholds_on_a_16_gib_budget(used, level):
+    assert gauge_level(used, 16.0) == level
+
+
+def test_gauge_level_refuses_nonsense():
+    with pytest.raises(ValueError, match="positive"):
+        gauge_level(1, 0)
+    with pytest.raises(ValueError, match="amber < red"):
+        gauge_level(1, 2, (0.9, 0.75))
+
+
+@pytest.mark.parametrize("used_gib, level", [(10.0, "green"), (12.5, "amber"), (15.0, "red"), (17.0, "red")])
+def test_dashboard_gauge_turns_amber_then_red(monkeypatch, used_gib, level):
+    monkeypatch.setattr(dash, "memory_snapshot", lambda device=None: cuda_snapshot(used_gib))
+    board = LiveDashboard(frontend="none", budget_gib=16)
+    board.log(1, {"reward": 0.5})
+    gauge = board.gauge()
+    assert gauge["level"] == level and gauge["colour"] == GAUGE_COLOURS[level]
+    assert gauge["fraction"] == pytest.approx(used_gib / 16)
+    card = board.html()
+    assert f"labkit-gauge--{level}" in card and GAUGE_COLOURS[level] in card
+    assert "NVML" in card and ("over budget" in card) == (used_gib > 16)
+    assert board.series("memory/device_used") == ([1], [pytest.approx(used_gib)])
+
+
+def test_gauge_budget_defaults_to_the_whole_gpu(monkeypatch):
+    monkeypatch.setattr(dash, "memory_snapshot", lambda device=None: cuda_snapshot(6.0, total_gib=24.0))
+    board = LiveDashboard(frontend="none")
+    board.log(1, {})
+    assert board.gauge()["budget_gib"] == pytest.approx(24.0) and board.gauge()["level"] == "green"
+
+
+def test_on_cpu_the_gauge_shows_process_memory_and_says_no_gpu():
+    snap = memory_snapshot("cpu")
+    assert snap.kind == "cpu" and snap.allocated is None and snap.device_used is None
+    assert snap.used == snap.process_rss > 10 * 1024**2 and snap.total == snap.host_total
+    board = LiveDashboard(frontend="none", device="cpu", budget_gib=64)
+    board.log(1, {"reward": 1.0})
+    assert "No CUDA GPU" in board.html() and "process" in board.html()
+    assert board.gauge()["gpu"] is False
+
+
+# ----------------------------------------------------------------------------- CUDA and NVML readings (mocked)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    readings = {"allocated": 2 * GIB, "reserved": 3 * GIB, "peak": 4 * GIB}
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda index=None: readings["allocated"])
+    monkeypatch.setattr(cuda, "memory_reserved", lambda index=None: readings["reserved"])
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda index=None: readings["peak"])
+    monkeypatch.setattr(cuda, "get_device_properties", lambda index=None: type("P", (), {"total_memory": 16 * GIB}))
+    monkeypatch.delenv("LABKIT_DEVICE", raising=False)
+    return readings
+
+
+def test_cuda_snapshot_counts_memory_outside_torch_through_nvml(fake_cuda, monkeypatch):
+    monkeypatch.setattr(dash._nvml, "memory", lambda index: (7 * GIB, 16 * GIB))  # e.g. vLLM holds 4 GiB
+    snap = memory_snapshot()
+    assert snap.kind == "cuda"
+    assert (snap.allocated, snap.reserved, snap.peak) == (2 * GIB, 3 * GIB, 4 * GIB)
+    assert snap.used == 7 * GIB and snap.total == 16 * GIB and "NVML" in snap.source
+    board = LiveDashboard(frontend="none", budget_gib=8)
+    board.log(1, {})
+    assert board.gauge()["level"] == "amber"  # 7 of 8 GiB
+    assert "outside torch" in board.html() and "whole GPU 7.00 / 16.0 GiB" in board.html()
+
+
+def test_without_nvml_the_gauge_falls_back_to_torch_reserved(fake_cuda, monkeypatch):
+    monkeypatch.setattr(dash._nvml, "memory", lambda index: None)
+    snap = memory_snapshot()
+    assert snap.device_used is None and snap.used == 3 * GIB and snap.total == 16 * GIB
+    assert "no NVML" in snap.source
+
+
+def test_nvml_absent_answers_none(monkeypatch):
+    nvml = dash._NVML()
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("no pynvml")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    assert nvml.memory(0) is None and nvml.memory(0) is None
+
+
+def test_monitor_phase_peak_takes_torchs_exact_peak_on_cuda(fake_cuda, monkeypatch):
+    monkeypatch.setattr(dash._nvml, "memory", lambda index: None)
+    monitor = VRAMMonitor(device=0)
+    assert monitor.kind == "cuda" and monitor.label == "torch allocated"
+    fake_cuda["peak"] = 4 * GIB
+    with monitor.phase("backward"):
+        fake_cuda["allocated"] = 2.5 * GIB
+        fake_cuda["peak"] = 6 * GIB  # a spike between samples, which only torch's counter saw
+    with monitor.phase("optimizer step"):
+        fake_cuda["allocated"] = 3 * GIB  # no new all-time peak: the samples decide
+    backward, optimizer = monitor.phases
+    assert backward.peak_bytes == 6 * GIB and backward.start_bytes == 2 * GIB
+    assert optimizer.peak_bytes == 3 * GIB
+    assert monitor.timeline()["torch reserved"][0] == pytest.approx(3.0)
+
+
+# ----------------------------------------------------------------------------- throttling
+
+
+def test_updates_are_throttled_to_min_interval(monkeypatch):
+    clock = FakeClock()
+    board = LiveDashboard(frontend="widgets", autoshow=False, min_interval_s=0.5, clock=clock)
+    monkeypatch.setattr(board, "charts_html", lambda: "<svg/>")  # drawing is tested elsewhere
+    for step in range(300):  # 3 seconds of 10 ms steps
+        clock.now += 0.01
+        board.log(step, {"reward": step / 300})
+    assert 5 <= board.card_updates <= 3 / 0.5 + 2
+    assert board.plot_renders <= board.card_updates
+
+
+def test_charts_redraw_only_as_often_as_max_overhead_allows(monkeypatch):
+    clock = FakeClock()
+    board = LiveDashboard(frontend="widgets", autoshow=False, min_interval_s=0.5, max_overhead=0.01, clock=clock)
+
+    def slow_charts():
+        clock.now += 0.2  # a 0.2 s render
+        return "<svg/>"
+
+    monkeypatch.setattr(board, "charts_html", slow_charts)
+    for step in range(200):  # 200 steps of 1 s
+        clock.now += 1.0
+        board.log(step, {"reward": 0.1})
+    assert board._plot_interval == pytest.approx(0.2 / 0.01)
+    drawing = sum(board.render_seconds)
+    assert board.plot_renders <= 200 / 20 + 3
+    assert drawing / clock.now < 0.02
+    assert board.card_updates > 150  # the numbers and the gauge still update every step
+
+
+# ----------------------------------------------------------------------------- front ends
+
+
+def test_widgets_frontend_pushes_the_card_and_the_charts():
+    board = LiveDashboard(frontend="widgets", autoshow=False, total_steps=5, min_interval_s=0, max_overhead=1)
+    for step, logs in simulated_run(5):
+        board.log(step, logs)
+    board.close()
+    widgets = board._widgets
+    assert widgets["plot"].value.count('<svg class="labkit-panel"') == len(PANELS)
+    assert '<polyline data-series="reward" data-points="5"' in widgets["plot"].value
+    assert "labkit-dashboard-plot" in widgets["plot"]._dom_classes
+    assert "labkit-gauge" in widgets["card"].value and "step 5 / 5" in widgets["card"].value
+    assert "labkit-dashboard" in widgets["box"]._dom_classes
+    assert board.plot_renders >= 2
+
+
+def test_html_frontend_updates_a_single_display_handle(monkeypatch):
+    import IPython.display
+
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj):
+            updates.append(obj.data)
+
+    def fake_display(obj, display_id=False):
+        shown.append((obj.data, display_id))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    board = LiveDashboard(frontend="html", min_interval_s=0, max_overhead=1)
+    for step, logs in simulated_run(4):
+        board.log(step, logs)
+    board.close()
+    assert len(shown) == 1 and shown[0][1] is True
+    assert len(updates) == board.card_updates - 1 >= 3
+    assert updates[-1].count("<svg") == len(PANELS) and "labkit-gauge" in updates[-1]
+
+
+def test_text_frontend_shows_a_progress_bar_and_a_summary(capsys):
+    with LiveDashboard(frontend="text", total_steps=6, min_interval_s=0, device="cpu") as board:
+        for step, logs in simulated_run(6):
+            board.log(step, logs)
+    err = capsys.readouterr().err
+    assert "6/6" in err and "reward=" in err and "no CUDA GPU" in err
+    assert err.strip().splitlines()[-1].startswith("GRPO training: step 6 / 6")
+
+
+def test_detect_frontend(monkeypatch):
+    import sys
+
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    assert detect_frontend() == "text"
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type("TerminalShell", (), {})())
+    assert detect_frontend() == "text"
+    monkeypatch.setattr(IPython, "get_ipython", lambda: type("KernelShell", (), {"kernel": object()})())
+    assert detect_frontend() == "widgets"
+    monkeypatch.setitem(sys.modules, "google.colab", object())
+    assert detect_frontend() == "html"
+
+
+def test_bad_arguments_fail_clearly():
+    with pytest.raises(ValueError, match="frontend"):
+        LiveDashboard(frontend="tk")
+    with pytest.raises(ValueError, match="max_overhead"):
+        LiveDashboard(frontend="none", max_overhead=0)
+    with pytest.raises(ValueError, match="budget_gib"):
+        LiveDashboard(frontend="none", budget_gib=-1)
+
+
+# ----------------------------------------------------------------------------- the monitor on CPU
+
+
+def test_vram_monitor_sees_a_phase_allocate_and_free_memory_on_cpu():
+    with VRAMMonitor(interval_s=0.005, device="cpu") as monitor:
+        for _ in range(2):
+            with monitor.phase("generation"):
+                pass
+            with monitor.phase("backward"):
+                block = np.ones(8 * 1024**2)  # 64 MiB, written, so resident
+                block[::4096] += 1
+                monitor.sample()
+                del block
+    assert monitor.kind == "cpu" and monitor.label == "process RSS"
+    assert [(m.name, m.step) for m in monitor.phases] == [("generation", 0), ("backward", 0),
+                                                          ("generation", 1), ("backward", 1)]
+    backward = [m for m in monitor.phases if m.name == "backward"]
+    assert all(m.peak_bytes - m.start_bytes > 48 * 1024**2 for m in backward)
+    assert all(m.peak_bytes - m.end_bytes > 48 * 1024**2 for m in backward)  # freed at the end
+    rows = {row["phase"]: row for row in monitor.phase_summary()}
+    assert rows["backward"]["count"] == 2 and rows["backward"]["transient_gib"] > 0.045
+    assert abs(rows["backward"]["kept_gib"]) < 0.02
+    assert list(monitor.last_step_peaks()) == ["generation", "backward"]
+    assert len(monitor.times) >= 8 and monitor.times == sorted(monitor.times)
+
+
+def test_vram_monitor_plot_shows_phases_and_peaks():
+    monitor = VRAMMonitor(device="cpu")
+    for step in range(3):
+        for name in ("generation", "scoring", "backward", "optimizer step"):
+            with monitor.phase(name):
+                monitor.sample()
+    fig = monitor.plot(step=-1)
+    timeline, bars = fig.axes
+    assert len(timeline.patches) == 4  # one shaded span per phase of the last step
+    assert [t.get_text() for t in bars.get_yticklabels()] == ["generation", "scoring", "backward", "optimizer step"]
+    assert "step 2" in timeline.get_title()
+    assert len(monitor.plot().axes[0].patches) == 12
+    with pytest.raises(ValueError, match="no phase"):
+        monitor.plot(step=7)
+
+
+def test_monitor_keeps_its_sample_count_bounded():
+    monitor = VRAMMonitor(device="cpu", max_samples=64)
+    for _ in range(200):
+        monitor.sample()
+    assert len(monitor.times) < 64 and monitor.interval_s > 0.01
+
+
+def test_dashboard_lists_the_monitors_phase_peaks():
+    monitor = VRAMMonitor(device="cpu")
+    with monitor.phase("generation"):
+        pass
+    board = LiveDashboard(frontend="none", monitor=monitor)
+    board.log(1, {"reward": 0.0})
+    assert "labkit-phases" in board.html() and "generation" in board.html()
+
+
+# ----------------------------------------------------------------------------- the benchmark command
+
+
+def test_bench_cli_writes_its_figures_with_provenance(tmp_path):
+    out = tmp_path / "dashboard_bench.json"
+    rc = dash.bench_cli(["--step-s", "0.02", "--seconds", "0.1", "--frontends", "text", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert rc == (0 if record["passed"] else 1)
+    run, = record["runs"]
+    assert run["steps"] == 5 and run["frontend"] == "text" and run["samples"] > 0
+    assert math.isclose(run["overhead"], (run["log_s"] + run["sampler_cpu_s"]) / run["work_s"], abs_tol=2e-3)
+    assert run["run_overhead"] >= run["overhead"] and record["save_png_s"] > 0
+    assert {"date", "device", "versions"} <= set(record["provenance"])
+
+
+# ----------------------------------------------------------------------------- a real TRL run
+
+
+@pytest.mark.slow
+def test_dashboard_follows_a_real_grpo_trainer_run(tiny_model_path, tmp_path):
+    from labkit.data import load_gsm8k
+    from labkit.models import load_policy
+    from labkit.training import build_trainer, grpo_config
+
+    model, tokenizer = load_policy(tiny_model_path, "lora", lora_rank=4)
+
+    def parity(completions, **kwargs):
+        return [float(len(c[0]["content"]) % 2) for c in completions]
+
+    board = LiveDashboard(frontend="none")
+    args = grpo_config(tmp_path, max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                       max_completion_length=16, learning_rate=1e-2, beta=0.04)
+    trainer = build_trainer(model, [parity], load_gsm8k("train", limit=8), args, tokenizer=tokenizer,
+                            callbacks=[board])
+    trainer.train()
+    assert board.total_steps == 2
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/parity/mean", "kl", "entropy",
+                "completions/mean_length", "loss", "memory/process_rss"):
+        assert board.series(key)[0] == [1, 2], key
+    assert board._closed
