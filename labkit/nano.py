@@ -1,0 +1,811 @@
+"""A transparent GRPO loop, and the lab's main job: a tiny model learns addition on a CPU in minutes.
+
+Introduced in ``03_nano_grpo_cpu.ipynb``. :func:`nano_grpo` is GRPO in about a hundred
+readable lines, built on :mod:`labkit.objective` (advantages, clipped loss, log-probs) and
+scored by :mod:`labkit.rewards`; every step of the algorithm is a line you can print:
+
+1. draw ``num_prompts`` problems and sample ``G = num_generations`` completions of each;
+2. score every completion with the reward functions (TRL's calling convention);
+3. turn rewards into group-relative advantages, ``(r - mean_group) / (std_group + 1e-4)``;
+4. score the sampled tokens under the policy (with gradient) and the frozen reference (if
+   ``beta > 0``), then take the clipped surrogate loss and one optimiser step.
+
+The task (:class:`labkit.tasks.AdditionTask`) is two-digit addition with a carry. A short
+supervised warm-up (:func:`warm_up`) on a *sloppy teacher*, who forgets the carry in
+``forget_carry`` of its worked examples, teaches the answer format and the digit sums, and the
+slip with them: the warmed-up model carries only about as often as the teacher did. GRPO's
+reward is for right answers (and the format, which the warm-up already taught), so within each
+group the completions that carry win, and the model learns to carry. :func:`trl_trainer` trains the same task with TRL's ``GRPOTrainer``.
+
+The main job, ``python -m labkit demo`` (:func:`demo_cli`), runs it all on the CPU, evaluates
+held-out accuracy before and after GRPO and writes ``summary.json`` and plots;
+``python -m labkit bench demo`` (:func:`bench_demo_cli`) repeats it for several seeds, and with
+the policy update switched off (learning rate 0), into ``results/``. :func:`run_nano_grpo`
+trains the task with full fine-tuning or LoRA and returns the learning curve, for comparisons.
+
+Accuracy is measured on held-out problems (a fixed fifth of all problems, never trained on) as
+pass@1: the share of right answers among ``eval_samples`` completions per problem, sampled at
+the training temperature, i.e. the expected reward of the policy GRPO optimises. Greedy
+accuracy is reported next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from labkit.objective import frac_reward_zero_std, group_advantages, grpo_loss, per_token_logps
+from labkit.rewards import accuracy_reward, format_reward, score_completions
+from labkit.tasks import AdditionTask, carries
+
+__all__ = [
+    "NanoConfig",
+    "NanoResult",
+    "Rollout",
+    "REWARD_FUNCS",
+    "REWARD_WEIGHTS",
+    "build_policy",
+    "warm_up",
+    "warmed_up_policy",
+    "warm_up_path",
+    "sample_completions",
+    "score",
+    "rollout_loss",
+    "nano_grpo",
+    "evaluate",
+    "run_nano_grpo",
+    "trl_trainer",
+    "plot_run",
+    "demo",
+    "demo_cli",
+    "bench_demo_cli",
+]
+
+# Rewards, with TRL's reward_weights: a right answer is worth 1, the format 0.5 (the lab's
+# GSM8K weights, labkit.rewards.gsm8k_rewards, without the tag-count shaping the format no
+# longer needs after the warm-up).
+REWARD_FUNCS = (accuracy_reward, format_reward)
+REWARD_WEIGHTS = (1.0, 0.5)
+
+
+@dataclass
+class NanoConfig:
+    """Every knob of a nano run: the tiny model, the warm-up, GRPO (TRL's names) and the evaluation.
+
+    The defaults are the main job's: about two minutes on two CPU cores.
+    """
+
+    seed: int = 0
+    # the tiny model (labkit.models.build_tiny_model overrides)
+    arch: str = "qwen2"
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    # the task and the supervised warm-up
+    forget_carry: float = 0.6  # share of the teacher's worked examples that forget the carry
+    sft_steps: int = 600
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 3e-3
+    # GRPO
+    max_steps: int = 40
+    num_prompts: int = 16  # prompts per step; the batch holds num_prompts * num_generations completions
+    num_generations: int = 8
+    learning_rate: float = 3e-4
+    beta: float = 0.0  # KL coefficient (TRL's default 0: no reference model)
+    epsilon: float = 0.2
+    loss_type: str = "dapo"  # TRL's default
+    temperature: float = 1.0
+    max_completion_length: int = 24
+    max_grad_norm: float = 1.0
+    method: str = "full"  # or "lora": the warmed-up weights frozen, LoRA adapters train
+    lora_rank: int = 8
+    # evaluation on held-out problems
+    eval_problems: int = 200
+    eval_samples: int = 4
+    eval_every: int = 10  # GRPO steps between evaluations (0: only before and after)
+    device: str = "cpu"  # "cuda" runs the same on a GPU (in fp32: the model is tiny)
+
+    def task(self) -> AdditionTask:
+        return AdditionTask(forget_carry=self.forget_carry)
+
+    def model_shape(self) -> dict:
+        return dict(hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                    num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
+                    num_key_value_heads=self.num_key_value_heads)
+
+
+@dataclass
+class NanoResult:
+    """What :func:`run_nano_grpo` returns: the curves, held-out accuracy before and after, and timings."""
+
+    config: dict
+    before: dict  # evaluate() before GRPO (after the warm-up)
+    after: dict  # evaluate() after GRPO
+    history: list[dict]  # one dict of metrics per GRPO step
+    evals: list[dict]  # held-out evaluations during GRPO: {"step": ..., **evaluate()}
+    warm_up_losses: list[float]
+    seconds: dict  # "warm_up", "grpo", "eval", "total"
+    parameters: dict  # {"total": n, "trainable": n} during GRPO
+
+    @property
+    def accuracy_before(self) -> float:
+        return self.before["accuracy"]
+
+    @property
+    def accuracy_after(self) -> float:
+        return self.after["accuracy"]
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds["grpo"] / max(1, len(self.history))
+
+    def curve(self, name: str = "reward") -> list[float]:
+        """Return one metric per GRPO step (``"reward"``, ``"rewards/accuracy_reward/mean"``, ``"loss"``...)."""
+        return [h[name] for h in self.history]
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out.update(accuracy_before=self.accuracy_before, accuracy_after=self.accuracy_after,
+                   seconds_per_step=self.seconds_per_step)
+        return out
+
+
+# ----------------------------------------------------------------------------- model and warm-up
+
+
+class _QuietTransformers:
+    """Silence transformers' loading and saving progress bars (noise in a lesson that reloads a tiny model)."""
+
+    def __enter__(self):
+        from transformers.utils import logging
+
+        self.enabled = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()
+
+    def __exit__(self, *exc):
+        from transformers.utils import logging
+
+        if self.enabled:
+            logging.enable_progress_bar()
+
+
+def _load(path, device: str):
+    # fp32 whatever the device: the model is tiny, and its warm-up is its whole training.
+    from transformers import AutoModelForCausalLM
+
+    from labkit.models import load_tokenizer
+
+    with _QuietTransformers():
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
+    return model, load_tokenizer(path)
+
+
+def build_policy(config: NanoConfig):
+    """Return ``(model, tokenizer)``: the tiny model of ``config``'s shape, random weights from its seed."""
+    from labkit.models import build_tiny_model
+
+    with _QuietTransformers():
+        path = build_tiny_model(config.arch, seed=config.seed, **config.model_shape())
+    return _load(path, config.device)
+
+
+def _progress(iterable, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, disable=not enabled, leave=True, dynamic_ncols=True)
+
+
+def warm_up(model, tokenizer, task: AdditionTask, *, steps: int, batch_size: int = 64, learning_rate: float = 3e-3,
+            seed: int = 0, progress: bool = True) -> list[float]:
+    """Return the loss per step of a supervised warm-up on the task's (sloppy) worked examples.
+
+    Cross-entropy on the completion tokens only (the prompt is context), AdamW with a 10-step
+    linear warm-up of the learning rate, then a cosine decay to a tenth of it, gradients
+    clipped at norm 1. Sequences are padded on the right, so every token's position is the
+    one it has at generation time.
+    """
+    import random
+
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, s / max(1, steps))))))
+    model.train()
+    losses = []
+    bar = _progress(range(steps), "warm-up (SFT)", progress)
+    for step in bar:
+        pairs = task.problems(batch_size, seed=rng.randrange(2**31), split="train")
+        rows = []
+        for a, b in pairs:
+            prompt = tokenizer.apply_chat_template(task.prompt(a, b), tokenize=False, add_generation_prompt=True)
+            prompt_ids = tokenizer(prompt)["input_ids"]
+            completion_ids = tokenizer(task.teacher_solution(a, b, rng) + tokenizer.eos_token)["input_ids"]
+            rows.append((prompt_ids, completion_ids))
+        length = max(len(p) + len(c) for p, c in rows)
+        input_ids = torch.full((batch_size, length), tokenizer.pad_token_id)  # (N, L)
+        attention_mask = torch.zeros(batch_size, length, dtype=torch.long)  # (N, L)
+        labels = torch.full((batch_size, length), -100)  # (N, L) -100: not scored
+        for i, (p, c) in enumerate(rows):
+            input_ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            attention_mask[i, :len(p) + len(c)] = 1
+            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+        loss = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
+                     labels=labels.to(model.device)).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    return losses
+
+
+def _warm_up_key(config: NanoConfig) -> str:
+    fields = ("seed", "arch", "forget_carry", "sft_steps", "sft_batch_size", "sft_learning_rate", "device")
+    key = json.dumps({**{f: getattr(config, f) for f in fields}, **config.model_shape(), "v": 1}, sort_keys=True)
+    return hashlib.sha1(key.encode()).hexdigest()[:10]
+
+
+def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool = True):
+    """Return ``(model, tokenizer, losses)``: the tiny model after the warm-up, cached on disk when ``reuse``.
+
+    The warm-up is a deterministic function of the config's seed, shape and ``sft_*`` fields,
+    so comparisons that only change GRPO settings can share one (``losses`` is then the
+    cached run's). The saved folder is also what TRL's ``GRPOTrainer`` loads (a path).
+    """
+    from labkit.models import cache_dir
+
+    path = cache_dir() / "nano-warm-ups" / f"addition-{_warm_up_key(config)}"
+    if reuse and (path / "config.json").exists():
+        model, tokenizer = _load(path, config.device)
+        return model, tokenizer, json.loads((path / "warm_up_losses.json").read_text())
+    from labkit.lab import seed_everything
+
+    seed_everything(config.seed)
+    model, tokenizer = build_policy(config)
+    losses = warm_up(model, tokenizer, config.task(), steps=config.sft_steps, batch_size=config.sft_batch_size,
+                     learning_rate=config.sft_learning_rate, seed=config.seed, progress=progress)
+    if reuse:
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        with _QuietTransformers():
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        (tmp / "warm_up_losses.json").write_text(json.dumps(losses))
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        model.config._name_or_path = str(path)
+    return model, tokenizer, losses
+
+
+def warm_up_path(config: NanoConfig, progress: bool = True) -> Path:
+    """Return the folder of the cached warmed-up model for ``config`` (warming it up if needed)."""
+    from labkit.models import cache_dir
+
+    warmed_up_policy(config, reuse=True, progress=progress)
+    return cache_dir() / "nano-warm-ups" / f"addition-{_warm_up_key(config)}"
+
+
+# ----------------------------------------------------------------------------- one GRPO step, piece by piece
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled completions, laid out as TRL lays them out (the G of a prompt side by side)."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded prompts, each repeated G times
+    prompt_mask: torch.Tensor  # (B, P)
+    completion_ids: torch.Tensor  # (B, T) right-padded completions
+    completion_mask: torch.Tensor  # (B, T) 1 up to and including the first EOS
+    completions: list[str] = field(default_factory=list)  # B decoded texts
+
+
+@torch.no_grad()
+def sample_completions(model, tokenizer, prompts: list[list[dict]], num_generations: int, *,
+                       temperature: float = 1.0, max_completion_length: int = 24, greedy: bool = False) -> Rollout:
+    """Return a :class:`Rollout`: ``num_generations`` completions of each conversational prompt.
+
+    Plain sampling at ``temperature`` (no top-k, no top-p: TRL's defaults), or greedy. ``B``
+    is ``len(prompts) * num_generations``. The completion mask keeps the tokens up to and
+    including the first EOS, as TRL's does.
+    """
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)  # left padding
+    was_training = model.training
+    model.eval()
+    options = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    sequences = model.generate(**encoded, max_new_tokens=max_completion_length, num_return_sequences=num_generations,
+                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                               **options)  # (B, P + T)
+    model.train(was_training)
+    prompt_length = encoded["input_ids"].size(1)
+    completion_ids = sequences[:, prompt_length:]  # (B, T)
+    is_eos = completion_ids == tokenizer.eos_token_id  # (B, T)
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.size(1))  # (B,)
+    positions = torch.arange(completion_ids.size(1), device=completion_ids.device).unsqueeze(0)  # (1, T)
+    completion_mask = (positions <= first_eos.unsqueeze(1)).long()  # (B, T)
+    return Rollout(
+        prompt_ids=encoded["input_ids"].repeat_interleave(num_generations, 0),  # (B, P)
+        prompt_mask=encoded["attention_mask"].repeat_interleave(num_generations, 0),  # (B, P)
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
+    )
+
+
+def score(completions: list, answers: list[str], reward_funcs=REWARD_FUNCS, weights=REWARD_WEIGHTS):
+    """Return ``(rewards, per_function)``: the weighted total per completion ``(B,)`` and each function's list.
+
+    The reward functions are called as TRL calls them (``completions=..., answer=...``) and
+    summed with ``weights`` as TRL's ``reward_weights`` sums them.
+    """
+    per_function = score_completions(list(reward_funcs), completions, answer=answers)
+    columns = torch.tensor([[math.nan if r is None else r for r in rs] for rs in per_function.values()])  # (F, B)
+    rewards = (torch.tensor(weights).unsqueeze(1) * columns).nansum(0)  # (B,)
+    return rewards, per_function
+
+
+def rollout_loss(model, rollout: Rollout, advantages: torch.Tensor, *, ref_model=None, beta: float = 0.0,
+                 epsilon: float = 0.2, loss_type: str = "dapo", temperature: float = 1.0):
+    """Return :func:`labkit.objective.grpo_loss` of a rollout: log-probs under ``model`` (and ``ref_model``).
+
+    On-policy, one optimiser step per batch (TRL's ``num_iterations=1``): the old log-probs
+    are the current ones, detached, so the ratio is exactly 1 and clipping never bites;
+    the gradient is that of ``-A * log pi`` per token.
+    """
+    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)  # (B, P + T)
+    attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)  # (B, P + T)
+    num_tokens = rollout.completion_ids.size(1)
+    logps = per_token_logps(model, input_ids, attention_mask, num_tokens, temperature)  # (B, T)
+    ref_logps = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logps = per_token_logps(ref_model, input_ids, attention_mask, num_tokens, temperature)  # (B, T)
+    return grpo_loss(logps, None, advantages, rollout.completion_mask, ref_logps=ref_logps, beta=beta,
+                     epsilon=epsilon, loss_type=loss_type)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callback=None, evaluate_every=None,
+              reward_funcs=REWARD_FUNCS, reward_weights=REWARD_WEIGHTS,
+              progress: bool = True) -> tuple[list[dict], list[dict]]:
+    """Return ``(history, evals)``: GRPO on ``task``, one dict of metrics per step and the held-out evaluations.
+
+    Each step: ``num_prompts`` training problems, ``num_generations`` samples of each, rewards
+    from ``reward_funcs`` (default :data:`REWARD_FUNCS`, summed with ``reward_weights``), group
+    advantages, the clipped loss (plus ``beta`` times the k3 KL to a frozen copy of the
+    starting policy) and one AdamW step, gradients clipped at ``max_grad_norm`` as TRL does.
+    ``callback(step, metrics)``
+    is called after every step (a :class:`labkit.dashboard.LiveDashboard`'s ``log`` fits);
+    ``evaluate_every(step)`` returns a held-out evaluation to record, or ``None``.
+    The metric names are TRL's, so a nano run and a TRL run plot the same way.
+    """
+    G = config.num_generations
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
+    # The reference: the policy as it starts, frozen. Only needed for the KL term (beta > 0).
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
+    history, evals = [], []
+    bar = _progress(range(config.max_steps), "GRPO", progress)
+    for step in bar:
+        started = time.perf_counter()
+        # 1. A batch of training problems, each to be answered G times.
+        pairs = task.problems(config.num_prompts, seed=config.seed * 100_003 + step, split="train")
+        prompts = [task.prompt(a, b) for a, b in pairs]
+        answers = [task.answer(a, b) for a, b in pairs for _ in range(G)]  # (B,) one per completion
+        # 2. Sample with the current policy (no gradient).
+        rollout = sample_completions(model, tokenizer, prompts, G, temperature=config.temperature,
+                                     max_completion_length=config.max_completion_length)
+        # 3. Score every completion; 4. compare it with its group.
+        rewards, per_function = score(rollout.completions, answers, reward_funcs, reward_weights)  # (B,)
+        advantages = group_advantages(rewards, G).to(model.device)  # (B,) zero mean within each group
+        # 5. The clipped surrogate loss (+ beta * KL), then one step of the optimiser.
+        model.train()
+        out = rollout_loss(model, rollout, advantages, ref_model=ref_model, beta=config.beta,
+                           epsilon=config.epsilon, loss_type=config.loss_type, temperature=config.temperature)
+        optimizer.zero_grad()
+        out.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+        optimizer.step()
+
+        lengths = rollout.completion_mask.sum(1).float()  # (B,)
+        metrics = {
+            "loss": out.loss.item(),
+            "reward": rewards.mean().item(),
+            "reward_std": rewards.std().item(),
+            "frac_reward_zero_std": frac_reward_zero_std(rewards, G),
+            **{f"rewards/{name}/mean": sum(r for r in rs if r is not None) / len(rs)
+               for name, rs in per_function.items()},
+            "completions/mean_length": lengths.mean().item(),
+            "carry_rate": sum(map(carries, rollout.completions)) / len(rollout.completions),
+            "grad_norm": grad_norm.item(),
+            **out.metrics,
+            "step_time": time.perf_counter() - started,
+        }
+        history.append(metrics)
+        if callback is not None:
+            callback(step + 1, metrics)
+        if evaluate_every is not None:
+            record = evaluate_every(step + 1)
+            if record is not None:
+                evals.append({"step": step + 1, **record})
+        bar.set_postfix(reward=f"{metrics['reward']:.2f}")
+    return history, evals
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate(model, tokenizer, task: AdditionTask, problems: list[tuple[int, int]], *, samples: int = 4,
+             temperature: float = 1.0, max_completion_length: int = 24, seed: int = 0, greedy: bool = True) -> dict:
+    """Return held-out scores: ``accuracy`` (pass@1 over ``samples`` sampled answers), ``greedy_accuracy``, ...
+
+    - ``accuracy``: share of right answers among ``samples`` completions per problem, sampled at
+      ``temperature`` (the chance that the policy, as it samples in training, answers right);
+    - ``greedy_accuracy``: the same with the single most likely answer (``greedy=False`` skips it);
+    - ``format``: share of sampled completions in the exact format; ``carry_rate``: share that carry.
+
+    Sampling uses its own random generator seeded with ``seed``, so evaluating does not
+    change the training's random stream and two evaluations of one model agree.
+    """
+    prompts = [task.prompt(a, b) for a, b in problems]
+    answers = [task.answer(a, b) for a, b in problems]
+    with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        rollout = sample_completions(model, tokenizer, prompts, samples, temperature=temperature,
+                                     max_completion_length=max_completion_length)
+    repeated = [a for a in answers for _ in range(samples)]
+    correct = accuracy_reward(rollout.completions, answer=repeated)
+    out = {
+        "accuracy": sum(correct) / len(correct),
+        "format": sum(format_reward(rollout.completions)) / len(correct),
+        "carry_rate": sum(map(carries, rollout.completions)) / len(correct),
+    }
+    if greedy:
+        rollout = sample_completions(model, tokenizer, prompts, 1, greedy=True,
+                                     max_completion_length=max_completion_length)
+        out["greedy_accuracy"] = sum(accuracy_reward(rollout.completions, answer=answers)) / len(answers)
+    out.update(problems=len(problems), samples=samples, temperature=temperature)
+    return out
+
+
+# ----------------------------------------------------------------------------- a whole run
+
+
+def _add_lora(model, rank: int):
+    from peft import get_peft_model
+
+    from labkit.models import lora_config
+
+    # No dropout: sampling runs in eval mode and scoring in train mode, and dropout would
+    # make the two disagree about the very probabilities GRPO compares.
+    return get_peft_model(model, lora_config(rank, dropout=0.0))
+
+
+def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: bool = True, callback=None,
+                  progress: bool = True) -> NanoResult:
+    """Return a :class:`NanoResult`: warm up (or reuse the cached warm-up), evaluate, GRPO, evaluate.
+
+    ``config`` is a :class:`NanoConfig` or a dict of its fields, e.g.
+    ``run_nano_grpo({"method": "lora", "lora_rank": 8, "learning_rate": 2e-3, "seed": 1})``.
+    ``method="lora"`` freezes the warmed-up weights and trains LoRA adapters of ``lora_rank``
+    on every attention and MLP projection. The result holds the per-step curves
+    (``result.curve("reward")``), held-out accuracy before and after GRPO
+    (``result.accuracy_before``, ``result.accuracy_after``), the seconds per GRPO step and the
+    trainable parameter count (``result.parameters``).
+    """
+    from labkit.lab import seed_everything
+    from labkit.models import count_parameters
+
+    if config is None:
+        config = NanoConfig()
+    elif isinstance(config, dict):
+        config = NanoConfig(**config)
+    if config.method not in ("full", "lora"):
+        raise ValueError(f"method must be 'full' or 'lora', not {config.method!r}")
+    started = time.perf_counter()
+    model, tokenizer, losses = warmed_up_policy(config, reuse=reuse_warm_up, progress=progress)
+    warm_up_seconds = time.perf_counter() - started
+    seed_everything(config.seed)
+    if config.method == "lora":
+        model = _add_lora(model, config.lora_rank)
+    task = config.task()
+    test = task.problems(config.eval_problems, seed=0, split="test")
+    eval_seconds = [0.0]
+
+    def held_out(step=None):
+        if step is not None and (not config.eval_every or step % config.eval_every or step == config.max_steps):
+            return None
+        t = time.perf_counter()
+        record = evaluate(model, tokenizer, task, test, samples=config.eval_samples, temperature=config.temperature,
+                          max_completion_length=config.max_completion_length, seed=config.seed)
+        eval_seconds[0] += time.perf_counter() - t
+        return record
+
+    before = held_out()
+    eval_before = eval_seconds[0]
+    grpo_started = time.perf_counter()
+    history, evals = nano_grpo(model, tokenizer, task, config, callback=callback, evaluate_every=held_out,
+                               progress=progress)
+    grpo_seconds = time.perf_counter() - grpo_started - (eval_seconds[0] - eval_before)  # without evaluations
+    after = held_out()
+    evals.append({"step": config.max_steps, **after})
+    total = time.perf_counter() - started
+    return NanoResult(
+        config=dataclasses.asdict(config), before=before, after=after, history=history,
+        evals=[{"step": 0, **before}] + evals, warm_up_losses=losses,
+        seconds={"warm_up": warm_up_seconds, "grpo": grpo_seconds, "eval": eval_seconds[0], "total": total},
+        parameters=count_parameters(model),
+    )
+
+
+# ----------------------------------------------------------------------------- the production path
+
+
+def trl_trainer(config: NanoConfig, output_dir: str | os.PathLike, *, model=None, callbacks=None,
+                train_size: int = 2048, **overrides):
+    """Return a TRL ``GRPOTrainer`` set up to train the nano task as :func:`nano_grpo` does.
+
+    The same warmed-up model (by default the cached warm-up of ``config``, loaded by path),
+    rewards and weights, group size, batch (``num_prompts * num_generations`` completions per
+    step), learning rate (constant), clipping, KL coefficient, loss aggregation, temperature
+    and gradient clipping, through :func:`labkit.training.grpo_config` (which sets the
+    precision for this device). ``overrides`` are any other ``GRPOConfig`` fields. Quiet by default
+    (no progress bar, no printed logs): a :class:`labkit.dashboard.LiveDashboard` in ``callbacks``, or
+    ``trainer.state.log_history``, shows the metrics.
+    """
+    from labkit.training import build_trainer, grpo_config
+
+    model = str(warm_up_path(config)) if model is None else model
+    batch = config.num_prompts * config.num_generations
+    args = grpo_config(
+        output_dir, **{
+            "per_device_train_batch_size": batch,
+            "gradient_accumulation_steps": 1,
+            "num_generations": config.num_generations,
+            "max_completion_length": config.max_completion_length,
+            "temperature": config.temperature,
+            "learning_rate": config.learning_rate,
+            "lr_scheduler_type": "constant",
+            "weight_decay": 0.0,
+            "max_grad_norm": config.max_grad_norm,
+            "beta": config.beta,
+            "epsilon": config.epsilon,
+            "loss_type": config.loss_type,
+            "max_steps": config.max_steps,
+            "reward_weights": list(REWARD_WEIGHTS),
+            "seed": config.seed,
+            "disable_tqdm": True,
+            **overrides,
+        })
+    train = config.task().dataset(train_size, seed=config.seed, split="train")
+    trainer = build_trainer(model, list(REWARD_FUNCS), train, args, callbacks=callbacks)
+    if args.disable_tqdm:
+        from transformers import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # it prints every step's logs as a dict
+    return trainer
+
+
+# ----------------------------------------------------------------------------- plots and the main job
+
+
+def plot_run(history: list[dict], evals: list[dict], path: str | os.PathLike | None = None, *,
+             title: str | None = None):
+    """Return a matplotlib figure of a GRPO run; saved as a PNG if ``path`` is given.
+
+    Left: the share of right answers and of completions that carry in each training batch
+    (``history``, from :func:`nano_grpo`). Right: held-out accuracy at each evaluation
+    (``evals``: dicts with ``step``, ``accuracy`` and optionally ``greedy_accuracy``).
+    """
+    import matplotlib
+
+    if path is not None and "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=70)
+    steps = range(1, len(history) + 1)
+    left.plot(steps, [h["rewards/accuracy_reward/mean"] for h in history], label="right answers", color="#2ca02c")
+    left.plot(steps, [h["carry_rate"] for h in history], label="carries", color="#ff7f0e", linestyle="--")
+    left.set(xlabel="GRPO step", ylabel="share of the batch", ylim=(-0.02, 1.02), title="training batches")
+    left.legend(loc="lower right")
+    eval_steps = [e["step"] for e in evals]
+    right.plot(eval_steps, [e["accuracy"] for e in evals], "o-", label="pass@1 (sampled)", color="#1f77b4")
+    if evals and "greedy_accuracy" in evals[0]:
+        right.plot(eval_steps, [e["greedy_accuracy"] for e in evals], "s--", label="greedy", color="#7f7f7f")
+    right.set(xlabel="GRPO step", ylabel="accuracy", ylim=(-0.02, 1.02), title="held-out problems")
+    right.legend(loc="lower right")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path)
+        plt.close(fig)
+    return fig
+
+
+def demo(config: NanoConfig | None = None, out: str | os.PathLike = "runs/demo", *, progress: bool = True,
+         command: str | None = None) -> dict:
+    """Return the main job's summary after writing ``out/summary.json`` and ``out/demo.png``.
+
+    Warms the tiny model up from scratch (no cache: the time counts), evaluates held-out
+    accuracy, runs :func:`nano_grpo`, evaluates again, and records the figures with their
+    provenance (:func:`labkit.lab.provenance`).
+    """
+    from labkit.bench import write_json
+    from labkit.lab import provenance
+
+    config = config or NanoConfig()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    result = run_nano_grpo(config, reuse_warm_up=False, progress=progress)
+    seconds = time.perf_counter() - started
+    plot_run(result.history, result.evals, out / "demo.png", title=f"nano GRPO, seed {config.seed}")
+    summary = {
+        "accuracy_before": result.accuracy_before,
+        "accuracy_after": result.accuracy_after,
+        "rise_points": 100 * (result.accuracy_after - result.accuracy_before),
+        "greedy_accuracy_before": result.before.get("greedy_accuracy"),
+        "greedy_accuracy_after": result.after.get("greedy_accuracy"),
+        "carry_rate_before": result.before["carry_rate"],
+        "carry_rate_after": result.after["carry_rate"],
+        "format_before": result.before["format"],
+        "format_after": result.after["format"],
+        "seconds": seconds,
+        "seconds_detail": result.seconds,
+        "seconds_per_grpo_step": result.seconds_per_step,
+        "seed": config.seed,
+        "accuracy_metric": (f"held-out pass@1: right answers among {config.eval_samples} completions sampled at "
+                            f"temperature {config.temperature} for each of {config.eval_problems} held-out problems "
+                            "(never trained on), after the warm-up (before) and after GRPO (after)"),
+        "task": "two-digit addition with a carry; warm-up on a teacher that forgets the carry "
+                f"in {config.forget_carry:.0%} of its worked examples",
+        "parameters": result.parameters,
+        "config": result.config,
+        "evals": result.evals,
+        "curve": {name: result.curve(name) for name in ("reward", "rewards/accuracy_reward/mean", "carry_rate",
+                                                        "loss", "step_time")},
+        "command": command or "labkit.nano.demo()",
+        "threads": torch.get_num_threads(),
+        "provenance": provenance(),
+    }
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    defaults = NanoConfig()
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--lr", type=float, default=defaults.learning_rate,
+                        help=f"GRPO learning rate (default {defaults.learning_rate}; 0 switches the update off)")
+    parser.add_argument("--steps", type=int, default=defaults.max_steps, help="GRPO steps")
+    parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps, help="warm-up steps")
+    parser.add_argument("--num-generations", type=int, default=defaults.num_generations, help="G")
+    parser.add_argument("--beta", type=float, default=defaults.beta, help="KL coefficient")
+    parser.add_argument("--eval-problems", type=int, default=defaults.eval_problems, help="held-out problems")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def _config_from(args, seed: int) -> NanoConfig:
+    return NanoConfig(seed=seed, learning_rate=args.lr, max_steps=args.steps, sft_steps=args.sft_steps,
+                      num_generations=args.num_generations, beta=args.beta, eval_problems=args.eval_problems)
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"seed {summary['seed']}: held-out accuracy {summary['accuracy_before']:.1%} -> "
+          f"{summary['accuracy_after']:.1%} ({summary['rise_points']:+.1f} points; greedy "
+          f"{summary['greedy_accuracy_before']:.1%} -> {summary['greedy_accuracy_after']:.1%}) "
+          f"in {summary['seconds']:.0f} s")
+
+
+def demo_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit demo``: the main job; a tiny model learns to carry with GRPO on a CPU."""
+    parser = _parser("python -m labkit demo", "Warm a tiny model up on sloppy worked additions, then GRPO: "
+                     "held-out accuracy before and after, written to OUT/summary.json and OUT/demo.png.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    command = "python -m labkit demo " + " ".join(argv or [])
+    summary = demo(_config_from(args, args.seed), args.out, progress=not args.quiet, command=command.strip())
+    _print_summary(summary)
+    print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'demo.png'}")
+    return 0
+
+
+def bench_demo_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit bench demo``: the main job for several seeds, and with learning rate 0, -> results/.
+
+    Writes ``results/demo_seeds.json`` (each seed's accuracy before and after, seconds and
+    provenance; passes when every seed rises by ``--min-rise`` points in under
+    ``--max-seconds``) and ``results/demo_ablation_lr0.json`` (the same seeds with the policy
+    update switched off). Each run's folder (summary and plot) is under ``--runs``.
+    """
+    from labkit.bench import results_dir, write_json
+    from labkit.lab import provenance
+
+    parser = _parser("python -m labkit bench demo", bench_demo_cli.__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--ablation-seeds", type=int, nargs="*", default=None,
+                        help="seeds of the learning-rate-0 ablation (default: --seeds; none: skip it)")
+    parser.add_argument("--min-rise", type=float, default=20.0, help="points of accuracy each seed must gain")
+    parser.add_argument("--max-seconds", type=float, default=300.0, help="wall time each run must stay under")
+    parser.add_argument("--out", default=None, help="results folder (default results/)")
+    parser.add_argument("--runs", default="runs/bench-demo", help="folder for each run's summary and plot")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    command = ("python -m labkit bench demo " + " ".join(argv or [])).strip()
+    folder = results_dir(args.out)
+
+    def runs(lr: float, seeds: list[int], tag: str) -> list[dict]:
+        records = []
+        for seed in seeds:
+            config = dataclasses.replace(_config_from(args, seed), learning_rate=lr)
+            summary = demo(config, Path(args.runs) / f"{tag}-seed{seed}", progress=not args.quiet, command=command)
+            _print_summary(summary)
+            batch_accuracy = summary["curve"]["rewards/accuracy_reward/mean"]
+            records.append({
+                **{key: summary[key] for key in (
+                    "seed", "accuracy_before", "accuracy_after", "rise_points", "greedy_accuracy_before",
+                    "greedy_accuracy_after", "carry_rate_before", "carry_rate_after", "seconds", "seconds_detail",
+                    "seconds_per_grpo_step", "threads")},
+                # right answers in the training batches, first and last 10 GRPO steps: the run sampled and
+                # scored (and, with a learning rate, learned) on its way
+                "train_accuracy_first10": sum(batch_accuracy[:10]) / len(batch_accuracy[:10]),
+                "train_accuracy_last10": sum(batch_accuracy[-10:]) / len(batch_accuracy[-10:]),
+            })
+            if lr != 0:
+                plot_path = folder / f"demo_seed{seed}.png"
+                import shutil
+
+                shutil.copyfile(Path(args.runs) / f"{tag}-seed{seed}" / "demo.png", plot_path)
+        return records
+
+    config = dataclasses.asdict(_config_from(args, 0)) | {"seed": None}
+    common = {"command": command, "accuracy_metric": _metric_text(args)}
+    seeds = runs(args.lr, args.seeds, "grpo")
+    passed = all(r["rise_points"] >= args.min_rise and r["seconds"] < args.max_seconds for r in seeds)
+    record = {"benchmark": "demo", **common, "config": config, "min_rise_points": args.min_rise,
+              "max_seconds": args.max_seconds, "runs": seeds, "all_passed": passed, "provenance": provenance()}
+    path = write_json(folder / "demo_seeds.json", record)
+    print(f"{'PASS' if passed else 'FAIL'}: every seed +{args.min_rise:g} points in < {args.max_seconds:g} s; "
+          f"wrote {path}")
+    ablation_seeds = args.seeds if args.ablation_seeds is None else args.ablation_seeds
+    if ablation_seeds:
+        ablation = runs(0.0, ablation_seeds, "lr0")
+        record = {"benchmark": "demo ablation: learning rate 0 (GRPO runs, the policy never changes)", **common,
+                  "config": config | {"learning_rate": 0.0},
+                  "note": ("every step samples, scores and computes the loss and gradients, but AdamW with "
+                           "learning rate 0 leaves the weights as the warm-up left them; evaluation samples "
+                           "with a fixed seed, so an unchanged policy scores exactly the same"),
+                  "runs": ablation, "max_abs_change_points": max(abs(r["rise_points"]) for r in ablation),
+                  "provenance": provenance()}
+        path = write_json(folder / "demo_ablation_lr0.json", record)
+        print(f"ablation (lr 0): largest change {record['max_abs_change_points']:.1f} points; wrote {path}")
+    return 0 if passed else 1
+
+
+def _metric_text(args) -> str:
+    return (f"held-out pass@1: right answers among {NanoConfig.eval_samples} completions sampled at temperature "
+            f"{NanoConfig.temperature} for each of {args.eval_problems} held-out problems")

@@ -1,0 +1,126 @@
+"""Small tasks with verifiable answers, for the lab's CPU mode: two-digit addition with a carry.
+
+Introduced in ``03_nano_grpo_cpu.ipynb``, where a tiny model learns the task on a laptop CPU
+in minutes: a short supervised warm-up teaches it the answer format and the digit sums, then
+GRPO, scored by :mod:`labkit.rewards`, teaches it what the warm-up data got wrong.
+
+A problem is ``a + b`` with two-digit ``a`` and ``b`` whose ones digits carry (``47 + 38``).
+The prompt is conversational (one user message, ``"47+38=?"``), so the tiny byte tokenizer's
+chat template renders it exactly as it renders GSM8K; the answer is in the lab's format::
+
+    <think>7+8=15 4+3+1=8</think>
+    <answer>85</answer>
+
+The warm-up data comes from a *sloppy teacher* that forgets the carry in a share of its worked
+examples (``4+3=7`` above, answer ``75``). Imitation copies the slip: the warmed-up model
+carries only about as often as the teacher did. The reward knows better than the
+demonstrations, and that gap is what GRPO closes.
+"""
+from __future__ import annotations
+
+import functools
+import random
+import re
+from dataclasses import dataclass
+
+__all__ = ["AdditionTask", "worked_solution", "carries", "SPLITS"]
+
+SPLITS = ("train", "test")
+_TEST_SHARE = 0.2  # a fixed fifth of all problems is held out: never trained on, only evaluated
+
+
+def worked_solution(a: int, b: int, *, forget_carry: bool = False) -> str:
+    """Return the worked answer to ``a + b`` in the lab's format, column by column.
+
+    ``worked_solution(47, 38)`` is ``"<think>7+8=15 4+3+1=8</think>\\n<answer>85</answer>"``.
+    With ``forget_carry=True`` the tens column drops the carried one (``4+3=7``) and the answer
+    follows from that slip (``75``): a wrong answer that is consistent with its own working.
+    """
+    if not (10 <= a <= 99 and 10 <= b <= 99):
+        raise ValueError(f"both numbers must have two digits, got {a} and {b}")
+    ones = a % 10 + b % 10
+    carry = ones // 10 if not forget_carry else 0
+    tens = a // 10 + b // 10 + carry
+    tens_column = f"{a // 10}+{b // 10}+{carry}={tens}" if carry else f"{a // 10}+{b // 10}={tens}"
+    answer = tens * 10 + ones % 10
+    return f"<think>{a % 10}+{b % 10}={ones} {tens_column}</think>\n<answer>{answer}</answer>"
+
+
+_CARRIED_COLUMN = re.compile(r"\d\+\d\+1=")  # "4+3+1=": a column that adds a carried one
+
+
+def carries(completion: str) -> bool:
+    """Return whether a worked answer carries a one into the tens column (``4+3+1=`` in its working)."""
+    return _CARRIED_COLUMN.search(completion) is not None
+
+
+@dataclass(frozen=True)
+class AdditionTask:
+    """Two-digit addition, by default only problems whose ones digits carry; see the module docstring.
+
+    ``forget_carry`` is the share of the teacher's worked examples that forget the carry
+    (the warm-up data); ``carry_only=False`` also asks problems without a carry.
+    """
+
+    forget_carry: float = 0.6
+    carry_only: bool = True
+
+    def __post_init__(self):
+        if not 0.0 <= self.forget_carry <= 1.0:
+            raise ValueError(f"forget_carry is a probability, not {self.forget_carry}")
+
+    def problems(self, n: int, seed: int, split: str = "train") -> list[tuple[int, int]]:
+        """Return ``n`` problems ``(a, b)`` of ``split``, drawn with ``seed`` (same seed, same problems).
+
+        The held-out ``"test"`` split is a fixed fifth of all problems (the same whatever the
+        seed), drawn without replacement; ``"train"`` draws from the rest, with replacement.
+        """
+        train, test = _split_problems(self.carry_only)
+        rng = random.Random(seed)
+        if split == "train":
+            return [rng.choice(train) for _ in range(n)]
+        if split == "test":
+            if n > len(test):
+                raise ValueError(f"the test split has {len(test)} problems; asked for {n}")
+            return rng.sample(test, n)
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+
+    @staticmethod
+    def prompt(a: int, b: int) -> list[dict]:
+        """Return the conversational prompt for ``a + b``: one user message, ``"47+38=?"``.
+
+        No system prompt: the tiny tokenizer spends one token per byte, and the format is
+        learned in the warm-up. Real models get the lab's system prompt instead.
+        """
+        return [{"role": "user", "content": f"{a}+{b}=?"}]
+
+    @staticmethod
+    def answer(a: int, b: int) -> str:
+        """Return the gold answer as the reward functions want it: a number in a string."""
+        return str(a + b)
+
+    def teacher_solution(self, a: int, b: int, rng: random.Random) -> str:
+        """Return the sloppy teacher's worked answer: it forgets the carry with probability ``forget_carry``."""
+        return worked_solution(a, b, forget_carry=rng.random() < self.forget_carry)
+
+    def dataset(self, n: int, seed: int, split: str = "train"):
+        """Return ``n`` problems as a ``datasets.Dataset`` with TRL's ``prompt`` and the gold ``answer``.
+
+        The same columns as :func:`labkit.data.load_gsm8k`, so ``GRPOTrainer`` and
+        :func:`labkit.rewards.accuracy_reward` take it as they take GSM8K.
+        """
+        from datasets import Dataset
+
+        pairs = self.problems(n, seed, split)
+        return Dataset.from_dict({
+            "prompt": [self.prompt(a, b) for a, b in pairs],
+            "answer": [self.answer(a, b) for a, b in pairs],
+        })
+
+
+@functools.lru_cache(maxsize=2)
+def _split_problems(carry_only: bool) -> tuple[list, list]:
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100) if a % 10 + b % 10 >= 10 or not carry_only]
+    random.Random(20240603).shuffle(pairs)  # fixed: the held-out problems never change
+    cut = int(len(pairs) * _TEST_SHARE)
+    return pairs[cut:], pairs[:cut]
