@@ -10,13 +10,14 @@ without torch (the structural notebook checks rely on that):
 - ``labkit.objective``  group advantages, KL estimators, the clipped GRPO loss
 - ``labkit.rewards``    verifiable reward functions with TRL's calling convention
 - ``labkit.dashboard``  live reward and VRAM widgets
-- ``labkit.memory``     the VRAM estimator
+- ``labkit.memory``     the VRAM estimator, measured peaks, chunked log-probs, full vs LoRA
 - ``labkit.presets``    named recipes that fit a card, preflight, resumable runs, ``python -m labkit train``
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
 - ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change
 - ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
 - ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment) and its comparison with plain TRL
 - ``labkit.nano``       a transparent GRPO loop and the CPU demo task
+- ``labkit.tasks``      small verifiable tasks a tiny model can learn on CPU
 - ``labkit.nbcheck``    structural checks of the lab's notebooks
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ _SUBMODULES = (
     "presets",
     "rewards",
     "scale",
+    "tasks",
     "training",
     "unsloth_path",
 )

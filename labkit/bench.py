@@ -24,6 +24,8 @@ BENCHMARKS = {
     "unsloth": ("labkit.unsloth_path:bench_unsloth_cli",
                 "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
     "demo": ("labkit.nano:bench_demo_cli", "the main job over several seeds -> results/"),
+    "full-vs-lora": ("labkit.memory:bench_full_vs_lora_cli",
+                     "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),
 }
 
 

@@ -1,0 +1,312 @@
+"""labkit.memory: the estimator against exact measurements on CPU, its properties, its commands."""
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labkit.memory import GIB, estimate, estimate_cli, model_shape, saved_activation_bytes, state_bytes
+from labkit.models import ARCHITECTURES, build_tiny_model, load_policy
+
+LORA_RANK = 4
+
+
+def _one_adamw_step(model, optimizer_name="adamw"):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer_name == "adamw":
+        optimizer = torch.optim.AdamW(params, lr=1e-3)
+    else:
+        import bitsandbytes as bnb
+
+        optimizer = bnb.optim.AdamW8bit(params, lr=1e-3)
+    input_ids = torch.randint(0, 200, (2, 12))
+    model(input_ids=input_ids, labels=input_ids).loss.backward()
+    optimizer.step()
+    return optimizer
+
+
+# ----------------------------------------------------------------------------- exact terms
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_weights_gradients_and_adamw_states_equal_the_measured_bytes(arch, method):
+    path = build_tiny_model(arch)
+    model, _ = load_policy(path, method, lora_rank=LORA_RANK)
+    optimizer = _one_adamw_step(model)
+    measured = state_bytes(model, optimizer)
+    est = estimate(path, method, precision="fp32", device="cpu", lora_rank=LORA_RANK)
+    assert measured["weights"] == est.bytes["weights"]
+    assert measured["gradients"] == est.bytes["gradients"] > 0
+    assert measured["optimizer"] == est.bytes["optimizer"] > 0
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_8bit_adamw_states_equal_the_measured_bytes(tiny_model_path, method):
+    pytest.importorskip("bitsandbytes")
+    model, _ = load_policy(tiny_model_path, method, lora_rank=64)  # rank 64: adapters big enough for 8-bit states
+    measured = state_bytes(model, _one_adamw_step(model, "adamw_8bit"))
+    est = estimate(tiny_model_path, method, precision="fp32", device="cpu", lora_rank=64, optimizer="adamw_8bit")
+    assert measured["optimizer"] == est.bytes["optimizer"]
+    assert est.bytes["optimizer"] < estimate(tiny_model_path, method, precision="fp32", device="cpu",
+                                             lora_rank=64).bytes["optimizer"] / 2
+
+
+def test_lora_trains_a_small_fraction_and_keeps_the_base_weights(tiny_model_path):
+    full = estimate(tiny_model_path, "full", precision="fp32", device="cpu")
+    lora = estimate(tiny_model_path, "lora", precision="fp32", device="cpu", lora_rank=LORA_RANK)
+    assert lora.trainable_params < full.trainable_params / 5
+    assert lora.bytes["weights"] > full.bytes["weights"]  # the base plus the adapters
+    assert lora.bytes["gradients"] * 5 < full.bytes["gradients"]
+
+
+# ----------------------------------------------------------------------------- activations
+
+
+def _tiny_config(model_type, layers):
+    from transformers import AutoConfig
+
+    extra = {"head_dim": 24} if model_type == "qwen3" else {}
+    return AutoConfig.for_model(model_type, vocab_size=300, hidden_size=64, intermediate_size=160,
+                                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                tie_word_embeddings=True, max_position_embeddings=512, **extra)
+
+
+def _saved_by_layers(model_type, layers, method, precision, padded, batch=2, seq=24):
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from labkit.models import lora_config
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(_tiny_config(model_type, layers), dtype=dtype)
+    if method == "lora":
+        model = get_peft_model(model, lora_config(LORA_RANK))
+    body = model.get_base_model().model if method == "lora" else model.model
+    model.train()
+    input_ids = torch.randint(0, 300, (batch, seq))
+    attention_mask = torch.ones_like(input_ids)
+    if padded:
+        attention_mask[0, :3] = 0
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return saved_activation_bytes(forward, model)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama", "qwen3"])
+@pytest.mark.parametrize("method, precision, padded", [
+    ("full", "fp32", False), ("full", "bf16", True), ("lora", "fp32", True), ("lora", "bf16", False),
+])
+def test_activations_of_one_layer_equal_what_autograd_keeps(model_type, method, precision, padded):
+    batch, seq = 2, 24
+    one_layer = (_saved_by_layers(model_type, 3, method, precision, padded, batch, seq)
+                 - _saved_by_layers(model_type, 2, method, precision, padded, batch, seq))
+
+    def activations(layers):
+        return estimate(_tiny_config(model_type, layers), method, num_generations=batch, prompt_len=seq - 8,
+                        completion_len=8, precision=precision, device="cpu", lora_rank=LORA_RANK,
+                        gradient_checkpointing=False, padded=padded).bytes["activations"]
+
+    assert activations(3) - activations(2) == one_layer
+
+
+def test_activations_of_the_whole_body_match_autograd(tiny_model_path):
+    model, _ = load_policy(tiny_model_path, "full")
+    model.train()
+    input_ids = torch.randint(0, 200, (4, 32))
+    measured = saved_activation_bytes(
+        lambda: model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state, model)
+    est = estimate(tiny_model_path, "full", num_generations=4, prompt_len=20, completion_len=12, precision="fp32",
+                   device="cpu", gradient_checkpointing=False)
+    assert est.bytes["activations"] == measured
+
+
+def test_checkpointing_keeps_one_hidden_state_per_layer():
+    on = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", gradient_checkpointing=True)
+    off = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", gradient_checkpointing=False)
+    assert on.bytes["activations"] * 5 < off.bytes["activations"]
+
+
+# ----------------------------------------------------------------------------- TRL's rules
+
+
+def test_reference_model_only_with_beta_and_full_fine_tuning():
+    name = "Qwen/Qwen2.5-0.5B-Instruct"
+    assert estimate(name, "full", beta=0.0).bytes["reference"] == 0  # TRL's default: no reference model
+    with_ref = estimate(name, "full", beta=0.04)
+    assert with_ref.bytes["reference"] == with_ref.bytes["weights"]
+    assert estimate(name, "lora", beta=0.04).bytes["reference"] == 0  # PEFT: adapters disabled, no copy
+
+
+def test_qlora_stores_linear_weights_in_about_half_a_byte():
+    shape = model_shape("Qwen/Qwen2.5-7B-Instruct")
+    qlora = estimate(shape.name, "qlora", lora_rank=LORA_RANK)
+    lora = estimate(shape.name, "lora", lora_rank=LORA_RANK)
+    adapters = qlora.trainable_params * 4
+    linear_bytes = qlora.bytes["weights"] - adapters - (shape.params - shape.quantisable_params) * 4
+    assert 0.5 < linear_bytes / shape.quantisable_params < 0.52
+    # prepare_model_for_kbit_training turns the embeddings and the untied LM head into fp32: 4.4 GB of
+    # Qwen2.5-7B's 7.2 GiB under QLoRA. Still under half of LoRA's bf16 base.
+    assert qlora.bytes["weights"] < lora.bytes["weights"] / 1.9
+
+
+def test_fp16_full_fine_tuning_keeps_fp32_master_weights():
+    fp16 = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="fp16")
+    bf16 = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="bf16")
+    assert fp16.bytes["weights"] == 2 * bf16.bytes["weights"]
+    assert fp16.bytes["optimizer"] > bf16.bytes["optimizer"]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="method"):
+        estimate("Qwen/Qwen2.5-0.5B-Instruct", "dora")
+    with pytest.raises(ValueError, match="divisible"):
+        estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", num_generations=3, gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="half precision"):
+        estimate("Qwen/Qwen2.5-0.5B-Instruct", "qlora", precision="fp32")
+    with pytest.raises(KeyError, match="catalogue"):
+        estimate("gpt-5", "lora")
+
+
+# ----------------------------------------------------------------------------- properties
+
+_BASE = dict(num_generations=4, per_device_batch=1, prompt_len=64, completion_len=128, lora_rank=8)
+_KNOBS = {
+    "num_generations": st.integers(1, 64),
+    "per_device_batch": st.integers(1, 8),
+    "prompt_len": st.integers(0, 2048),
+    "completion_len": st.integers(1, 4096),
+    "lora_rank": st.integers(1, 256),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(knob=st.sampled_from(sorted(_KNOBS)), data=st.data(),
+       model=st.sampled_from(sorted(ARCHITECTURES)), method=st.sampled_from(["full", "lora", "qlora"]),
+       checkpointing=st.booleans(), optimizer=st.sampled_from(["adamw", "adamw_8bit"]),
+       device=st.sampled_from(["cuda", "cpu"]), beta=st.sampled_from([0.0, 0.04]))
+def test_estimate_grows_with_every_size_knob(knob, data, model, method, checkpointing, optimizer, device, beta):
+    small, large = sorted((data.draw(_KNOBS[knob], label="one"), data.draw(_KNOBS[knob], label="other")))
+    common = dict(_BASE, gradient_checkpointing=checkpointing, optimizer=optimizer, device=device, beta=beta)
+    a = estimate(model, method, **{**common, knob: small})
+    b = estimate(model, method, **{**common, knob: large})
+    for term in ("total", "activations", "logits", "kv_cache", "optimizer", "gradients"):
+        assert b.bytes[term] >= a.bytes[term], (term, knob, small, large)
+
+
+@settings(max_examples=30, deadline=None)
+@given(model=st.sampled_from(sorted(ARCHITECTURES)), method=st.sampled_from(["full", "lora", "qlora"]),
+       num_generations=st.sampled_from([2, 4, 8, 16]), completion_len=st.integers(16, 2048))
+def test_memory_savers_never_cost_memory(model, method, num_generations, completion_len):
+    kwargs = dict(num_generations=num_generations, completion_len=completion_len, prompt_len=128)
+    base = estimate(model, method, gradient_checkpointing=False, optimizer="adamw", **kwargs)
+    assert estimate(model, method, gradient_checkpointing=True, **kwargs).total <= base.total
+    assert estimate(model, method, gradient_checkpointing=False, optimizer="adamw_8bit", **kwargs).total <= base.total
+    if method != "full":  # a trainable head adds TRL's fp32 (V, h) accumulator, which can outweigh short logits
+        assert estimate(model, method, gradient_checkpointing=False, logits="full", **kwargs).total >= base.total
+    if method == "full":  # LoRA saves weights-sized terms (its activations are larger: dropout masks, adapter inputs)
+        lora = estimate(model, "lora", gradient_checkpointing=False, **kwargs)
+        assert lora.bytes["gradients"] + lora.bytes["optimizer"] < (base.bytes["gradients"]
+                                                                    + base.bytes["optimizer"]) / 10
+
+
+@settings(max_examples=20, deadline=None)
+@given(layers=st.integers(1, 12), hidden=st.sampled_from([64, 128, 256]), extra_layers=st.integers(1, 8))
+def test_estimate_grows_with_the_model(layers, hidden, extra_layers):
+    from labkit.models import architecture_config
+
+    def total(n):
+        config = architecture_config("qwen2.5-0.5b", num_hidden_layers=n, hidden_size=hidden,
+                                     num_attention_heads=hidden // 64, num_key_value_heads=1)
+        return estimate(config, "full", num_generations=4).total
+
+    assert total(layers + extra_layers) > total(layers)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def test_estimate_cli_prints_a_table_and_json(capsys):
+    assert estimate_cli(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "lora", "--num-generations", "8"]) == 0
+    table = capsys.readouterr().out
+    assert "activations" in table and "total" in table and "16 GB" in table
+    assert estimate_cli(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--method", "lora", "--num-generations", "8",
+                         "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    expected = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", num_generations=8).total
+    assert answer["total_gib"] == pytest.approx(expected, abs=1e-3)
+    assert estimate_cli(["--model", "gpt-5"]) == 2
+
+
+def test_estimate_cli_reads_a_saved_model_folder(tiny_model_path, capsys):
+    assert estimate_cli(["--model", str(tiny_model_path), "--json", "--precision", "fp32", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_gib"] * GIB > 0
+
+
+def test_bench_memory_refuses_qlora_without_cuda(capsys):
+    from labkit.memory import bench_memory_cli
+
+    assert bench_memory_cli(["--preset", "none", "--model", "qwen2.5-0.5b", "--method", "qlora", "--device", "cpu"]) == 2
+    assert "CUDA" in capsys.readouterr().err
+
+
+def test_bench_memory_dry_run_lists_at_least_eight_gpu_configurations(capsys):
+    from labkit.memory import bench_memory_cli
+
+    assert bench_memory_cli(["--preset", "gpu", "--dry-run", "--device", "cpu"]) == 0  # predictions only
+    lines = [line for line in capsys.readouterr().out.splitlines() if "predicted" in line]
+    assert len(lines) >= 8
+
+
+# ----------------------------------------------------------------------------- chunked log-probs
+
+
+def test_chunked_log_probs_match_at_qwens_vocabulary():
+    from labkit.objective import token_logps_from_hidden
+
+    torch.manual_seed(0)
+    vocab, hidden_size = 151_936, 32  # Qwen's vocabulary; 3 sequences x 5 tokens, the benchmark scaled down
+    weight = (torch.randn(vocab, hidden_size) * 0.05).requires_grad_()
+    hidden = torch.randn(3, 5, hidden_size, requires_grad=True)  # (B, T, H)
+    targets = torch.randint(0, vocab, (3, 5))  # (B, T)
+    weights = torch.randn(3, 5)
+    results = []
+    for chunk_size in (None, 4, 7):
+        logps = token_logps_from_hidden(hidden, weight, targets, chunk_size=chunk_size)  # (B, T)
+        grads = torch.autograd.grad((logps * weights).sum(), (hidden, weight))
+        results.append((logps, *grads))
+    for logps, grad_hidden, grad_weight in results[1:]:
+        torch.testing.assert_close(logps, results[0][0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad_hidden, results[0][1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad_weight, results[0][2], atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- through TRL
+
+
+@pytest.mark.slow
+def test_trl_trainer_state_equals_the_estimate(tiny_model_path, tmp_path):
+    """Two real GRPO steps: TRL's optimizer and the policy hold exactly the estimated bytes."""
+    from datasets import Dataset
+
+    from labkit.training import build_trainer, grpo_config
+
+    model, tokenizer = load_policy(tiny_model_path, "lora", lora_rank=LORA_RANK)
+    dataset = Dataset.from_dict({"prompt": ["abcdefgh"] * 8})
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    args = grpo_config(tmp_path, max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                       max_completion_length=8, learning_rate=1e-3)
+    trainer = build_trainer(model, [length_reward], dataset, args, tokenizer=tokenizer)
+    trainer.train()
+    measured = state_bytes(trainer.model, trainer.optimizer)
+    est = estimate(tiny_model_path, "lora", precision="fp32", device="cpu", lora_rank=LORA_RANK)
+    assert measured["weights"] == est.bytes["weights"]
+    assert measured["optimizer"] == est.bytes["optimizer"]
