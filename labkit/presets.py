@@ -122,6 +122,9 @@ class Preset:
     train_limit: int | None = None  # None: the whole GSM8K train split
     eval_batch_size: int = 32
     card_gib: float | None = 16.0  # the card the recipe is made for (None: no GPU)
+    # Any other GRPOConfig field, passed to TRL as given ({"loss_type": "grpo", "num_iterations": 2}).
+    # Fields the preset itself sets are refused here: change them through the preset's own field.
+    trl_options: dict = field(default_factory=dict)
 
     def replace(self, **changes) -> "Preset":
         """Return a copy with ``changes`` (any field); lists become tuples."""
@@ -134,6 +137,8 @@ class Preset:
                 changes[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
         if changes.get("reward_weights") is not None:
             changes["reward_weights"] = tuple(float(w) for w in changes["reward_weights"])
+        if "trl_options" in changes:
+            changes["trl_options"] = dict(changes["trl_options"] or {})
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -264,6 +269,45 @@ def _num_processes(num_processes: int | None) -> int:
     return num_processes or int(os.environ.get("WORLD_SIZE", "1"))
 
 
+# GRPOConfig fields that build_run sets from a preset's own fields (or that change the generation batch
+# the batch rule and the preflight check): trl_options may not set them, so a recipe has one source.
+_SET_BY_PRESET = {
+    "seed": "--seed", "per_device_train_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps", "num_generations": "num_generations",
+    "max_completion_length": "max_completion_length", "max_prompt_length": "max_prompt_length",
+    "learning_rate": "learning_rate", "optim": "optim", "beta": "beta", "temperature": "temperature",
+    "max_steps": "max_steps", "save_steps": "save_steps", "save_strategy": "save_steps",
+    "save_total_limit": "save_total_limit", "reward_weights": "reward_weights",
+    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "gradient_checkpointing",
+    "gradient_checkpointing_kwargs": "gradient_checkpointing",
+    "activation_checkpointing_kwargs": "gradient_checkpointing",
+    "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
+    "output_dir": "--output-dir", "steps_per_generation": "gradient_accumulation_steps",
+    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps",
+}
+
+
+def _trl_option_errors(options: dict) -> list[str]:
+    """Return what is wrong with a preset's ``trl_options``: unknown GRPOConfig fields, or ones the preset sets."""
+    if not options:
+        return []
+    import difflib
+
+    from trl import GRPOConfig
+
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    errors = []
+    for key in options:
+        if key in _SET_BY_PRESET:
+            errors.append(f"trl_options may not set {key!r}: the preset sets it from {_SET_BY_PRESET[key]}. "
+                          f"Change that instead (python -m labkit train --set FIELD=VALUE).")
+        elif key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            errors.append(f"trl_options: GRPOConfig (trl) has no field {key!r}.{hint}")
+    return errors
+
+
 def validate(preset: Preset, device=None, *, num_processes: int | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
@@ -308,6 +352,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
                 f"{g} completions in one batch. Set gradient_accumulation_steps={accumulation}, or "
                 f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
             )
+    errors.extend(_trl_option_errors(p.trl_options))
     if p.learning_rate <= 0:
         errors.append(f"learning_rate must be positive, not {p.learning_rate}.")
     if p.beta < 0:
@@ -740,6 +785,7 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
         save_total_limit=preset.save_total_limit,
     )
     reward_funcs, settings["reward_weights"] = reward_functions(preset)
+    settings.update(preset.trl_options)
     settings.update(config_overrides)
     peft_config = None
     if model is None and preset.method in ("full", "lora"):
@@ -795,11 +841,11 @@ def _parse_value(text: str):
     return text
 
 
-def _overrides(pairs: list[str]) -> dict:
+def _overrides(pairs: list[str], option: str = "--set") -> dict:
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise PresetError(f"--set takes KEY=VALUE, not {pair!r}")
+            raise PresetError(f"{option} takes KEY=VALUE, not {pair!r}")
         key, value = pair.split("=", 1)
         out[key.strip()] = _parse_value(value.strip())
     return out
@@ -820,6 +866,8 @@ def _train_parser():
     parser.add_argument("--save-steps", type=int)
     parser.add_argument("--train-limit", type=int)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override any preset field")
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="any other GRPOConfig field, e.g. loss_type=grpo num_iterations=2 (kept in the recipe)")
     parser.add_argument("--resume", default="auto", help="auto (default), yes, no, or a checkpoint path")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dry-run", action="store_true", help="validate and run the preflight check, then exit")
@@ -843,6 +891,8 @@ def train_cli(argv: list[str] | None = None) -> int:
     main = _is_main_process()
     try:
         overrides = _overrides(args.set)
+        if args.config:
+            overrides["trl_options"] = {**overrides.get("trl_options", {}), **_overrides(args.config, "--config")}
         for key in ("model", "max_steps", "save_steps", "train_limit"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)

@@ -1,4 +1,5 @@
 """Presets: every one validates on its card, every bad combination fails early and says what to change."""
+import json
 import math
 
 import pytest
@@ -32,9 +33,11 @@ def test_laptop_preset_is_the_published_recipe():
 
 
 def test_a_preset_round_trips_through_json():
-    p = get_preset("laptop-16gb", target_modules=["q_proj", "v_proj"], max_steps=7)
-    assert Preset.from_dict(p.to_dict()) == p
+    p = get_preset("laptop-16gb", target_modules=["q_proj", "v_proj"], max_steps=7,
+                   trl_options={"loss_type": "grpo", "num_iterations": 2})
+    assert Preset.from_dict(json.loads(json.dumps(p.to_dict()))) == p
     assert p.target_modules == ("q_proj", "v_proj")
+    assert validate(p, LAPTOP) is not None  # real GRPOConfig fields, not set by the preset: accepted
 
 
 # ----------------------------------------------------------------------------- bad combinations
@@ -58,6 +61,11 @@ def test_a_preset_round_trips_through_json():
     (dict(optim="sgd"), LAPTOP, r"optim must be one of"),
     (dict(rewards=("accuracy", "vibes")), LAPTOP, r"unknown reward 'vibes'"),
     (dict(reward_weights=(1.0,)), LAPTOP, r"reward_weights has 1 values for 3 reward functions"),
+    # other GRPOConfig fields: only real ones, and none that the preset itself sets
+    (dict(trl_options={"loss_typ": "grpo"}), LAPTOP, r"no field 'loss_typ'.*Did you mean 'loss_type'"),
+    (dict(trl_options={"learning_rate": 1e-5}), LAPTOP, r"may not set 'learning_rate'.*--set FIELD=VALUE"),
+    (dict(trl_options={"steps_per_generation": 3}), LAPTOP, r"may not set 'steps_per_generation'"),
+    (dict(trl_options={"bf16": True}), T4, r"may not set 'bf16'.*from precision"),
 ])
 def test_bad_combinations_fail_with_what_to_change(overrides, device, expected):
     preset = get_preset("qlora-3b", **overrides)
@@ -196,6 +204,10 @@ def test_run_config_carries_the_preset(tmp_path):
     assert args.bf16 is False and args.fp16 is False
     assert args.reward_weights == [1.0, 0.5, 0.25]
     assert hasattr(run.model, "peft_config") and run.model.peft_config["default"].r == 8
+    assert args.loss_type == "dapo"  # TRL's default, until trl_options says otherwise:
+    other = build_run(preset.replace(trl_options={"loss_type": "grpo", "epsilon_high": 0.28}), tmp_path / "b",
+                      device=CPU, disable_tqdm=True)
+    assert (other.trainer.args.loss_type, other.trainer.args.epsilon_high) == ("grpo", 0.28)
 
 
 @pytest.mark.slow
@@ -213,6 +225,10 @@ def test_train_command_trains_saves_and_refuses_a_changed_recipe(tmp_path, capsy
     # another recipe in the same folder: a clear error, exit code 2
     assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=16"]) == 2
     assert "max_completion_length: checkpoint 8, now 16" in capsys.readouterr().err
+    # so does a changed GRPOConfig option: it is part of the saved recipe
+    assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=8",
+                               "--config", "loss_type=grpo"]) == 2
+    assert "trl_options: checkpoint {}, now {'loss_type': 'grpo'}" in capsys.readouterr().err
 
 
 def test_train_command_dry_run_and_bad_preset(capsys):
@@ -223,6 +239,11 @@ def test_train_command_dry_run_and_bad_preset(capsys):
     assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--set", "num_generations=3"]) == 2
     assert "gradient_accumulation_steps=3" in capsys.readouterr().err
     assert train_cli(["--list"]) == 0
+    assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--config", "loss_type=grpo", "num_iterations=2"]) == 0
+    assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--config", "num_iteration=2"]) == 2
+    assert "no field 'num_iteration'. Did you mean 'num_iterations'" in capsys.readouterr().err
+    assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--config", "loss_type"]) == 2
+    assert "--config takes KEY=VALUE" in capsys.readouterr().err
 
 
 @pytest.mark.slow
