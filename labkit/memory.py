@@ -670,30 +670,6 @@ def _random_prompts(n: int, length: int, seed: int) -> list[str]:
     return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(length)) for _ in range(n)]
 
 
-def _save_random_architecture(name: str, dtype_name: str, folder: str) -> None:
-    """Build a catalogue architecture with random weights and save it, with the byte-level tokenizer."""
-    import torch
-
-    from labkit.models import build_architecture, tiny_tokenizer
-
-    dtype = getattr(torch, dtype_name)
-    model = build_architecture(name, device="cpu", dtype=dtype)
-    tokenizer = tiny_tokenizer()
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 def _reset_peak_rss() -> bool:
     """Reset the kernel's record of this process's peak resident memory (Linux >= 4.0); False if it cannot."""
     try:
@@ -726,6 +702,7 @@ def _measure_grpo_worker(spec: dict) -> dict:
     import torch
     from datasets import Dataset
 
+    from labkit.dashboard import process_rss
     from labkit.device import detect_device
     from labkit.models import load_policy
     from labkit.training import build_trainer, grpo_config
@@ -760,7 +737,7 @@ def _measure_grpo_worker(spec: dict) -> dict:
             torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_gib"] * GIB / total))
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    baseline = _rss_bytes()
+    baseline = process_rss()
     status, error = "ok", ""
     started = time.perf_counter()
     measured_states = {}
@@ -963,6 +940,7 @@ def _chunked_worker(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from labkit.dashboard import process_rss
     from labkit.models import architecture_config
     from labkit.objective import per_token_logps
 
@@ -981,7 +959,7 @@ def _chunked_worker(spec: dict) -> dict:
     import gc
 
     gc.collect()
-    baseline = _rss_bytes()
+    baseline = process_rss()
     _reset_peak_rss()
     started = time.perf_counter()
     logps = per_token_logps(model, input_ids, attention_mask, spec["completion_len"],
@@ -1217,7 +1195,11 @@ if __name__ == "__main__":  # the benchmarks' worker processes: python -m labkit
 
             _answer = {"status": "ok", "device": detect_device(_spec["device"]).as_dict()}
         elif _kind == "build":
-            _save_random_architecture(_spec["model"], _spec["dtype"], _spec["folder"])
+            import torch
+
+            from labkit.models import save_random_architecture
+
+            save_random_architecture(_spec["model"], _spec["folder"], dtype=getattr(torch, _spec["dtype"]))
             _answer = {"status": "ok"}
         elif _kind == "measure":
             _answer = _measure_grpo_worker(_spec)

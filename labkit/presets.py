@@ -937,33 +937,19 @@ def train_cli(argv: list[str] | None = None) -> int:
 
 
 def _random_weights_model(preset: Preset, folder: Path, precision: str) -> str:
-    """Save the preset's architecture with random weights (and the tiny tokenizer) to ``folder``.
-
-    Memory depends on shapes, not weight values, so no download is needed. The tiny byte
-    tokenizer's ids are a subset of the model's vocabulary; tokens it cannot decode come
-    out as nothing, which only the (irrelevant) rewards see.
-    """
+    """Return a loadable path for the preset's model: its architecture with random weights, saved to ``folder``
+    (:func:`labkit.models.save_random_architecture`), or the tiny model's path."""
     import torch
 
     from labkit.device import torch_dtype
-    from labkit.models import build_architecture, tiny_tokenizer
+    from labkit.models import save_random_architecture
 
     if preset.model.startswith("tiny:"):
         return resolve_model(preset.model)
-    tokenizer = tiny_tokenizer()
     dtype = torch_dtype(precision, "lora" if preset.method == "qlora" else preset.method)
     # Random init is much faster on a GPU; the weights are saved and freed before the measured run starts.
-    model = build_architecture(preset.model, device="cuda" if torch.cuda.is_available() else "cpu", dtype=dtype,
-                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                               bos_token_id=None)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return str(folder)
+    return save_random_architecture(preset.model, folder, dtype=dtype,
+                                    device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _fixed_length_prompts(tokenizer, n: int, length: int):

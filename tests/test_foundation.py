@@ -114,6 +114,20 @@ def test_catalogue_short_names_and_unknown_names():
         build_architecture("gpt-5")
 
 
+def test_random_architecture_is_saved_with_the_byte_tokenizer(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from labkit.models import save_random_architecture
+
+    path = save_random_architecture("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path, dtype=torch.float32)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    assert count_parameters(model)["total"] == count_parameters(
+        build_architecture("HuggingFaceTB/SmolLM2-135M-Instruct"))["total"]
+    assert (model.config.pad_token_id, model.config.eos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert model.generation_config.bos_token_id is None and model.dtype == torch.float32
+
+
 # ----------------------------------------------------------------------------- GSM8K
 
 
