@@ -741,6 +741,28 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _grpo_settings(preset: Preset, seed: int) -> dict:
+    """Return the ``GRPOConfig`` fields a preset's own fields set (every key is in :data:`_SET_BY_PRESET`)."""
+    return dict(
+        seed=seed,
+        per_device_train_batch_size=preset.per_device_train_batch_size,
+        gradient_accumulation_steps=preset.gradient_accumulation_steps,
+        num_generations=preset.num_generations,
+        max_completion_length=preset.max_completion_length,
+        learning_rate=preset.learning_rate,
+        optim=preset.optim,
+        activation_checkpointing=preset.gradient_checkpointing,
+        # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
+        activation_checkpointing_kwargs={"use_reentrant": False} if preset.gradient_checkpointing else None,
+        beta=preset.beta,
+        temperature=preset.temperature,
+        max_steps=preset.max_steps,
+        save_strategy="steps" if preset.save_steps else "no",
+        save_steps=preset.save_steps or 500,
+        save_total_limit=preset.save_total_limit,
+    )
+
+
 def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
               train_dataset=None, callbacks=None, seed: int = 0, num_processes: int | None = None,
               print_logs: bool = True, **config_overrides) -> Run:
@@ -766,24 +788,7 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
     name = resolve_model(preset.model)
     output_dir = Path(output_dir)
 
-    settings = dict(
-        seed=seed,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
-        num_generations=preset.num_generations,
-        max_completion_length=preset.max_completion_length,
-        learning_rate=preset.learning_rate,
-        optim=preset.optim,
-        activation_checkpointing=preset.gradient_checkpointing,
-        # Non-reentrant checkpointing works with frozen inputs; LoRA still needs the input-grad fix below.
-        activation_checkpointing_kwargs={"use_reentrant": False} if preset.gradient_checkpointing else None,
-        beta=preset.beta,
-        temperature=preset.temperature,
-        max_steps=preset.max_steps,
-        save_strategy="steps" if preset.save_steps else "no",
-        save_steps=preset.save_steps or 500,
-        save_total_limit=preset.save_total_limit,
-    )
+    settings = _grpo_settings(preset, seed)
     reward_funcs, settings["reward_weights"] = reward_functions(preset)
     settings.update(preset.trl_options)
     settings.update(config_overrides)

@@ -78,6 +78,13 @@ def test_tiny_context_is_checked_too():
         validate(get_preset("cpu-tiny", max_completion_length=4000), CPU)
 
 
+def test_trl_options_refuse_every_field_the_preset_sets():
+    from labkit.presets import _SET_BY_PRESET, _grpo_settings
+
+    set_by_build_run = set(_grpo_settings(PRESETS["laptop-16gb"], seed=0)) | {"reward_weights", "model_init_kwargs"}
+    assert set_by_build_run <= set(_SET_BY_PRESET), set_by_build_run - set(_SET_BY_PRESET)
+
+
 def test_unknown_preset_and_field():
     with pytest.raises(PresetError, match="choose from"):
         get_preset("desktop-4090")
