@@ -260,6 +260,12 @@ def _warm_up_key(config: NanoConfig) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:10]
 
 
+def _warm_up_folder(config: NanoConfig) -> Path:
+    from labkit.models import cache_dir
+
+    return cache_dir() / "nano-warm-ups" / f"addition-{_warm_up_key(config)}"
+
+
 def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool = True):
     """Return ``(model, tokenizer, losses)``: the tiny model after the warm-up, cached on disk when ``reuse``.
 
@@ -267,9 +273,7 @@ def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool =
     so comparisons that only change GRPO settings can share one (``losses`` is then the
     cached run's). The saved folder is also what TRL's ``GRPOTrainer`` loads (a path).
     """
-    from labkit.models import cache_dir
-
-    path = cache_dir() / "nano-warm-ups" / f"addition-{_warm_up_key(config)}"
+    path = _warm_up_folder(config)
     if reuse and (path / "config.json").exists():
         model, tokenizer = _load(path, config.device)
         return model, tokenizer, json.loads((path / "warm_up_losses.json").read_text())
@@ -296,10 +300,10 @@ def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool =
 
 def warm_up_path(config: NanoConfig, progress: bool = True) -> Path:
     """Return the folder of the cached warmed-up model for ``config`` (warming it up if needed)."""
-    from labkit.models import cache_dir
-
-    warmed_up_policy(config, reuse=True, progress=progress)
-    return cache_dir() / "nano-warm-ups" / f"addition-{_warm_up_key(config)}"
+    path = _warm_up_folder(config)
+    if not (path / "config.json").exists():
+        warmed_up_policy(config, reuse=True, progress=progress)
+    return path
 
 
 # ----------------------------------------------------------------------------- one GRPO step, piece by piece
