@@ -4,21 +4,32 @@ Notebooks teach and call ``labkit``; tests check it. Submodules are named after 
 concepts they hold and are imported lazily, so ``import labkit`` is cheap and works
 without torch (the structural notebook checks rely on that):
 
-- ``labkit.device``     which accelerator is here and which precision to train in
-- ``labkit.models``     tiny offline models, real policies (full / LoRA / QLoRA), the architecture catalogue
+The data path, in the order a GRPO step runs it:
+
 - ``labkit.data``       GSM8K (bundled, MIT) as conversational prompts
-- ``labkit.objective``  group advantages, KL estimators, the clipped GRPO loss
-- ``labkit.rewards``    verifiable reward functions with TRL's calling convention
-- ``labkit.dashboard``  live reward and VRAM widgets
-- ``labkit.memory``     the VRAM estimator, measured peaks, chunked log-probs, full vs LoRA
-- ``labkit.presets``    named recipes that fit a card, preflight, resumable runs, ``python -m labkit train``
+- ``labkit.tasks``      small verifiable tasks a tiny model can learn on CPU
+- ``labkit.models``     tiny offline models, real policies (full / LoRA / QLoRA), the architecture catalogue
+- ``labkit.rewards``    verifiable rewards: ``parse`` (answers, numbers), ``functions`` (the rewards), ``check``
+- ``labkit.objective``  group advantages, KL estimators, the clipped GRPO loss, chunked log-probs
+- ``labkit.nano``       a transparent GRPO loop built on those
+- ``labkit.dashboard``  the live dashboard (a TRL callback); ``labkit.charts`` draws its SVG panels
+
+Running it for real, on a card:
+
+- ``labkit.device``     which accelerator is here and which precision to train in
+- ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder
+- ``labkit.presets``    named recipes that fit a card, validated, with a preflight memory check
+- ``labkit.run``        a preset made concrete: prompts, rewards, trainer, checkpoints and resume
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
 - ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change
+- ``labkit.memory``     the VRAM estimator and exact counters of weights, gradients, optimiser states
+- ``labkit.monitor``    live memory readings: RSS, peak RSS, the GPU through PyTorch and NVML, a sampler
 - ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
-- ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment) and its comparison with plain TRL
-- ``labkit.nano``       a transparent GRPO loop and the CPU demo task
-- ``labkit.tasks``      small verifiable tasks a tiny model can learn on CPU
-- ``labkit.nbcheck``    structural checks of the lab's notebooks
+- ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment)
+
+Around them: ``labkit.lab`` (setup, seeds, provenance), ``labkit.demo`` (the main job),
+``labkit.cli`` (every ``python -m labkit`` command), ``labkit.bench`` (every benchmark, one file
+each) and ``labkit.nbcheck`` (structural checks of the notebooks).
 """
 from __future__ import annotations
 
@@ -28,19 +39,24 @@ __version__ = "0.1.0"
 
 _SUBMODULES = (
     "bench",
+    "charts",
+    "cli",
     "dashboard",
     "data",
+    "demo",
     "device",
     "evaluate",
     "lab",
     "memory",
     "models",
+    "monitor",
     "nano",
     "nbcheck",
     "objective",
     "oom",
     "presets",
     "rewards",
+    "run",
     "scale",
     "tasks",
     "training",

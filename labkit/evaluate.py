@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["EvalResult", "score_completion", "gsm8k_accuracy", "before_after_table", "ci95"]
+__all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95"]
 
 
 def ci95(rate: float, n: int) -> float:
@@ -33,7 +33,7 @@ def ci95(rate: float, n: int) -> float:
     return 1.96 * math.sqrt(max(rate * (1 - rate), 0.0) / n) if n else float("nan")
 
 
-def score_completion(completion: str, gold: str) -> dict:
+def grade_completion(completion: str, gold: str) -> dict:
     """Return one completion's scores: ``format_ok``, ``strict_correct``, ``lenient_correct`` and the answers read.
 
     ``strict_correct`` needs the exact format and the right ``<answer>``; ``lenient_correct``
@@ -153,7 +153,7 @@ def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = No
         text, n_tokens = completions[index]
         record = {"index": index, "gold": golds[index], "completion": text, "completion_tokens": n_tokens,
                   "truncated": n_tokens >= max_new_tokens}
-        record.update(score_completion(text, golds[index]))
+        record.update(grade_completion(text, golds[index]))
         records.append(record)
     n = len(records)
     rate = lambda key: sum(r[key] for r in records) / n if n else float("nan")  # noqa: E731

@@ -13,14 +13,16 @@ The same cells run in both modes; only the sizes differ, chosen with :meth:`Lab.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import random
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from importlib import metadata
 
-__all__ = ["Lab", "setup", "seed_everything", "resolve_mode", "package_versions", "provenance", "MODES"]
+__all__ = ["Lab", "setup", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES"]
 
 MODES = ("auto", "cpu", "real")
 _REPORTED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes",
@@ -140,15 +142,9 @@ def setup(seed: int = 0, mode: str = "auto", *, verbose: bool = True) -> Lab:
     return lab
 
 
-def check_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit check``: print what the lab will use on this machine."""
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(prog="python -m labkit check", description=check_cli.__doc__)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    args = parser.parse_args(argv)
-    lab = setup(verbose=not args.json)
-    if args.json:
-        print(json.dumps({"mode": lab.mode, "precision": lab.precision, **provenance(lab.device)}, indent=2))
-    return 0
+def write_json(path: str | Path, record: dict) -> Path:
+    """Write ``record`` as indented JSON to ``path`` and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    return path

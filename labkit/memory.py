@@ -1,4 +1,4 @@
-"""Where the memory of a GRPO step goes: an estimator, exact counters, and the benchmarks that check it.
+"""Where the memory of a GRPO step goes: an estimator from shapes alone, and exact counters to check it.
 
 Introduced in ``05_full_vs_lora.ipynb``. One GRPO step has two phases that never overlap:
 
@@ -13,25 +13,28 @@ Weights, the reference model and the optimizer states live through both, so
 :func:`estimate` computes every term from the architecture's shapes (any entry of
 :data:`labkit.models.ARCHITECTURES`, a transformers config, or a saved model folder).
 :func:`state_bytes` and :func:`saved_activation_bytes` measure the same quantities on a real
-model, exactly, on any device; the tests hold the estimator to them. ``python -m labkit bench
-memory`` measures peaks of real TRL GRPO steps (GPU: ``torch.cuda.max_memory_allocated``; CPU:
-peak resident memory of a fresh process) and ``python -m labkit bench chunked-logps`` measures
-what chunking the LM head saves.
+model, exactly, on any device; the tests hold the estimator to them. Measured peaks of real TRL
+GRPO steps come from ``python -m labkit bench memory`` (:mod:`labkit.bench.memory`), and the live
+readings of a running step from :mod:`labkit.monitor`.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
+
+from labkit.models import METHODS, check_method
 
 __all__ = [
     "GIB",
     "METHODS",
     "OPTIMIZERS",
+    "OPTIMS",
+    "EIGHT_BIT_OPTIMS",
+    "optimizer_layout",
+    "gib",
     "ModelShape",
     "MemoryEstimate",
     "model_shape",
@@ -39,16 +42,30 @@ __all__ = [
     "plot_breakdown",
     "state_bytes",
     "saved_activation_bytes",
-    "estimate_cli",
-    "bench_memory_cli",
-    "bench_chunked_cli",
-    "bench_full_vs_lora_cli",
 ]
 
 GIB = 1024**3
-METHODS = ("full", "lora", "qlora")
+
+
+def gib(n: int | float | None) -> float | None:
+    """Return ``n`` bytes in GiB (``None`` stays ``None``): the one conversion every figure uses."""
+    return None if n is None else n / GIB
+
+# GRPOConfig.optim values the lab uses (TRL's / transformers' names); the 8-bit ones are bitsandbytes'.
+OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit", "paged_adamw_32bit")
+EIGHT_BIT_OPTIMS = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit")
+# The estimator's two layouts of optimiser state: torch's AdamW, or a bitsandbytes 8-bit one.
 OPTIMIZERS = ("adamw", "adamw_8bit")
-_PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def optimizer_layout(optim: str) -> str:
+    """Return the state layout (``"adamw"`` or ``"adamw_8bit"``) of a ``GRPOConfig.optim`` name or a layout name."""
+    if optim in OPTIMIZERS:
+        return optim
+    if optim in OPTIMS:
+        return "adamw_8bit" if optim in EIGHT_BIT_OPTIMS else "adamw"
+    raise ValueError(f"optimizer must be one of {OPTIMS} (or the estimator's {OPTIMIZERS}), not {optim!r}")
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # bitsandbytes NF4 with double quantisation (what labkit.models.load_policy asks for): 4 bits a weight,
 # one 8-bit absmax per block of 64 weights, one fp32 absmax per 256 of those blocks.
@@ -335,12 +352,10 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
     """
     from labkit.models import DEFAULT_LORA_TARGETS
 
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {optimizer!r}")
-    if precision not in _PRECISION_BYTES:
-        raise ValueError(f"precision must be one of {tuple(_PRECISION_BYTES)}, not {precision!r}")
+    check_method(method)
+    optimizer = optimizer_layout(optimizer)
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"precision must be one of {tuple(PRECISION_BYTES)}, not {precision!r}")
     if logits not in ("fused", "full"):
         raise ValueError(f"logits must be 'fused' (TRL 1.16) or 'full', not {logits!r}")
     if device not in ("cuda", "cpu"):
@@ -361,7 +376,7 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
     micro_batch = generation_batch // gradient_accumulation_steps
     shape = model_shape(model)
     targets = list(lora_targets or DEFAULT_LORA_TARGETS)
-    b = _PRECISION_BYTES[precision]
+    b = PRECISION_BYTES[precision]
     # Weight dtype of the policy as labkit.device.torch_dtype chooses it.
     w = 4 if precision == "fp32" or (precision == "fp16" and method == "full") else 2
     seq = prompt_len + completion_len
@@ -449,7 +464,6 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
                     gradient_accumulation_steps=gradient_accumulation_steps, device=device, padded=padded,
                     logits=logits)
     return MemoryEstimate(bytes=terms, settings=settings, trainable_params=trainable, total_params=shape.params)
-
 
 
 _STACK = {  # phase -> terms from bottom to top, with colours that stay the same in every plot
@@ -578,635 +592,12 @@ def saved_activation_bytes(forward, exclude=None) -> int:
 # --------------------------------------------------------------------------- python -m labkit estimate
 
 
-def _on_off(text: str) -> bool:
-    if text.lower() in ("on", "true", "yes", "1"):
-        return True
-    if text.lower() in ("off", "false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected on/off, not {text!r}")
-
-
-def _add_setting_arguments(parser: argparse.ArgumentParser, *, many: bool) -> None:
-    nargs = "+" if many else None
-    parser.add_argument("--method", nargs=nargs, default=["lora"] if many else "lora", choices=METHODS)
-    parser.add_argument("--num-generations", type=int, nargs=nargs, default=[8] if many else 8)
-    parser.add_argument("--per-device-batch", type=int, default=1, help="prompts per device per step")
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--completion-len", type=int, default=512)
-    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
-    parser.add_argument("--gradient-checkpointing", type=_on_off, default=True, metavar="on|off")
-    parser.add_argument("--beta", type=float, default=0.0, help="KL weight; > 0 loads a reference model (full only)")
-    parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
-
-
-def estimate_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit estimate``: print the memory breakdown of a GRPO run as a table or JSON."""
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit estimate",
-        description="Estimate the GPU memory of one GRPO step (TRL 1.16) for a model, a method and settings. "
-                    "The model is a catalogue name (labkit.models.ARCHITECTURES) or a saved model folder.")
-    parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct")
-    _add_setting_arguments(parser, many=False)
-    parser.add_argument("--precision", default="bf16", choices=tuple(_PRECISION_BYTES))
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="where the run would happen")
-    parser.add_argument("--padded", action="store_true", help="prompts of different lengths (a padding mask)")
-    parser.add_argument("--logits", default="fused", choices=("fused", "full"))
-    parser.add_argument("--json", action="store_true", help="print JSON (with total_gib) instead of a table")
-    args = parser.parse_args(argv)
-    try:
-        est = estimate(args.model, args.method, num_generations=args.num_generations,
-                       per_device_batch=args.per_device_batch, prompt_len=args.prompt_len,
-                       completion_len=args.completion_len, optimizer=args.optimizer,
-                       gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=args.precision,
-                       lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                       device=args.device, padded=args.padded, logits=args.logits)
-    except (KeyError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(est.as_dict(), indent=2))
-        return 0
-    s = est.settings
-    print(f"{s['model']} | {s['method']} | G={s['num_generations']} x {s['per_device_batch']} prompt(s) | "
-          f"prompt {s['prompt_len']} + completion {s['completion_len']} tokens | {s['precision']} | "
-          f"{s['optimizer']} | checkpointing {'on' if s['gradient_checkpointing'] else 'off'} | beta {s['beta']}")
-    print(f"parameters: {est.total_params:,} total, {est.trainable_params:,} trainable "
-          f"({100 * est.trainable_params / est.total_params:.2f} %)\n")
-    print(est.table())
-    verdict = "fits" if est.total + 1.0 <= 16 * 1e9 / GIB else "does not fit"
-    print(f"\n{verdict} a 16 GB card (14.9 GiB) with 1 GiB headroom for the CUDA context and fragmentation")
-    return 0
-
-
 # --------------------------------------------------------------------------- python -m labkit bench memory
-
-# Eight or more configurations for one GPU in under ten minutes: model size x method x num_generations.
-GPU_GRID = [
-    (model, method, g)
-    for model in ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct")
-    for method in METHODS
-    for g in (4, 8)
-]
-# On a CPU: a real architecture small enough for RAM (SmolLM2-135M in fp32), full and LoRA.
-# The tiny model first: its own memory is a few MB, so what its row measures is the process's floor.
-CPU_GRID = [("tiny-qwen2", "lora", 2)] + [
-    ("HuggingFaceTB/SmolLM2-135M-Instruct", method, g) for method in ("full", "lora") for g in (2, 4)]
-_MEMORY_CSV_FIELDS = [
-    "date", "device", "device_kind", "model", "method", "num_generations", "per_device_batch", "prompt_len",
-    "completion_len", "optimizer", "gradient_checkpointing", "beta", "precision", "lora_rank", "steps",
-    "cap_gib", "status", "measured_peak_gib", "measure", "predicted_total_gib", "error_pct",
-    "measured_weights_gib", "predicted_weights_gib", "measured_optimizer_gib", "predicted_optimizer_gib",
-    "predicted_activations_gib", "predicted_logits_gib", "predicted_kv_cache_gib", "seconds_per_step",
-    "torch", "transformers", "trl", "peft", "bitsandbytes",
-]
-
-
-def _random_prompts(n: int, length: int, seed: int) -> list[str]:
-    # Byte-level tokenizer: one token per ASCII letter, so every prompt is exactly `length` tokens.
-    import random
-
-    rng = random.Random(seed)
-    return ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(length)) for _ in range(n)]
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's record of this process's peak resident memory (Linux >= 4.0); False if it cannot."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss_bytes() -> int:
-    """Return this process's peak resident memory since start or since :func:`_reset_peak_rss`."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def _measure_grpo_worker(spec: dict) -> dict:
-    """Run ``spec["steps"]`` real TRL GRPO steps and return the measured peak (runs in a fresh process)."""
-    import random
-    import time
-
-    import torch
-    from datasets import Dataset
-
-    from labkit.dashboard import process_rss
-    from labkit.device import detect_device
-    from labkit.models import load_policy
-    from labkit.training import build_trainer, grpo_config
-
-    device = detect_device(spec["device"])
-    prompts = _random_prompts(16 * spec["per_device_batch"], spec["prompt_len"], seed=0)
-    dataset = Dataset.from_dict({"prompt": prompts})
-    rng = random.Random(0)
-
-    def random_reward(completions, **kwargs):  # memory does not depend on what is rewarded
-        return [rng.random() for _ in completions]
-
-    generation_batch = spec["per_device_batch"] * spec["num_generations"]
-    micro_batch = generation_batch // spec["gradient_accumulation_steps"]
-    optim = {"adamw_8bit": "adamw_bnb_8bit"}.get(spec["optimizer"])
-    overrides = dict(optim=optim) if optim else {}
-    import tempfile
-
-    out_dir = tempfile.mkdtemp(prefix="labkit-bench-")
-    args = grpo_config(
-        out_dir, device=device, precision=spec["precision"], max_steps=spec["steps"],
-        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=spec["gradient_accumulation_steps"],
-        num_generations=spec["num_generations"], max_completion_length=spec["completion_len"],
-        beta=spec["beta"], learning_rate=1e-6, activation_checkpointing=spec["gradient_checkpointing"],
-        # Every completion runs to full length: EOS is forbidden until max_completion_length.
-        generation_kwargs={"min_new_tokens": spec["completion_len"]},
-        logging_steps=1, seed=0, **overrides,
-    )
-    if device.kind == "cuda":
-        if spec.get("cap_gib"):
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, spec["cap_gib"] * GIB / total))
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    baseline = process_rss()
-    status, error = "ok", ""
-    started = time.perf_counter()
-    measured_states = {}
-    try:
-        model, tokenizer = load_policy(spec["path"], spec["method"], precision=spec["precision"],
-                                       lora_rank=spec["lora_rank"],
-                                       gradient_checkpointing=spec["gradient_checkpointing"])
-        trainer = build_trainer(model, [random_reward], dataset, args, tokenizer=tokenizer)
-        # Loading reads the weights through a memory map, which counts twice for a moment; the peak
-        # that matters is the training step's, with the weights resident.
-        import gc
-
-        gc.collect()
-        _reset_peak_rss()
-        started = time.perf_counter()
-        trainer.train()
-        measured_states = state_bytes(trainer.model, trainer.optimizer)
-    except torch.OutOfMemoryError as exc:
-        status, error = "oom", str(exc).splitlines()[0][:200]
-    seconds = (time.perf_counter() - started) / spec["steps"]
-    if device.kind == "cuda":
-        peak, measure = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
-    else:
-        peak, measure = _peak_rss_bytes() - baseline, "CPU: peak RSS during training minus RSS before loading"
-    return dict(status=status, error=error, peak=peak, measure=measure, seconds_per_step=seconds,
-                device=str(device), device_kind=device.kind, **measured_states)
-
-
-def _run_worker(kind: str, spec: dict, timeout: float) -> dict:
-    """Run ``python -m labkit.memory KIND SPEC`` in a fresh process and return its JSON answer."""
-    import subprocess
-
-    env = dict(os.environ)
-    # glibc otherwise serves large blocks from its heap after the first frees and keeps them: with a
-    # fixed mmap threshold every tensor over 64 KiB is its own mapping, so RSS follows live memory.
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    proc = subprocess.run([sys.executable, "-m", "labkit.memory", kind, json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    answers = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not answers:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        return {"status": "error", "error": " | ".join(tail)[-400:]}
-    return json.loads(answers[-1])
-
-
-def bench_memory_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench memory``: measure peaks of real GRPO steps and append them to results/memory.csv.
-
-    Each configuration runs in a fresh process: a catalogue architecture with random weights (memory
-    depends on shapes, not values), saved to a temporary folder, loaded with
-    :func:`labkit.models.load_policy`, trained for ``--steps`` TRL GRPO steps with every completion
-    forced to full length. GPU: ``torch.cuda.max_memory_allocated``. CPU: peak resident memory of
-    the process minus its resident memory before the model is loaded (it also counts Python objects
-    and allocator slack, so it reads a little high). Each row carries the estimator's prediction.
-    """
-    from labkit.bench import append_csv, results_dir
-    from labkit.device import DeviceInfo, choose_precision
-    from labkit.lab import package_versions, provenance
-
-    parser = argparse.ArgumentParser(prog="python -m labkit bench memory", description=bench_memory_cli.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=("gpu", "cpu", "none"), default=None,
-                        help="a grid of configurations (default: gpu on a CUDA machine, else cpu); "
-                             "'none' measures only --model x --method x --num-generations")
-    parser.add_argument("--model", nargs="+", default=None, help="catalogue names (with --preset none)")
-    _add_setting_arguments(parser, many=True)
-    parser.set_defaults(prompt_len=None, completion_len=None)
-    parser.add_argument("--steps", type=int, default=2, help="GRPO steps (>= 2, so optimizer states exist)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
-    parser.add_argument("--cap-gib", type=float, default=None,
-                        help="pretend the GPU has this much memory (torch.cuda.set_per_process_memory_fraction)")
-    parser.add_argument("--memory-fraction", type=float, default=None, help="the same, as a fraction of the GPU")
-    parser.add_argument("--out", default=None, help="CSV to append to (default results/memory.csv)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
-    parser.add_argument("--dry-run", action="store_true", help="print the configurations and predictions only")
-    args = parser.parse_args(argv)
-
-    # The parent never touches CUDA (a CUDA context here would take GPU memory from the measured
-    # processes): a worker reports the device, and this process plans with a description of it.
-    probe = _run_worker("probe", {"device": args.device}, timeout=300)
-    if probe.get("status") != "ok":
-        print(f"error: could not inspect the device: {probe.get('error')}", file=sys.stderr)
-        return 2
-    device = DeviceInfo(**{k: tuple(v) if k == "compute_capability" and v else v for k, v in probe["device"].items()})
-    preset = args.preset or ("none" if args.model else ("gpu" if device.kind == "cuda" else "cpu"))
-    if preset == "none":
-        grid = [(m, meth, g) for m in (args.model or ["Qwen/Qwen2.5-0.5B-Instruct"]) for meth in args.method
-                for g in args.num_generations]
-    else:
-        grid = GPU_GRID if preset == "gpu" else CPU_GRID
-    on_cpu = device.kind != "cuda"
-    prompt_len = args.prompt_len or (32 if on_cpu else 128)
-    completion_len = args.completion_len or (32 if on_cpu else 256)
-    precision = choose_precision(device)
-    if any(meth == "qlora" for _, meth, _ in grid) and on_cpu:
-        if preset == "none":
-            print("error: QLoRA stores weights in 4-bit with bitsandbytes and needs a CUDA GPU; "
-                  f"this machine has {device}. Measure --method full or lora here.", file=sys.stderr)
-            return 2
-        grid = [row for row in grid if row[1] != "qlora"]
-    cap = args.cap_gib
-    if args.memory_fraction and device.kind == "cuda":
-        cap = args.memory_fraction * device.total_memory_gib
-    if (cap or args.memory_fraction) and on_cpu:
-        print("error: --cap-gib / --memory-fraction limit GPU memory; there is no CUDA GPU here", file=sys.stderr)
-        return 2
-    if args.steps < 2:
-        print("error: --steps must be at least 2: AdamW creates its states in the first step", file=sys.stderr)
-        return 2
-
-    import shutil
-    import tempfile
-
-    from labkit.device import torch_dtype
-    from labkit.models import build_tiny_model
-
-    versions = package_versions()
-    out = args.out or results_dir() / "memory.csv"
-    folders: dict[tuple[str, str], str] = {}
-    failures = 0
-    try:
-        for model, method, g in grid:
-            spec = dict(model=model, method=method, num_generations=g, per_device_batch=args.per_device_batch,
-                        prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optimizer,
-                        gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=precision,
-                        lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                        steps=args.steps, device=device.kind, cap_gib=cap)
-            est = estimate(str(build_tiny_model(model.removeprefix("tiny-"))) if model.startswith("tiny-") else model,
-                           method, num_generations=g, per_device_batch=args.per_device_batch,
-                           prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optimizer,
-                           gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=precision,
-                           lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                           device="cuda" if device.kind == "cuda" else "cpu")
-            label = f"{model} {method} G={g}"
-            if args.dry_run:
-                print(f"{label:<48} predicted {est.total:7.2f} GiB")
-                continue
-            dtype_name = str(torch_dtype(precision, method)).removeprefix("torch.")
-            key = (model, dtype_name)
-            if model.startswith("tiny-"):  # labkit's tiny models live in its cache, built once
-                spec["path"] = str(build_tiny_model(model.removeprefix("tiny-")))
-            elif key not in folders:
-                folders[key] = tempfile.mkdtemp(prefix="labkit-arch-")
-                built = _run_worker("build", dict(model=model, dtype=dtype_name, folder=folders[key]), args.timeout)
-                if built.get("status") != "ok":
-                    print(f"{label}: could not build the architecture: {built.get('error')}", file=sys.stderr)
-                    failures += 1
-                    continue
-            spec.setdefault("path", folders.get(key))
-            result = _run_worker("measure", spec, args.timeout)
-            if result.get("status") == "error":
-                failures += 1
-            peak = result.get("peak")
-            row = dict(
-                date=provenance(device)["date"], device=result.get("device", str(device)), device_kind=device.kind,
-                model=model, method=method, num_generations=g, per_device_batch=args.per_device_batch,
-                prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optimizer,
-                gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=precision,
-                lora_rank=args.lora_rank if method != "full" else "", steps=args.steps, cap_gib=cap or "",
-                status=result.get("status"), measured_peak_gib=round(peak / GIB, 4) if peak else "",
-                measure=result.get("measure", result.get("error", "")),
-                predicted_total_gib=round(est.total, 4),
-                error_pct=round(100 * (est.total * GIB - peak) / peak, 1) if peak and result["status"] == "ok" else "",
-                measured_weights_gib=round(result["weights"] / GIB, 4) if "weights" in result else "",
-                predicted_weights_gib=round(est.weights, 4),
-                measured_optimizer_gib=round(result["optimizer"] / GIB, 4) if "optimizer" in result else "",
-                predicted_optimizer_gib=round(est.optimizer, 4),
-                predicted_activations_gib=round(est.activations, 4), predicted_logits_gib=round(est.logits, 4),
-                predicted_kv_cache_gib=round(est.kv_cache, 4),
-                seconds_per_step=round(result["seconds_per_step"], 2) if "seconds_per_step" in result else "",
-                **{k: versions.get(k) or "" for k in ("torch", "transformers", "trl", "peft", "bitsandbytes")},
-            )
-            append_csv(out, [{k: row[k] for k in _MEMORY_CSV_FIELDS}])
-            shown = f"{row['measured_peak_gib']} GiB" if peak else row["measure"]
-            print(f"{label:<48} {row['status']:<5} measured {shown}  predicted {est.total:.3f} GiB"
-                  + (f"  ({row['error_pct']:+} %)" if row["error_pct"] != "" else ""), flush=True)
-    finally:
-        for folder in folders.values():
-            shutil.rmtree(folder, ignore_errors=True)
-    if not args.dry_run:
-        print(f"appended to {out}")
-    return 1 if failures else 0
-
 
 
 # --------------------------------------------------------------------------- python -m labkit bench chunked-logps
-
-# Measured on CPU (results/chunked_logps.json): the unchunked path peaks near 4.3 x the fp32 logits
-# (logits, log-sum-exp backward temporaries, the gather's gradient, their sum). Used to refuse a
-# run that would not fit in this machine's memory, before it starts.
-_UNCHUNKED_PEAK_FACTOR = 4.5
-
-
-def _chunked_worker(spec: dict) -> dict:
-    """Score ``sequences x completion_len`` tokens with :func:`labkit.objective.per_token_logps`, forward
-    and backward, and return the peak memory and times (runs in a fresh process)."""
-    import time
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from labkit.dashboard import process_rss
-    from labkit.models import architecture_config
-    from labkit.objective import per_token_logps
-
-    torch.set_num_threads(spec["threads"])
-    config = architecture_config(spec["model"], num_hidden_layers=spec["layers"])
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # As with LoRA, the LM head (tied to the embedding) does not train: what remains is the cost of
-    # the log-probabilities themselves, not of a (V, H) weight gradient.
-    model.get_input_embeddings().weight.requires_grad_(False)
-    generator = torch.Generator().manual_seed(1)
-    seq = spec["prompt_len"] + spec["completion_len"]
-    input_ids = torch.randint(0, config.vocab_size, (spec["sequences"], seq), generator=generator)  # (B, P + C)
-    attention_mask = torch.ones_like(input_ids)
-    advantages = torch.randn(spec["sequences"], 1, generator=generator)  # (B, 1) a GRPO-like weighting
-    import gc
-
-    gc.collect()
-    baseline = process_rss()
-    _reset_peak_rss()
-    started = time.perf_counter()
-    logps = per_token_logps(model, input_ids, attention_mask, spec["completion_len"],
-                            chunk_size=spec["chunk_size"])  # (B, C)
-    forward_s = time.perf_counter() - started
-    (-(logps * advantages).mean()).backward()
-    backward_s = time.perf_counter() - started - forward_s
-    peak = _peak_rss_bytes() - baseline
-    grad = model.model.layers[-1].mlp.down_proj.weight.grad  # (H, I) one weight's gradient, to compare variants
-    torch.save({"logps": logps.detach(), "grad": grad}, spec["tensors"])
-    return dict(status="ok", peak_bytes=peak, forward_s=forward_s, backward_s=backward_s,
-                baseline_rss_bytes=baseline)
-
-
-def bench_chunked_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench chunked-logps``: peak CPU memory of chunked vs unchunked log-probs.
-
-    Runs :func:`labkit.objective.per_token_logps` (forward and backward) on a one-layer model with
-    the width and vocabulary of ``--model`` (Qwen2.5-0.5B: 896 and 151,936), random weights, the LM
-    head frozen, for ``--sequences`` sequences of ``--completion-len`` scored tokens, once unchunked
-    and once per ``--chunk-sizes``. Each variant runs in a fresh process; its peak is the peak
-    resident memory during the forward and backward minus the resident memory just before (model
-    and inputs already built), read from the kernel (``VmHWM`` after resetting it), with glibc's
-    mmap threshold fixed so that freed tensors leave the resident set. Values and gradients of the
-    variants are compared. A variant that would not fit in the memory available now is skipped,
-    not run. Appends a record to ``results/chunked_logps.json``.
-    """
-    import tempfile
-
-    import psutil
-
-    from labkit.bench import results_dir, write_json
-    from labkit.lab import provenance
-    from labkit.models import architecture_config
-
-    parser = argparse.ArgumentParser(prog="python -m labkit bench chunked-logps", description=bench_chunked_cli.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="catalogue architecture (width, vocabulary)")
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--sequences", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--completion-len", type=int, default=512)
-    parser.add_argument("--chunk-sizes", nargs="+", default=["none", "1024", "256"],
-                        help="positions per chunk; 'none' is the unchunked baseline")
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
-    parser.add_argument("--headroom-gib", type=float, default=3.0,
-                        help="memory to leave free for everything else on this machine")
-    parser.add_argument("--out", default=None, help="JSON file (default results/chunked_logps.json)")
-    args = parser.parse_args(argv)
-
-    config = architecture_config(args.model)
-    vocab = config.vocab_size
-    scored = args.sequences * args.completion_len
-    logits_gib = scored * vocab * 4 / GIB
-    chunk_sizes = [None if c.lower() == "none" else int(c) for c in args.chunk_sizes]
-    settings = dict(model=args.model, layers=args.layers, hidden_size=config.hidden_size, vocab_size=vocab,
-                    sequences=args.sequences, prompt_len=args.prompt_len, completion_len=args.completion_len,
-                    dtype="fp32", lm_head="frozen", threads=args.threads, scored_tokens=scored,
-                    full_logits_gib=round(logits_gib, 3))
-    print(f"{args.sequences} sequences x {args.completion_len} scored tokens x vocabulary {vocab:,}: "
-          f"the fp32 logits alone are {logits_gib:.2f} GiB")
-    runs, tensors = [], {}
-    folder = tempfile.mkdtemp(prefix="labkit-chunked-")
-    for chunk in chunk_sizes:
-        name = "unchunked" if chunk is None else f"chunk {chunk}"
-        rows = scored if chunk is None else min(chunk, scored)
-        need_gib = _UNCHUNKED_PEAK_FACTOR * rows * vocab * 4 / GIB + 1.0
-        available_gib = psutil.virtual_memory().available / GIB
-        if need_gib > available_gib - args.headroom_gib:
-            reason = (f"not run: needs about {need_gib:.1f} GiB ({_UNCHUNKED_PEAK_FACTOR} x its {rows} x {vocab} "
-                      f"fp32 logits), {available_gib:.1f} GiB available, {args.headroom_gib} GiB kept free")
-            print(f"{name:<10} {reason}")
-            runs.append(dict(variant=name, chunk_size=chunk, status="skipped", reason=reason))
-            continue
-        spec = dict(model=args.model, layers=args.layers, sequences=args.sequences, prompt_len=args.prompt_len,
-                    completion_len=args.completion_len, chunk_size=chunk, threads=args.threads,
-                    tensors=os.path.join(folder, f"{name.replace(' ', '_')}.pt"))
-        result = _run_worker("chunked", spec, timeout=3600)
-        if result.get("status") != "ok":
-            print(f"{name:<10} failed: {result.get('error')}")
-            runs.append(dict(variant=name, chunk_size=chunk, status="error", reason=result.get("error")))
-            continue
-        tensors[name] = spec["tensors"]
-        run = dict(variant=name, chunk_size=chunk, status="ok", peak_gib=round(result["peak_bytes"] / GIB, 3),
-                   forward_s=round(result["forward_s"], 2), backward_s=round(result["backward_s"], 2))
-        runs.append(run)
-        print(f"{name:<10} peak {run['peak_gib']:.3f} GiB over baseline | forward {run['forward_s']:.1f} s, "
-              f"backward {run['backward_s']:.1f} s", flush=True)
-
-    import torch
-
-    summary = {}
-    if "unchunked" in tensors:
-        reference = torch.load(tensors["unchunked"])
-        base = next(r for r in runs if r["variant"] == "unchunked")
-        for run in runs:
-            if run["status"] != "ok" or run["variant"] == "unchunked":
-                continue
-            other = torch.load(tensors[run["variant"]])
-            run["max_abs_diff_logps"] = float((other["logps"] - reference["logps"]).abs().max())
-            run["max_abs_diff_grad"] = float((other["grad"] - reference["grad"]).abs().max())
-            run["peak_reduction_pct"] = round(100 * (1 - run["peak_gib"] / base["peak_gib"]), 1)
-            summary[run["variant"]] = run["peak_reduction_pct"]
-            print(f"{run['variant']:<10} {run['peak_reduction_pct']:.1f} % lower peak; max |diff| logps "
-                  f"{run['max_abs_diff_logps']:.2e}, gradient {run['max_abs_diff_grad']:.2e}")
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
-    record = dict(settings=settings, runs=runs, peak_reduction_pct=summary,
-                  measure="peak RSS (VmHWM, reset before the call) minus RSS before, fresh process per variant",
-                  provenance=provenance())
-    out = args.out or results_dir() / "chunked_logps.json"
-    existing = json.loads(open(out).read()) if os.path.exists(out) else {"records": []}
-    existing.setdefault("records", []).append(record)
-    write_json(out, existing)
-    print(f"appended to {out}")
-    return 0 if all(r["status"] != "error" for r in runs) else 1
-
 
 
 # --------------------------------------------------------------------------- python -m labkit bench full-vs-lora
 
 
-def _nano_record(result, part: str, label: str) -> dict:
-    """One run of :func:`labkit.nano.run_nano_grpo`, with its optimizer-state bytes, as a JSON-able dict."""
-    from labkit.nano import NanoConfig, warm_up_path
-
-    config = result.config
-    # The AdamW states of the trainable parameters, counted exactly as tests/test_memory.py checks against
-    # a real optimizer: 2 moments x 4 bytes (fp32) per trainable parameter + a 4-byte step per tensor.
-    path = warm_up_path(NanoConfig(**config), progress=False)
-    states = estimate(str(path), config["method"], precision="fp32", device="cpu", lora_rank=config["lora_rank"],
-                      lora_dropout=0.0).bytes["optimizer"]
-    tail = result.curve("reward")[-10:]
-    return dict(
-        part=part, label=label, method=config["method"],
-        lora_rank=config["lora_rank"] if config["method"] == "lora" else None,
-        learning_rate=config["learning_rate"], seed=config["seed"],
-        accuracy_before=result.accuracy_before, final_accuracy=result.accuracy_after,
-        final_greedy_accuracy=result.after.get("greedy_accuracy"),
-        train_reward_last10=sum(tail) / len(tail), seconds_per_step=result.seconds_per_step,
-        trainable_params=result.parameters["trainable"], total_params=result.parameters["total"],
-        optimizer_state_bytes=states,
-        curve=result.curve("reward"), accuracy_curve=result.curve("rewards/accuracy_reward/mean"),
-        evals=[{"step": e["step"], "accuracy": e["accuracy"]} for e in result.evals],
-    )
-
-
-def bench_full_vs_lora_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench full-vs-lora``: full-parameter vs LoRA GRPO on the CPU nano task -> results/.
-
-    1. A learning-rate sweep (``--sweep-seed``) for full fine-tuning and for LoRA of the first rank.
-       Each method's rate is chosen by its mean *training* reward over the last 10 steps (never by
-       the held-out accuracy reported afterwards).
-    2. The comparison: full, and LoRA at each of ``--ranks``, at the chosen rates, for every seed of
-       ``--seeds``: reward curves, held-out accuracy (pass@1) before and after, seconds per GRPO step,
-       trainable parameters and AdamW state bytes.
-
-    Writes ``results/full_vs_lora.json``; ``05_full_vs_lora.ipynb`` plots it. The task and every
-    other knob are :class:`labkit.nano.NanoConfig`'s defaults (the main job's).
-    """
-    import dataclasses
-    import time
-
-    import torch
-
-    from labkit.bench import results_dir, write_json
-    from labkit.lab import provenance
-    from labkit.nano import NanoConfig, run_nano_grpo
-
-    parser = argparse.ArgumentParser(prog="python -m labkit bench full-vs-lora", description=bench_full_vs_lora_cli.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[4, 16])
-    parser.add_argument("--learning-rates", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
-    parser.add_argument("--sweep-seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, default=NanoConfig.max_steps)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads; 1 keeps the seconds per step comparable on a shared machine")
-    parser.add_argument("--out", default=None, help="JSON file (default results/full_vs_lora.json)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    base = dataclasses.replace(NanoConfig(), max_steps=args.max_steps)
-    started = time.perf_counter()
-    runs = []
-
-    def run(part, label, **changes):
-        result = run_nano_grpo(dataclasses.replace(base, **changes), progress=False)
-        record = _nano_record(result, part, label)
-        runs.append(record)
-        print(f"{part:<10} {label:<10} lr {record['learning_rate']:<7g} seed {record['seed']}: held-out "
-              f"{record['accuracy_before']:.3f} -> {record['final_accuracy']:.3f}, train reward (last 10) "
-              f"{record['train_reward_last10']:.3f}, {record['seconds_per_step']:.2f} s/step", flush=True)
-        return record
-
-    chosen = {}
-    for method in ("full", "lora"):
-        label = "full" if method == "full" else f"lora r={args.ranks[0]}"
-        sweep = [run("lr_sweep", label, method=method, lora_rank=args.ranks[0], learning_rate=lr, seed=args.sweep_seed)
-                 for lr in args.learning_rates]
-        chosen[method] = max(sweep, key=lambda r: r["train_reward_last10"])["learning_rate"]
-    print(f"chosen learning rates (best training reward): {chosen}")
-    for seed in args.seeds:
-        run("comparison", "full", method="full", learning_rate=chosen["full"], seed=seed)
-        for rank in args.ranks:
-            run("comparison", f"lora r={rank}", method="lora", lora_rank=rank, learning_rate=chosen["lora"], seed=seed)
-    record = dict(
-        benchmark="full vs LoRA GRPO on the nano task (two-digit addition with a carry, CPU)",
-        command=("python -m labkit bench full-vs-lora " + " ".join(argv or [])).strip(),
-        settings=dict(task="labkit.nano: two-digit addition, sloppy-teacher warm-up, then GRPO",
-                      config=dataclasses.asdict(base) | {"seed": None, "method": None, "learning_rate": None},
-                      seeds=args.seeds, ranks=args.ranks, learning_rates=args.learning_rates,
-                      sweep_seed=args.sweep_seed, chosen_learning_rates=chosen, threads=args.threads,
-                      selection="each method's rate with the best mean training reward over the last 10 steps",
-                      accuracy="held-out pass@1 (labkit.nano.evaluate)",
-                      optimizer_state_bytes="AdamW, fp32: 2 x 4 bytes per trainable parameter + 4 per tensor"),
-        runs=runs, seconds_total=round(time.perf_counter() - started, 1), provenance=provenance(),
-    )
-    out = write_json(args.out or results_dir() / "full_vs_lora.json", record)
-    print(f"wrote {out} ({record['seconds_total']:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":  # the benchmarks' worker processes: python -m labkit.memory KIND SPEC
-    if len(sys.argv) != 3:
-        raise SystemExit("labkit.memory runs the benchmarks' worker processes; use python -m labkit estimate "
-                         "or python -m labkit bench memory | chunked-logps instead")
-    _kind, _spec = sys.argv[1], json.loads(sys.argv[2])
-    try:
-        if _kind == "probe":
-            from labkit.device import detect_device
-
-            _answer = {"status": "ok", "device": detect_device(_spec["device"]).as_dict()}
-        elif _kind == "build":
-            import torch
-
-            from labkit.models import save_random_architecture
-
-            save_random_architecture(_spec["model"], _spec["folder"], dtype=getattr(torch, _spec["dtype"]))
-            _answer = {"status": "ok"}
-        elif _kind == "measure":
-            _answer = _measure_grpo_worker(_spec)
-        elif _kind == "chunked":
-            _answer = _chunked_worker(_spec)
-        else:
-            raise SystemExit(f"unknown worker {_kind!r}")
-    except Exception as _exc:  # reported to the parent, which records the failure
-        _answer = {"status": "error", "error": f"{type(_exc).__name__}: {_exc}"[:400]}
-    print(json.dumps(_answer), flush=True)

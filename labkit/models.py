@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "METHODS",
+    "check_method",
     "CHAT_TEMPLATE",
     "ARCHITECTURES",
     "cache_dir",
@@ -59,6 +61,16 @@ _TINY_SHAPES = {
 # LoRA on attention and MLP projections. The 16 GB laptop recipe in REFERENCES.md used
 # q/k/o/up/down; adding v and gate costs little and is PEFT's usual "all linear" choice.
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+METHODS = ("full", "lora", "qlora")
+
+
+def check_method(method: str) -> str:
+    """Return ``method`` if it is one of :data:`METHODS` (full, lora, qlora); raise ``ValueError`` otherwise."""
+    if method not in METHODS:
+        raise ValueError(f"method must be 'full', 'lora' or 'qlora', not {method!r}")
+    return method
 
 
 def cache_dir() -> Path:
@@ -321,8 +333,7 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
 
     from labkit.device import choose_precision, detect_device, torch_dtype
 
-    if method not in ("full", "lora", "qlora"):
-        raise ValueError(f"method must be 'full', 'lora' or 'qlora', not {method!r}")
+    check_method(method)
     info = detect_device()
     precision = precision or choose_precision(info)
     dtype = torch_dtype(precision, method)

@@ -17,10 +17,8 @@ slip with them: the warmed-up model carries only about as often as the teacher d
 reward is for right answers (and the format, which the warm-up already taught), so within each
 group the completions that carry win, and the model learns to carry. :func:`trl_trainer` trains the same task with TRL's ``GRPOTrainer``.
 
-The main job, ``python -m labkit demo`` (:func:`demo_cli`), runs it all on the CPU, evaluates
-held-out accuracy before and after GRPO and writes ``summary.json`` and plots;
-``python -m labkit bench demo`` (:func:`bench_demo_cli`) repeats it for several seeds, and with
-the policy update switched off (learning rate 0), into ``results/``. :func:`run_nano_grpo`
+The main job, ``python -m labkit demo`` (:mod:`labkit.demo`), runs it all on the CPU, evaluates
+held-out accuracy before and after GRPO and writes ``summary.json`` and plots. :func:`run_nano_grpo`
 trains the task with full fine-tuning or LoRA and returns the learning curve, for comparisons.
 
 Accuracy is measured on held-out problems (a fixed fifth of all problems, never trained on) as
@@ -30,7 +28,6 @@ accuracy is reported next to it.
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import hashlib
@@ -45,7 +42,7 @@ from pathlib import Path
 import torch
 
 from labkit.objective import frac_reward_zero_std, group_advantages, grpo_loss, per_token_logps
-from labkit.rewards import accuracy_reward, format_reward, score_completions
+from labkit.rewards import accuracy_reward, format_reward, score_completions, weighted_sum
 from labkit.tasks import AdditionTask, carries
 
 __all__ = [
@@ -59,16 +56,13 @@ __all__ = [
     "warmed_up_policy",
     "warm_up_path",
     "sample_completions",
-    "score",
+    "calculate_rewards",
     "rollout_loss",
     "nano_grpo",
-    "evaluate",
+    "evaluate_held_out",
     "run_nano_grpo",
     "trl_trainer",
     "plot_run",
-    "demo",
-    "demo_cli",
-    "bench_demo_cli",
 ]
 
 # Rewards, with TRL's reward_weights: a right answer is worth 1, the format 0.5 (the lab's
@@ -131,10 +125,10 @@ class NanoResult:
     """What :func:`run_nano_grpo` returns: the curves, held-out accuracy before and after, and timings."""
 
     config: dict
-    before: dict  # evaluate() before GRPO (after the warm-up)
-    after: dict  # evaluate() after GRPO
+    before: dict  # evaluate_held_out() before GRPO (after the warm-up)
+    after: dict  # evaluate_held_out() after GRPO
     history: list[dict]  # one dict of metrics per GRPO step
-    evals: list[dict]  # held-out evaluations during GRPO: {"step": ..., **evaluate()}
+    evals: list[dict]  # held-out evaluations during GRPO: {"step": ..., **evaluate_held_out()}
     warm_up_losses: list[float]
     seconds: dict  # "warm_up", "grpo", "eval", "total"
     parameters: dict  # {"total": n, "trainable": n} during GRPO
@@ -353,15 +347,15 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], num_generati
     )
 
 
-def score(completions: list, answers: list[str], reward_funcs=REWARD_FUNCS, weights=REWARD_WEIGHTS):
+def calculate_rewards(completions: list, answers: list[str], reward_funcs=REWARD_FUNCS, weights=REWARD_WEIGHTS):
     """Return ``(rewards, per_function)``: the weighted total per completion ``(B,)`` and each function's list.
 
     The reward functions are called as TRL calls them (``completions=..., answer=...``) and
     summed with ``weights`` as TRL's ``reward_weights`` sums them.
     """
     per_function = score_completions(list(reward_funcs), completions, answer=answers)
-    columns = torch.tensor([[math.nan if r is None else r for r in rs] for rs in per_function.values()])  # (F, B)
-    rewards = (torch.tensor(weights).unsqueeze(1) * columns).nansum(0)  # (B,)
+    total = weighted_sum(list(per_function.values()), weights)  # None where no function applied: 0, as TRL's nansum
+    rewards = torch.tensor([0.0 if r is None else r for r in total])  # (B,)
     return rewards, per_function
 
 
@@ -419,7 +413,7 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
         rollout = sample_completions(model, tokenizer, prompts, G, temperature=config.temperature,
                                      max_completion_length=config.max_completion_length)
         # 3. Score every completion; 4. compare it with its group.
-        rewards, per_function = score(rollout.completions, answers, reward_funcs, reward_weights)  # (B,)
+        rewards, per_function = calculate_rewards(rollout.completions, answers, reward_funcs, reward_weights)  # (B,)
         advantages = group_advantages(rewards, G).to(model.device)  # (B,) zero mean within each group
         # 5. The clipped surrogate loss (+ beta * KL), then one step of the optimiser.
         model.train()
@@ -458,7 +452,7 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate(model, tokenizer, task: AdditionTask, problems: list[tuple[int, int]], *, samples: int = 4,
+def evaluate_held_out(model, tokenizer, task: AdditionTask, problems: list[tuple[int, int]], *, samples: int = 4,
              temperature: float = 1.0, max_completion_length: int = 24, seed: int = 0, greedy: bool = True) -> dict:
     """Return held-out scores: ``accuracy`` (pass@1 over ``samples`` sampled answers), ``greedy_accuracy``, ...
 
@@ -539,7 +533,7 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
         if step is not None and (not config.eval_every or step % config.eval_every or step == config.max_steps):
             return None
         t = time.perf_counter()
-        record = evaluate(model, tokenizer, task, test, samples=config.eval_samples, temperature=config.temperature,
+        record = evaluate_held_out(model, tokenizer, task, test, samples=config.eval_samples, temperature=config.temperature,
                           max_completion_length=config.max_completion_length, seed=config.seed)
         eval_seconds[0] += time.perf_counter() - t
         return record
@@ -647,169 +641,3 @@ def plot_run(history: list[dict], evals: list[dict], path: str | os.PathLike | N
     return fig
 
 
-def demo(config: NanoConfig | None = None, out: str | os.PathLike = "runs/demo", *, progress: bool = True,
-         command: str | None = None) -> dict:
-    """Return the main job's summary after writing ``out/summary.json`` and ``out/demo.png``.
-
-    Warms the tiny model up from scratch (no cache: the time counts), evaluates held-out
-    accuracy, runs :func:`nano_grpo`, evaluates again, and records the figures with their
-    provenance (:func:`labkit.lab.provenance`).
-    """
-    from labkit.bench import write_json
-    from labkit.lab import provenance
-
-    config = config or NanoConfig()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    result = run_nano_grpo(config, reuse_warm_up=False, progress=progress)
-    seconds = time.perf_counter() - started
-    plot_run(result.history, result.evals, out / "demo.png", title=f"nano GRPO, seed {config.seed}")
-    summary = {
-        "accuracy_before": result.accuracy_before,
-        "accuracy_after": result.accuracy_after,
-        "rise_points": 100 * (result.accuracy_after - result.accuracy_before),
-        "greedy_accuracy_before": result.before.get("greedy_accuracy"),
-        "greedy_accuracy_after": result.after.get("greedy_accuracy"),
-        "carry_rate_before": result.before["carry_rate"],
-        "carry_rate_after": result.after["carry_rate"],
-        "format_before": result.before["format"],
-        "format_after": result.after["format"],
-        "seconds": seconds,
-        "seconds_detail": result.seconds,
-        "seconds_per_grpo_step": result.seconds_per_step,
-        "seed": config.seed,
-        "accuracy_metric": (f"held-out pass@1: right answers among {config.eval_samples} completions sampled at "
-                            f"temperature {config.temperature} for each of {config.eval_problems} held-out problems "
-                            "(never trained on), after the warm-up (before) and after GRPO (after)"),
-        "task": "two-digit addition with a carry; warm-up on a teacher that forgets the carry "
-                f"in {config.forget_carry:.0%} of its worked examples",
-        "parameters": result.parameters,
-        "config": result.config,
-        "evals": result.evals,
-        "curve": {name: result.curve(name) for name in ("reward", "rewards/accuracy_reward/mean", "carry_rate",
-                                                        "loss", "step_time")},
-        "command": command or "labkit.nano.demo()",
-        "threads": torch.get_num_threads(),
-        "provenance": provenance(),
-    }
-    write_json(out / "summary.json", summary)
-    return summary
-
-
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    defaults = NanoConfig()
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--lr", type=float, default=defaults.learning_rate,
-                        help=f"GRPO learning rate (default {defaults.learning_rate}; 0 switches the update off)")
-    parser.add_argument("--steps", type=int, default=defaults.max_steps, help="GRPO steps")
-    parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps, help="warm-up steps")
-    parser.add_argument("--num-generations", type=int, default=defaults.num_generations, help="G")
-    parser.add_argument("--beta", type=float, default=defaults.beta, help="KL coefficient")
-    parser.add_argument("--eval-problems", type=int, default=defaults.eval_problems, help="held-out problems")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    return parser
-
-
-def _config_from(args, seed: int) -> NanoConfig:
-    return NanoConfig(seed=seed, learning_rate=args.lr, max_steps=args.steps, sft_steps=args.sft_steps,
-                      num_generations=args.num_generations, beta=args.beta, eval_problems=args.eval_problems)
-
-
-def _print_summary(summary: dict) -> None:
-    print(f"seed {summary['seed']}: held-out accuracy {summary['accuracy_before']:.1%} -> "
-          f"{summary['accuracy_after']:.1%} ({summary['rise_points']:+.1f} points; greedy "
-          f"{summary['greedy_accuracy_before']:.1%} -> {summary['greedy_accuracy_after']:.1%}) "
-          f"in {summary['seconds']:.0f} s")
-
-
-def demo_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit demo``: the main job; a tiny model learns to carry with GRPO on a CPU."""
-    parser = _parser("python -m labkit demo", "Warm a tiny model up on sloppy worked additions, then GRPO: "
-                     "held-out accuracy before and after, written to OUT/summary.json and OUT/demo.png.")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    command = "python -m labkit demo " + " ".join(argv or [])
-    summary = demo(_config_from(args, args.seed), args.out, progress=not args.quiet, command=command.strip())
-    _print_summary(summary)
-    print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'demo.png'}")
-    return 0
-
-
-def bench_demo_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench demo``: the main job for several seeds, and with learning rate 0, -> results/.
-
-    Writes ``results/demo_seeds.json`` (each seed's accuracy before and after, seconds and
-    provenance; passes when every seed rises by ``--min-rise`` points in under
-    ``--max-seconds``) and ``results/demo_ablation_lr0.json`` (the same seeds with the policy
-    update switched off). Each run's folder (summary and plot) is under ``--runs``.
-    """
-    from labkit.bench import results_dir, write_json
-    from labkit.lab import provenance
-
-    parser = _parser("python -m labkit bench demo", bench_demo_cli.__doc__)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ablation-seeds", type=int, nargs="*", default=None,
-                        help="seeds of the learning-rate-0 ablation (default: --seeds; none: skip it)")
-    parser.add_argument("--min-rise", type=float, default=20.0, help="points of accuracy each seed must gain")
-    parser.add_argument("--max-seconds", type=float, default=300.0, help="wall time each run must stay under")
-    parser.add_argument("--out", default=None, help="results folder (default results/)")
-    parser.add_argument("--runs", default="runs/bench-demo", help="folder for each run's summary and plot")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    command = ("python -m labkit bench demo " + " ".join(argv or [])).strip()
-    folder = results_dir(args.out)
-
-    def runs(lr: float, seeds: list[int], tag: str) -> list[dict]:
-        records = []
-        for seed in seeds:
-            config = dataclasses.replace(_config_from(args, seed), learning_rate=lr)
-            summary = demo(config, Path(args.runs) / f"{tag}-seed{seed}", progress=not args.quiet, command=command)
-            _print_summary(summary)
-            batch_accuracy = summary["curve"]["rewards/accuracy_reward/mean"]
-            records.append({
-                **{key: summary[key] for key in (
-                    "seed", "accuracy_before", "accuracy_after", "rise_points", "greedy_accuracy_before",
-                    "greedy_accuracy_after", "carry_rate_before", "carry_rate_after", "seconds", "seconds_detail",
-                    "seconds_per_grpo_step", "threads")},
-                # right answers in the training batches, first and last 10 GRPO steps: the run sampled and
-                # scored (and, with a learning rate, learned) on its way
-                "train_accuracy_first10": sum(batch_accuracy[:10]) / len(batch_accuracy[:10]),
-                "train_accuracy_last10": sum(batch_accuracy[-10:]) / len(batch_accuracy[-10:]),
-            })
-            if lr != 0:
-                plot_path = folder / f"demo_seed{seed}.png"
-                import shutil
-
-                shutil.copyfile(Path(args.runs) / f"{tag}-seed{seed}" / "demo.png", plot_path)
-        return records
-
-    config = dataclasses.asdict(_config_from(args, 0)) | {"seed": None}
-    common = {"command": command, "accuracy_metric": _metric_text(args)}
-    seeds = runs(args.lr, args.seeds, "grpo")
-    passed = all(r["rise_points"] >= args.min_rise and r["seconds"] < args.max_seconds for r in seeds)
-    record = {"benchmark": "demo", **common, "config": config, "min_rise_points": args.min_rise,
-              "max_seconds": args.max_seconds, "runs": seeds, "all_passed": passed, "provenance": provenance()}
-    path = write_json(folder / "demo_seeds.json", record)
-    print(f"{'PASS' if passed else 'FAIL'}: every seed +{args.min_rise:g} points in < {args.max_seconds:g} s; "
-          f"wrote {path}")
-    ablation_seeds = args.seeds if args.ablation_seeds is None else args.ablation_seeds
-    if ablation_seeds:
-        ablation = runs(0.0, ablation_seeds, "lr0")
-        record = {"benchmark": "demo ablation: learning rate 0 (GRPO runs, the policy never changes)", **common,
-                  "config": config | {"learning_rate": 0.0},
-                  "note": ("every step samples, scores and computes the loss and gradients, but AdamW with "
-                           "learning rate 0 leaves the weights as the warm-up left them; evaluation samples "
-                           "with a fixed seed, so an unchanged policy scores exactly the same"),
-                  "runs": ablation, "max_abs_change_points": max(abs(r["rise_points"]) for r in ablation),
-                  "provenance": provenance()}
-        path = write_json(folder / "demo_ablation_lr0.json", record)
-        print(f"ablation (lr 0): largest change {record['max_abs_change_points']:.1f} points; wrote {path}")
-    return 0 if passed else 1
-
-
-def _metric_text(args) -> str:
-    return (f"held-out pass@1: right answers among {NanoConfig.eval_samples} completions sampled at temperature "
-            f"{NanoConfig.temperature} for each of {args.eval_problems} held-out problems")

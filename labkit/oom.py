@@ -14,7 +14,8 @@ becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
 
 Why the phase matters. Generation holds the KV cache of ``generation_batch_size``
 sequences of prompt + completion tokens; the loss's forward and backward passes hold
-activations and a ``(B, T, V)`` logits tensor per micro-batch (Qwen's V is 151,936);
+activations and, in the LM head, logits for every scored token (Qwen's vocabulary is 151,936; TRL 1.16
+computes them in chunks of 4,096 tokens x 32,768 entries, so a tile rather than a full ``(B, T, V)`` tensor);
 the optimiser step allocates the AdamW states on the first step. Each has its own cure.
 """
 from __future__ import annotations
@@ -27,6 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from labkit.memory import EIGHT_BIT_OPTIMS, GIB
+from labkit.training import last_checkpoint
 
 __all__ = [
     "PHASES",
@@ -42,7 +46,6 @@ __all__ = [
     "train_with_oom_doctor",
 ]
 
-_GIB = 1024**3
 PHASES = {
     "setup": "setup, before the first step (loading, optimiser creation)",
     "generation": "generation: sampling the completions (KV cache of the whole generation batch)",
@@ -58,7 +61,6 @@ _SMALLER = {
     "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
     "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-1B-Instruct",
 }
-_EIGHT_BIT = ("adamw_bnb_8bit", "paged_adamw_8bit", "adamw_8bit")
 # Which changes to try first, by the phase that ran out of memory.
 _ORDER = {
     "generation": ["completion", "generations", "method", "model", "batch", "checkpointing", "optim", "beta"],
@@ -116,7 +118,7 @@ def candidate_changes(settings: dict) -> list[Change]:
         add("generations", {"num_generations": generations // 2},
             "fewer completions per prompt: less memory, noisier advantages")
     optim = s.get("optim")
-    if optim and optim not in _EIGHT_BIT:
+    if optim and optim not in EIGHT_BIT_OPTIMS:
         add("optim", {"optim": "adamw_bnb_8bit"}, "8-bit AdamW keeps about 2 bytes of state per trainable parameter, not 8")
     method = s.get("method")
     if method == "full":
@@ -206,7 +208,7 @@ def _tried_gib(message: str) -> float | None:
     if not match:
         return None
     scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)[0]]
-    return float(match.group(1)) * scale / _GIB
+    return float(match.group(1)) * scale / GIB
 
 
 class PhaseTracker:
@@ -307,10 +309,10 @@ def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, 
                        output_dir=str(output_dir) if output_dir else None)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         index = torch.cuda.current_device()
-        report.allocated_gib = torch.cuda.memory_allocated(index) / _GIB
-        report.reserved_gib = torch.cuda.memory_reserved(index) / _GIB
-        report.peak_allocated_gib = torch.cuda.max_memory_allocated(index) / _GIB
-        report.total_gib = torch.cuda.get_device_properties(index).total_memory / _GIB
+        report.allocated_gib = torch.cuda.memory_allocated(index) / GIB
+        report.reserved_gib = torch.cuda.memory_reserved(index) / GIB
+        report.peak_allocated_gib = torch.cuda.max_memory_allocated(index) / GIB
+        report.total_gib = torch.cuda.get_device_properties(index).total_memory / GIB
     return report
 
 
@@ -321,8 +323,6 @@ def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dic
     after the failed step's frames are released and the CUDA cache is emptied, so the
     notebook's kernel gets its memory back; its message is the report, not a traceback.
     """
-    from labkit.presets import last_checkpoint
-
     tracker = PhaseTracker().install(trainer)
     report = None
     try:

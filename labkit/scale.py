@@ -45,6 +45,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labkit.memory import GIB
+
 __all__ = [
     "ZERO_STAGES",
     "CONFIGS",
@@ -65,7 +67,6 @@ CONFIGS = {
     "zero3-offload": "zero3_offload.yaml",
     "fsdp": "fsdp.yaml",
 }
-_GIB = 1024**3
 # Adam under mixed precision: fp32 master weight + fp32 first and second moments (ZeRO's K = 12).
 _MASTER_ADAM_BYTES = 12
 
@@ -105,12 +106,12 @@ class ShardedEstimate:
     def __getattr__(self, name):
         terms = object.__getattribute__(self, "bytes")
         if name in terms:
-            return terms[name] / _GIB
+            return terms[name] / GIB
         raise AttributeError(name)
 
     @property
     def host_gib(self) -> float:
-        return self.host / _GIB
+        return self.host / GIB
 
     def fits(self, card_gib: float, headroom_gib: float = 1.0) -> bool:
         """Return True when the per-GPU total plus ``headroom_gib`` (CUDA context, fragmentation) fits ``card_gib``."""
@@ -133,8 +134,8 @@ class ShardedEstimate:
 
     def as_dict(self) -> dict:
         """Return every per-GPU term in GiB (keys ending in ``_gib``), ``host_gib`` and the settings."""
-        out = {f"{k}_gib": round(v / _GIB, 3) for k, v in self.bytes.items()}
-        out["host_gib"] = round(self.host / _GIB, 3)
+        out = {f"{k}_gib": round(v / GIB, 3) for k, v in self.bytes.items()}
+        out["host_gib"] = round(self.host / GIB, 3)
         out.update(self.settings)
         return out
 

@@ -8,9 +8,13 @@ reporting). Introduced in ``00_setup.ipynb``; used from notebook 03 on.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from pathlib import Path
 
-__all__ = ["grpo_config", "build_trainer"]
+from transformers import TrainerCallback
+
+__all__ = ["grpo_config", "build_trainer", "last_checkpoint", "LogRecorder"]
 
 
 def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, **overrides):
@@ -75,3 +79,38 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
     if tokenizer is not None:
         kwargs["processing_class"] = tokenizer
     return GRPOTrainer(**kwargs)
+
+
+def last_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """Return the newest complete ``checkpoint-N`` folder in ``output_dir`` (None when there is none).
+
+    A folder without ``trainer_state.json`` was cut off while being written (the process
+    died mid-save) and is skipped.
+    """
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    found = []
+    for path in folder.glob("checkpoint-*"):
+        step = path.name.removeprefix("checkpoint-")
+        if path.is_dir() and step.isdigit() and (path / "trainer_state.json").exists():
+            found.append((int(step), path))
+    return max(found)[1] if found else None
+
+
+class LogRecorder(TrainerCallback):
+    """A trainer callback that keeps TRL's per-step logs of ``keys``: ``recorder.values["step_time"]``, ...
+
+    One value per training step (a log that has ``step_time``), NaN where a key is missing, so the
+    lists stay aligned. The benchmarks read seconds per step, tokens and rewards from it.
+    """
+
+    def __init__(self, keys=("step_time",)):
+        self.keys = tuple(dict.fromkeys(("step_time", *keys)))
+        self.values: dict[str, list[float]] = {key: [] for key in self.keys}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "step_time" in logs:
+            for key in self.keys:
+                value = logs.get(key)
+                self.values[key].append(math.nan if value is None else float(value))

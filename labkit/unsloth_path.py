@@ -14,7 +14,7 @@ needs a CUDA GPU, and its releases pin older libraries than the lab's (``unsloth
   (QLoRA presets) or 16-bit ones (LoRA presets), LoRA adapters of the preset's rank on its target
   modules, and Unsloth's gradient checkpointing.
 - :func:`comparison_run` trains one preset for a few steps through plain TRL (``backend="trl"``,
-  the code path of notebook 04: :func:`labkit.presets.build_run`) or through Unsloth, then
+  the code path of notebook 04: :func:`labkit.run.build_run`) or through Unsloth, then
   evaluates it on GSM8K (:func:`labkit.evaluate.gsm8k_accuracy`), and returns peak VRAM, seconds
   per step and accuracy. Only the model loading differs between the two backends.
 - ``python -m labkit bench unsloth`` (:func:`bench_unsloth_cli`) runs both backends, each in a
@@ -22,17 +22,15 @@ needs a CUDA GPU, and its releases pin older libraries than the lab's (``unsloth
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+
+from labkit.memory import GIB
 
 __all__ = [
     "BACKENDS",
@@ -42,15 +40,12 @@ __all__ = [
     "requirement_conflicts",
     "load_unsloth_policy",
     "comparison_run",
-    "bench_unsloth",
-    "bench_unsloth_cli",
     "read_comparison",
     "comparison_summary",
 ]
 
 BACKENDS = ("trl", "unsloth")
 RESULTS_FILE = "unsloth_vs_trl.csv"
-_GIB = 1024**3
 # The packages whose versions unsloth pins and the lab's code path depends on.
 _CHECKED = ("torch", "trl", "transformers", "datasets", "peft", "accelerate", "bitsandbytes")
 _CSV_FIELDS = ("backend", "preset", "model", "method", "precision", "steps", "steps_done", "seconds_per_step",
@@ -146,7 +141,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
                         lora_dropout: float = 0.0, seed: int = 0):
     """Return ``(model, tokenizer)``: the preset's policy loaded by Unsloth's ``FastLanguageModel``, with LoRA.
 
-    The settings :func:`labkit.presets.build_run` gives plain TRL: 4-bit NF4 weights for a
+    The settings :func:`labkit.run.build_run` gives plain TRL: 4-bit NF4 weights for a
     ``qlora`` preset (16-bit for ``lora``), LoRA of the preset's rank (alpha = 2 x rank unless
     set) on its target modules, the precision the trainer will use (the preset's, else
     :mod:`labkit.device`'s choice for the card: fp16 on a T4). One deliberate difference: LoRA
@@ -195,27 +190,12 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     return model, tokenizer
 
 
-def _step_meter(times: list, rewards: list):
-    from transformers import TrainerCallback
-
-    class StepMeter(TrainerCallback):
-        """Collects TRL's ``step_time`` and mean reward from every log."""
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "step_time" in logs:
-                times.append(float(logs["step_time"]))
-            if logs and "reward" in logs:
-                rewards.append(float(logs["reward"]))
-
-    return StepMeter()
-
-
 def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit: int = 200,
                    output_dir: str | os.PathLike | None = None, seed: int = 0, fast_inference: bool = False,
                    callbacks=None) -> dict:
     """Return one row of the Unsloth-vs-TRL comparison: ``steps`` GRPO steps of ``preset`` through ``backend``.
 
-    ``backend="trl"`` is notebook 04's path (:func:`labkit.presets.build_run` loads the model);
+    ``backend="trl"`` is notebook 04's path (:func:`labkit.run.build_run` loads the model);
     ``"unsloth"`` loads it with :func:`load_unsloth_policy` and hands it to the same
     ``build_run``, so prompts, rewards, ``GRPOConfig`` and evaluation are identical. Measured:
 
@@ -239,7 +219,9 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     from labkit.device import choose_precision, detect_device
     from labkit.evaluate import gsm8k_accuracy
     from labkit.lab import provenance
-    from labkit.presets import build_run, get_preset
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+    from labkit.training import LogRecorder
 
     preset = get_preset(preset, max_steps=steps, save_steps=None)
     device = detect_device()
@@ -247,8 +229,8 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     precision = preset.precision or choose_precision(device)
     owned = output_dir is None
     output_dir = Path(output_dir or tempfile.mkdtemp(prefix=f"labkit-{backend}-"))
-    times, rewards = [], []
-    meters = [_step_meter(times, rewards), *(callbacks or [])]
+    recorder = LogRecorder(("reward",))
+    meters = [recorder, *(callbacks or [])]
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -265,12 +247,14 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     record = {"backend": backend, "preset": preset.name, "model": preset.model, "method": preset.method,
               "precision": precision, "steps": steps, "steps_done": run.trainer.state.global_step,
               "fast_inference": fast_inference and backend == "unsloth"}
+    times = recorder.values["step_time"]
+    rewards = [r for r in recorder.values["reward"] if r == r]  # NaN: a step without a reward log
     timed = times[1:] if len(times) > 1 else times
     record["seconds_per_step"] = round(sum(timed) / len(timed), 3) if timed else None
     record["load_and_train_seconds"] = round(train_seconds, 1)
     if cuda:
-        record["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / _GIB, 3)
-        record["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / _GIB, 3)
+        record["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
+        record["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
     else:
         record["peak_allocated_gib"] = record["peak_reserved_gib"] = None
         record["note"] = "no CUDA: a smoke test of the comparison code; memory is not measured"
@@ -295,53 +279,6 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
 
         shutil.rmtree(output_dir, ignore_errors=True)
     return record
-
-
-def _csv_row(record: dict) -> dict:
-    versions = record["provenance"]["versions"]
-    row = {k: record.get(k) for k in _CSV_FIELDS}
-    row.update(device=record["provenance"]["device"], date=record["provenance"]["date"],
-               torch=versions.get("torch"), transformers=versions.get("transformers"), trl=versions.get("trl"),
-               unsloth=record.get("unsloth"))
-    return row
-
-
-def bench_unsloth(preset="colab-t4", *, backends=BACKENDS, steps: int = 30, eval_limit: int = 200,
-                  overrides: dict | None = None, fast_inference: bool = False, results: str | os.PathLike = "results",
-                  python: str = sys.executable, timeout_s: float | None = None) -> list[dict]:
-    """Return the records of one comparison: ``preset`` through each of ``backends``, each in a fresh process.
-
-    Every backend runs ``python -m labkit.unsloth_path arm ...`` (:func:`comparison_run`) in its
-    own process, one after the other, so neither run sees the other's memory or Unsloth's patches.
-    Each record is written to ``results/unsloth_vs_trl_BACKEND.json`` and appended as a row to
-    ``results/unsloth_vs_trl.csv`` (with the device, versions and date). A backend that fails
-    raises ``RuntimeError`` with the end of its output; rows already written stay.
-    """
-    from labkit.bench import append_csv, results_dir, write_json
-
-    folder = results_dir(results)
-    records = []
-    for backend in backends:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-        with tempfile.TemporaryDirectory(prefix="labkit-arm-") as tmp:
-            out = Path(tmp) / "record.json"
-            name = preset if isinstance(preset, str) else preset.name
-            command = [python, "-m", "labkit.unsloth_path", "arm", "--backend", backend, "--preset", name,
-                       "--steps", str(steps), "--eval-limit", str(eval_limit), "--out", str(out)]
-            for key, value in (overrides or {}).items():
-                command += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
-            if fast_inference:
-                command.append("--fast-inference")
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-            if done.returncode != 0 or not out.exists():
-                tail = (done.stdout + done.stderr)[-3000:]
-                raise RuntimeError(f"the {backend} run failed (exit {done.returncode}):\n{tail}")
-            record = json.loads(out.read_text())
-        write_json(folder / f"unsloth_vs_trl_{backend}.json", record)
-        append_csv(folder / RESULTS_FILE, [_csv_row(record)])
-        records.append(record)
-    return records
 
 
 def read_comparison(path: str | os.PathLike = Path("results") / RESULTS_FILE):
@@ -376,76 +313,3 @@ def comparison_summary(frame):
     return latest, ratio if not ratio.empty else None
 
 
-def _parse_set(pairs) -> dict:
-    import yaml
-
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SystemExit(f"--set takes KEY=VALUE, not {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)  # 1 -> int, 1e-4 -> float, true -> bool, a,b -> str
-    return out
-
-
-def bench_unsloth_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
-
-    Exit codes: 0 both measured, 1 a run failed, 2 Unsloth cannot run here (the reason is printed).
-    """
-    parser = argparse.ArgumentParser(prog="python -m labkit bench unsloth", description=bench_unsloth_cli.__doc__)
-    parser.add_argument("--preset", default="colab-t4", help="a labkit.presets name (default colab-t4)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="preset overrides for BOTH backends; method is qlora (4-bit weights) unless set")
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--eval-limit", type=int, default=200, help="GSM8K test questions to score after training")
-    parser.add_argument("--fast-inference", action="store_true", help="Unsloth generates with vLLM (needs vllm)")
-    parser.add_argument("--results", default="results")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if "unsloth" in args.backends:
-        status = unsloth_status()
-        if not status.available:
-            print(f"cannot run the Unsloth backend: {status.reason}", file=sys.stderr)
-            return 2
-    try:
-        records = bench_unsloth(args.preset, backends=args.backends, steps=args.steps, eval_limit=args.eval_limit,
-                                overrides={"method": "qlora", **_parse_set(args.set)},
-                                fast_inference=args.fast_inference,
-                                results=args.results)
-    except RuntimeError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    for record in records:
-        print(json.dumps({k: v for k, v in record.items() if k not in ("settings", "provenance")}))
-    print(f"appended {len(records)} row(s) to {Path(args.results) / RESULTS_FILE}")
-    return 0
-
-
-def _arm_cli(argv: list[str]) -> int:
-    """``python -m labkit.unsloth_path arm``: one backend's :func:`comparison_run`, written as JSON to --out."""
-    parser = argparse.ArgumentParser(prog="python -m labkit.unsloth_path arm")
-    parser.add_argument("--backend", required=True, choices=BACKENDS)
-    parser.add_argument("--preset", required=True)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--eval-limit", type=int, default=200)
-    parser.add_argument("--fast-inference", action="store_true")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    if args.backend == "unsloth":
-        import unsloth  # noqa: F401  (first thing in the process: it patches transformers and TRL as it loads)
-    from labkit.presets import get_preset
-
-    preset = get_preset(args.preset, **_parse_set(args.set))
-    record = comparison_run(preset, args.backend, steps=args.steps, eval_limit=args.eval_limit,
-                            fast_inference=args.fast_inference)
-    Path(args.out).write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    _argv = sys.argv[1:]
-    if _argv[:1] == ["arm"]:
-        raise SystemExit(_arm_cli(_argv[1:]))
-    raise SystemExit(bench_unsloth_cli(_argv))

@@ -9,8 +9,10 @@ import torch
 from transformers import TrainerState
 
 import labkit.dashboard as dash
-from labkit.dashboard import (GAUGE_COLOURS, PANELS, LiveDashboard, MemorySnapshot, VRAMMonitor, detect_frontend,
-                              gauge_level, memory_snapshot, simulated_run)
+import labkit.monitor as monitor_module
+from labkit.bench import dashboard as bench_dashboard
+from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, detect_frontend, simulated_run
+from labkit.monitor import MemorySnapshot, VRAMMonitor, gauge_level, memory_snapshot
 
 GIB = 1024**3
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -273,7 +275,7 @@ def fake_cuda(monkeypatch):
 
 
 def test_cuda_snapshot_counts_memory_outside_torch_through_nvml(fake_cuda, monkeypatch):
-    monkeypatch.setattr(dash._nvml, "memory", lambda index: (7 * GIB, 16 * GIB))  # e.g. vLLM holds 4 GiB
+    monkeypatch.setattr(monitor_module._nvml, "memory", lambda index: (7 * GIB, 16 * GIB))  # e.g. vLLM holds 4 GiB
     snap = memory_snapshot()
     assert snap.kind == "cuda"
     assert (snap.allocated, snap.reserved, snap.peak) == (2 * GIB, 3 * GIB, 4 * GIB)
@@ -285,14 +287,14 @@ def test_cuda_snapshot_counts_memory_outside_torch_through_nvml(fake_cuda, monke
 
 
 def test_without_nvml_the_gauge_falls_back_to_torch_reserved(fake_cuda, monkeypatch):
-    monkeypatch.setattr(dash._nvml, "memory", lambda index: None)
+    monkeypatch.setattr(monitor_module._nvml, "memory", lambda index: None)
     snap = memory_snapshot()
     assert snap.device_used is None and snap.used == 3 * GIB and snap.total == 16 * GIB
     assert "no NVML" in snap.source
 
 
 def test_nvml_absent_answers_none(monkeypatch):
-    nvml = dash._NVML()
+    nvml = monitor_module._NVML()
     import builtins
 
     real_import = builtins.__import__
@@ -307,7 +309,7 @@ def test_nvml_absent_answers_none(monkeypatch):
 
 
 def test_monitor_phase_peak_takes_torchs_exact_peak_on_cuda(fake_cuda, monkeypatch):
-    monkeypatch.setattr(dash._nvml, "memory", lambda index: None)
+    monkeypatch.setattr(monitor_module._nvml, "memory", lambda index: None)
     monitor = VRAMMonitor(device=0)
     assert monitor.kind == "cuda" and monitor.label == "torch allocated"
     fake_cuda["peak"] = 4 * GIB
@@ -491,7 +493,7 @@ def test_dashboard_lists_the_monitors_phase_peaks():
 
 def test_bench_cli_writes_its_figures_with_provenance(tmp_path):
     out = tmp_path / "dashboard_bench.json"
-    rc = dash.bench_cli(["--step-s", "0.02", "--seconds", "0.1", "--frontends", "text", "--out", str(out)])
+    rc = bench_dashboard.main(["--step-s", "0.02", "--seconds", "0.1", "--frontends", "text", "--out", str(out)])
     record = json.loads(out.read_text())
     assert rc == (0 if record["passed"] else 1)
     run, = record["runs"]

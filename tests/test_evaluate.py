@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from labkit.data import load_gsm8k
-from labkit.evaluate import EvalResult, before_after_table, ci95, gsm8k_accuracy, score_completion
+from labkit.evaluate import EvalResult, before_after_table, ci95, gsm8k_accuracy, grade_completion
 from labkit.models import build_tiny_model, load_policy, tiny_tokenizer
 
 
@@ -20,7 +20,7 @@ from labkit.models import build_tiny_model, load_policy, tiny_tokenizer
     ("\x00\ufffd" * 1000, "7", (False, False, False)),
 ])
 def test_score_completion(completion, gold, expected):
-    scores = score_completion(completion, gold)
+    scores = grade_completion(completion, gold)
     assert (scores["format_ok"], scores["strict_correct"], scores["lenient_correct"]) == expected
 
 

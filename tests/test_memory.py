@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.memory import GIB, estimate, estimate_cli, model_shape, saved_activation_bytes, state_bytes
+from labkit.cli import estimate_cli
+from labkit.memory import GIB, estimate, model_shape, saved_activation_bytes, state_bytes
 from labkit.models import ARCHITECTURES, build_tiny_model, load_policy
 
 LORA_RANK = 4
@@ -249,14 +250,14 @@ def test_estimate_cli_reads_a_saved_model_folder(tiny_model_path, capsys):
 
 
 def test_bench_memory_refuses_qlora_without_cuda(capsys):
-    from labkit.memory import bench_memory_cli
+    from labkit.bench.memory import main as bench_memory_cli
 
     assert bench_memory_cli(["--preset", "none", "--model", "qwen2.5-0.5b", "--method", "qlora", "--device", "cpu"]) == 2
     assert "CUDA" in capsys.readouterr().err
 
 
 def test_bench_memory_dry_run_lists_at_least_eight_gpu_configurations(capsys):
-    from labkit.memory import bench_memory_cli
+    from labkit.bench.memory import main as bench_memory_cli
 
     assert bench_memory_cli(["--preset", "gpu", "--dry-run", "--device", "cpu"]) == 0  # predictions only
     lines = [line for line in capsys.readouterr().out.splitlines() if "predicted" in line]

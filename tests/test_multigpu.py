@@ -303,7 +303,7 @@ def test_the_published_34b_recipe_is_where_the_arithmetic_says_it_is():
 # lab's CLI, `python -m labkit train ...`, unchanged, and prints accelerate's view of the process.
 _PROBE = """
 import json, os, sys
-import labkit.presets as presets
+import labkit.run as presets  # build_run calls labkit.run.reward_functions
 
 _reward_functions = presets.reward_functions
 
@@ -319,7 +319,7 @@ def recording_reward_functions(preset):
     return [recorded, *funcs[1:]], weights
 
 presets.reward_functions = recording_reward_functions
-from labkit.__main__ import main
+from labkit.cli import main
 code = main(sys.argv[1:])
 from accelerate import PartialState
 print("[rank " + os.environ["RANK"] + "] " + str(PartialState()).replace(chr(10), " | "), flush=True)

@@ -7,8 +7,9 @@ import re
 import pytest
 import torch
 
-from labkit.nano import (NanoConfig, Rollout, demo_cli, evaluate, nano_grpo, rollout_loss, run_nano_grpo,
-                         sample_completions, score, trl_trainer)
+from labkit.cli import demo_cli
+from labkit.nano import (NanoConfig, Rollout, evaluate_held_out, nano_grpo, rollout_loss, run_nano_grpo,
+                         sample_completions, calculate_rewards, trl_trainer)
 from labkit.objective import group_advantages
 from labkit.rewards import accuracy_reward, format_reward
 from labkit.tasks import AdditionTask, carries, worked_solution
@@ -92,7 +93,7 @@ def _teacher_rollout(tokenizer, task, pairs, G):
 
 
 def test_score_sums_rewards_with_weights():
-    rewards, per_function = score([worked_solution(47, 38), worked_solution(47, 38, forget_carry=True), "junk"],
+    rewards, per_function = calculate_rewards([worked_solution(47, 38), worked_solution(47, 38, forget_carry=True), "junk"],
                                   ["85"] * 3)
     assert rewards.tolist() == [1.5, 0.5, 0.0]
     assert per_function == {"accuracy_reward": [1.0, 0.0, 0.0], "format_reward": [1.0, 1.0, 0.0]}
@@ -119,7 +120,7 @@ def test_one_update_makes_right_answers_more_likely(tiny_model_path):
     model, tokenizer = load_policy(tiny_model_path, "full")
     task, G = AdditionTask(), 4
     rollout = _teacher_rollout(tokenizer, task, [(47, 38), (29, 63)], G)
-    rewards, _ = score(rollout.completions, [str(a + b) for a, b in [(47, 38), (29, 63)] for _ in range(G)])
+    rewards, _ = calculate_rewards(rollout.completions, [str(a + b) for a, b in [(47, 38), (29, 63)] for _ in range(G)])
     advantages = group_advantages(rewards, G)
     assert (advantages[0::2] > 0).all() and (advantages[1::2] < 0).all()
 
@@ -171,10 +172,10 @@ def test_evaluate_does_not_disturb_training_randomness(tiny_model_path):
     model, tokenizer = load_policy(tiny_model_path, "full")
     problems = AdditionTask().problems(4, seed=0, split="test")
     torch.manual_seed(1)
-    first = evaluate(model, tokenizer, AdditionTask(), problems, samples=2, max_completion_length=8, greedy=False)
+    first = evaluate_held_out(model, tokenizer, AdditionTask(), problems, samples=2, max_completion_length=8, greedy=False)
     marker = torch.rand(1)
     torch.manual_seed(1)
-    again = evaluate(model, tokenizer, AdditionTask(), problems, samples=2, max_completion_length=8, greedy=False)
+    again = evaluate_held_out(model, tokenizer, AdditionTask(), problems, samples=2, max_completion_length=8, greedy=False)
     assert first == again and torch.equal(marker, torch.rand(1))
 
 
@@ -208,7 +209,7 @@ def test_first_step_loss_matches_trl(tiny_model_path, tmp_path, beta):
     reference = copy.deepcopy(model).eval() if beta else None
     rollout = Rollout(batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], batch["completion_mask"],
                       tokenizer.batch_decode(batch["completion_ids"], skip_special_tokens=True))
-    rewards, _ = score(rollout.completions, [a["answer"] for a in inputs])
+    rewards, _ = calculate_rewards(rollout.completions, [a["answer"] for a in inputs])
     advantages = group_advantages(rewards, G)
     torch.testing.assert_close(advantages, batch["advantages"])
     assert advantages.abs().sum() > 1  # a batch with signal: the test compares something

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from labkit import device as dev
-from labkit.presets import (PRESETS, Preset, PresetError, build_run, get_preset, preflight, reward_functions,
-                            training_prompts, validate)
+from labkit.presets import PRESETS, Preset, PresetError, get_preset, preflight, validate
+from labkit.run import build_run, reward_functions, training_prompts
 
 LAPTOP = dev.DeviceInfo("cuda", "NVIDIA GeForce RTX 3080 Laptop GPU", 16.0, (8, 6), bf16=True, fp16=True)
 T4 = dev.DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
@@ -79,7 +79,8 @@ def test_tiny_context_is_checked_too():
 
 
 def test_trl_options_refuse_every_field_the_preset_sets():
-    from labkit.presets import _SET_BY_PRESET, _grpo_settings
+    from labkit.presets import _SET_BY_PRESET
+    from labkit.run import _grpo_settings
 
     set_by_build_run = set(_grpo_settings(PRESETS["laptop-16gb"], seed=0)) | {"reward_weights", "model_init_kwargs"}
     assert set_by_build_run <= set(_SET_BY_PRESET), set_by_build_run - set(_SET_BY_PRESET)
@@ -219,7 +220,7 @@ def test_run_config_carries_the_preset(tmp_path):
 
 @pytest.mark.slow
 def test_train_command_trains_saves_and_refuses_a_changed_recipe(tmp_path, capsys):
-    from labkit.presets import train_cli
+    from labkit.cli import train_cli
 
     out = tmp_path / "run"
     common = ["--preset", "cpu-tiny", "--output-dir", str(out), "--train-limit", "8", "--save-steps", "1"]
@@ -239,7 +240,7 @@ def test_train_command_trains_saves_and_refuses_a_changed_recipe(tmp_path, capsy
 
 
 def test_train_command_dry_run_and_bad_preset(capsys):
-    from labkit.presets import train_cli
+    from labkit.cli import train_cli
 
     assert train_cli(["--preset", "cpu-tiny", "--dry-run"]) == 0
     assert "preflight cpu-tiny" in capsys.readouterr().out
@@ -255,7 +256,7 @@ def test_train_command_dry_run_and_bad_preset(capsys):
 
 @pytest.mark.slow
 def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
-    from labkit.presets import bench_preset_cli
+    from labkit.bench.preset import main as bench_preset_cli
 
     assert bench_preset_cli(["--preset", "cpu-tiny", "--steps", "2", "--results", str(tmp_path)]) == 0
     import json

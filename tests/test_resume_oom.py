@@ -7,8 +7,9 @@ from transformers import TrainerCallback
 
 from labkit import device as dev
 from labkit.oom import (OOMReport, TrainingOutOfMemory, candidate_changes, explain_oom, ordered_changes)
-from labkit.presets import (ResumeMismatchError, build_run, get_preset, last_checkpoint, resume_checkpoint,
-                            save_preset)
+from labkit.presets import get_preset
+from labkit.run import ResumeMismatchError, build_run, resume_checkpoint, save_preset
+from labkit.training import last_checkpoint
 
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
 PRESET = get_preset("cpu-tiny", max_steps=5, save_steps=2, train_limit=24, max_completion_length=16)

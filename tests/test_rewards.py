@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from labkit import rewards as R
+from labkit.bench import rewards as bench_rewards
 from labkit.rewards import (accuracy_reward, answers_match, check_reward_function, combine_rewards, completion_text,
                             evaluate_expression, expression_reward, extract_answer, extract_last_number,
                             format_reward, int_answer_reward, overlong_penalty, parse_number, soft_format_reward,
@@ -139,7 +140,7 @@ def test_parse_number_is_exact():
 def test_latex_answers_are_read_off_the_main_thread():
     # TRL may call rewards from a worker thread, where math-verify's signal-based timeout raises.
     # A fresh (uncached) LaTeX answer must be read in a thread all the same.
-    R._clear_parse_caches()
+    R.clear_parse_caches()
     results, errors = [], []
 
     def worker():
@@ -588,7 +589,7 @@ def test_bench_cli_writes_its_figures_with_provenance(tmp_path):
     import json
 
     out = tmp_path / "rewards_bench.json"
-    code = R.bench_cli(["--chars", "2000", "--repeats", "1", "--out", str(out)])
+    code = bench_rewards.main(["--chars", "2000", "--repeats", "1", "--out", str(out)])
     record = json.loads(out.read_text())
     assert set(record["rewards"]) >= {"format_reward", "accuracy_reward", "expression_reward", "extract_last_number"}
     assert record["provenance"]["versions"]["trl"] and record["input_chars"] == 2000

@@ -1,0 +1,294 @@
+"""The lab's command line, one table for every ``python -m labkit COMMAND``, and one ``KEY=VALUE`` parser.
+
+Commands: ``demo`` (the main job), ``estimate`` (the VRAM estimator), ``train`` (a preset),
+``check`` (what the lab will use here) and ``bench`` (:mod:`labkit.bench`). Each command's
+function parses its options and calls the concept module that owns the logic; the modules are
+imported only when their command runs, so ``python -m labkit --help`` is instant and needs no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+
+__all__ = ["COMMANDS", "main", "UsageError", "parse_value", "parse_pairs", "on_off", "add_setting_arguments",
+           "demo_cli", "estimate_cli", "train_cli", "check_cli"]
+
+# command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
+COMMANDS = {
+    "demo": ("labkit.cli:demo_cli", "the main job: a tiny model learns a task with GRPO on CPU in minutes"),
+    "estimate": ("labkit.cli:estimate_cli", "estimate the VRAM of a GRPO run (model x method x settings)"),
+    "bench": ("labkit.bench:bench_cli", "run a benchmark and append its figures to results/"),
+    "train": ("labkit.cli:train_cli", "train with a named preset (accelerate launch-able)"),
+    "check": ("labkit.cli:check_cli", "print the device, precision, mode and versions the lab will use"),
+}
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used; the message says what to write instead."""
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: python -m labkit COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "python -m labkit COMMAND --help shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labkit COMMAND [options]``: run one command and return its exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, func_name = COMMANDS[command][0].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)  # an ImportError here is a real one: raised
+    return int(func(rest) or 0)
+
+
+def parse_value(text: str):
+    """Return ``text`` as None, a bool, an int, a float (``1e-4`` too) or, failing those, the string itself."""
+    lowered = text.lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on/off, not {text!r}")
+
+
+def add_setting_arguments(parser: argparse.ArgumentParser, *, many: bool) -> None:
+    """Add the estimator's settings (method, G, lengths, optimiser, ...) to ``parser``; ``many`` takes lists."""
+    from labkit.memory import OPTIMIZERS
+    from labkit.models import METHODS
+
+    nargs = "+" if many else None
+    parser.add_argument("--method", nargs=nargs, default=["lora"] if many else "lora", choices=METHODS)
+    parser.add_argument("--num-generations", type=int, nargs=nargs, default=[8] if many else 8)
+    parser.add_argument("--per-device-batch", type=int, default=1, help="prompts per device per step")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--completion-len", type=int, default=512)
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    parser.add_argument("--gradient-checkpointing", type=on_off, default=True, metavar="on|off")
+    parser.add_argument("--beta", type=float, default=0.0, help="KL weight; > 0 loads a reference model (full only)")
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+
+
+def estimate_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit estimate``: print the memory breakdown of a GRPO run as a table or JSON."""
+    from labkit.memory import GIB, PRECISION_BYTES, estimate
+
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit estimate",
+        description="Estimate the GPU memory of one GRPO step (TRL 1.16) for a model, a method and settings. "
+                    "The model is a catalogue name (labkit.models.ARCHITECTURES) or a saved model folder.")
+    parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct")
+    add_setting_arguments(parser, many=False)
+    parser.add_argument("--precision", default="bf16", choices=tuple(PRECISION_BYTES))
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="where the run would happen")
+    parser.add_argument("--padded", action="store_true", help="prompts of different lengths (a padding mask)")
+    parser.add_argument("--logits", default="fused", choices=("fused", "full"))
+    parser.add_argument("--json", action="store_true", help="print JSON (with total_gib) instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        est = estimate(args.model, args.method, num_generations=args.num_generations,
+                       per_device_batch=args.per_device_batch, prompt_len=args.prompt_len,
+                       completion_len=args.completion_len, optimizer=args.optimizer,
+                       gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=args.precision,
+                       lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
+                       device=args.device, padded=args.padded, logits=args.logits)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(est.as_dict(), indent=2))
+        return 0
+    s = est.settings
+    print(f"{s['model']} | {s['method']} | G={s['num_generations']} x {s['per_device_batch']} prompt(s) | "
+          f"prompt {s['prompt_len']} + completion {s['completion_len']} tokens | {s['precision']} | "
+          f"{s['optimizer']} | checkpointing {'on' if s['gradient_checkpointing'] else 'off'} | beta {s['beta']}")
+    print(f"parameters: {est.total_params:,} total, {est.trainable_params:,} trainable "
+          f"({100 * est.trainable_params / est.total_params:.2f} %)\n")
+    print(est.table())
+    verdict = "fits" if est.total + 1.0 <= 16 * 1e9 / GIB else "does not fit"
+    print(f"\n{verdict} a 16 GB card (14.9 GiB) with 1 GiB headroom for the CUDA context and fragmentation")
+    return 0
+
+
+def parse_pairs(option: str, pairs: list[str] | None) -> dict:
+    """Return ``{key: value}`` from ``KEY=VALUE`` words (``--set`` / ``--config``), each value read by :func:`parse_value`."""
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise UsageError(f"{option} takes KEY=VALUE, not {pair!r}")
+        key, value = pair.split("=", 1)
+        if not key.strip():
+            raise UsageError(f"{option} takes KEY=VALUE, not {pair!r}: the key is empty")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def train_parser():
+    from labkit.presets import PRESETS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit train",
+        description="Train GRPO on GSM8K with a named preset; re-run the same command to resume after an interruption.",
+    )
+    parser.add_argument("--preset", default=None, help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--list", action="store_true", help="list the presets and exit")
+    parser.add_argument("--model", help="override the preset's model (hub id or local path)")
+    parser.add_argument("--output-dir", help="where checkpoints and the final adapter go (default runs/PRESET)")
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--save-steps", type=int)
+    parser.add_argument("--train-limit", type=int)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override any preset field")
+    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="any other GRPOConfig field, e.g. loss_type=grpo num_iterations=2 (kept in the recipe)")
+    parser.add_argument("--resume", default="auto", help="auto (default), yes, no, or a checkpoint path")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dry-run", action="store_true", help="validate and run the preflight check, then exit")
+    return parser
+
+
+def train_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit train --preset NAME [...]``: validate, preflight, train (resuming), save.
+
+    Works as a plain script under ``accelerate launch ... -m labkit train --preset NAME``.
+    Exit codes: 0 done, 2 a preset or resume error (message says what to change), 3 out of memory.
+    """
+    from labkit.device import detect_device
+    from labkit.oom import TrainingOutOfMemory
+    from labkit.presets import PRESETS, PresetError, get_preset, preflight, validate
+    from labkit.run import ResumeMismatchError, build_run, is_main_process, resume_checkpoint
+
+    args = train_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.list or not args.preset:
+        for preset in PRESETS.values():
+            print(f"{preset.name:<12} {preset.model} ({preset.method}): {preset.description}")
+        return 0 if args.list else 2
+    main = is_main_process()
+    try:
+        overrides = parse_pairs("--set", args.set)
+        if args.config:
+            overrides["trl_options"] = {**overrides.get("trl_options", {}), **parse_pairs("--config", args.config)}
+        for key in ("model", "max_steps", "save_steps", "train_limit"):
+            if getattr(args, key) is not None:
+                overrides[key] = getattr(args, key)
+        preset = get_preset(args.preset, **overrides)
+        if "LOCAL_RANK" in os.environ:  # accelerate launch: one GPU per process
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = detect_device()
+        for warning in validate(preset, device):
+            print("warning:", warning, file=sys.stderr) if main else None
+        if main:
+            print(f"preset {preset.name}: {preset.description}")
+            print(preflight(preset, device))
+        if args.dry_run:
+            return 0
+        resume = {"auto": "auto", "yes": True, "no": False}.get(args.resume, args.resume)
+        output_dir = Path(args.output_dir or Path("runs") / preset.name)
+        resume_checkpoint(output_dir, preset, resume)  # a changed recipe fails here, before loading anything
+        run = build_run(preset, output_dir, device=device, seed=args.seed)
+        if main and run.dropped_prompts:
+            print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
+                  f"training on {len(run.train_dataset)}")
+        result = run.train(resume=resume)
+        final = run.save()
+        if main:
+            print(f"done: {result.global_step} steps; saved to {final}")
+        return 0
+    except TrainingOutOfMemory as exc:
+        print(exc, file=sys.stderr)
+        return 3
+    except (UsageError, PresetError, ResumeMismatchError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    from labkit.nano import NanoConfig
+
+    defaults = NanoConfig()
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--lr", type=float, default=defaults.learning_rate,
+                        help=f"GRPO learning rate (default {defaults.learning_rate}; 0 switches the update off)")
+    parser.add_argument("--steps", type=int, default=defaults.max_steps, help="GRPO steps")
+    parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps, help="warm-up steps")
+    parser.add_argument("--num-generations", type=int, default=defaults.num_generations, help="G")
+    parser.add_argument("--beta", type=float, default=defaults.beta, help="KL coefficient")
+    parser.add_argument("--eval-problems", type=int, default=defaults.eval_problems, help="held-out problems")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def demo_config(args, seed: int):
+    from labkit.nano import NanoConfig
+
+    return NanoConfig(seed=seed, learning_rate=args.lr, max_steps=args.steps, sft_steps=args.sft_steps,
+                      num_generations=args.num_generations, beta=args.beta, eval_problems=args.eval_problems)
+
+
+def print_demo_summary(summary: dict) -> None:
+    print(f"seed {summary['seed']}: held-out accuracy {summary['accuracy_before']:.1%} -> "
+          f"{summary['accuracy_after']:.1%} ({summary['rise_points']:+.1f} points; greedy "
+          f"{summary['greedy_accuracy_before']:.1%} -> {summary['greedy_accuracy_after']:.1%}) "
+          f"in {summary['seconds']:.0f} s")
+
+
+def demo_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit demo``: the main job; a tiny model learns to carry with GRPO on a CPU."""
+    from labkit.demo import demo
+
+    parser = demo_parser("python -m labkit demo", "Warm a tiny model up on sloppy worked additions, then GRPO: "
+                     "held-out accuracy before and after, written to OUT/summary.json and OUT/demo.png.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    command = "python -m labkit demo " + " ".join(argv or [])
+    summary = demo(demo_config(args, args.seed), args.out, progress=not args.quiet, command=command.strip())
+    print_demo_summary(summary)
+    print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'demo.png'}")
+    return 0
+
+
+def check_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit check``: print what the lab will use on this machine."""
+    from labkit.lab import provenance, setup
+
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m labkit check", description=check_cli.__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    lab = setup(verbose=not args.json)
+    if args.json:
+        print(json.dumps({"mode": lab.mode, "precision": lab.precision, **provenance(lab.device)}, indent=2))
+    return 0

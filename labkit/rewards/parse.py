@@ -1,0 +1,494 @@
+"""Reading what a model wrote: answers, numbers (plain, with units, LaTeX) and countdown expressions.
+
+The first of the three parts of :mod:`labkit.rewards` (introduced in ``02_reward_functions.ipynb``):
+:func:`extract_answer` (strict: the ``<answer>`` tag) and :func:`extract_last_number` (lenient),
+:func:`parse_number` and :func:`answers_match` (exact, over fractions), and
+:func:`evaluate_expression`, a whitelisted AST walk that never calls ``eval``.
+
+Everything here is bounded: tags are found with ``str.find``, the lenient number search reads
+backwards from the end in one pass, and the number patterns and parsers only ever see answers of
+at most ``MAX_ANSWER_CHARS`` characters, so no input can make them backtrack catastrophically.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import operator
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+__all__ = [
+    "THINK_OPEN", "THINK_CLOSE", "ANSWER_OPEN", "ANSWER_CLOSE", "FORMAT_TAGS",
+    "MAX_ANSWER_CHARS", "MAX_EXPRESSION_CHARS", "MAX_MAGNITUDE",
+    "completion_text", "extract_answer", "extract_last_number", "parse_number", "answers_match",
+    "evaluate_expression", "clear_parse_caches",
+]
+
+THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
+FORMAT_TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+
+# An <answer> longer than this is not "one number": it is refused before any parser sees it,
+# which is what bounds the cost of every regular expression and parser below.
+MAX_ANSWER_CHARS = 200
+MAX_EXPRESSION_CHARS = 200  # countdown expressions
+MAX_MAGNITUDE = 10**12  # countdown: any intermediate numerator or denominator beyond this is refused
+_REL_TOL = 1e-9  # only used when a LaTeX answer is irrational (\sqrt{2}); numbers compare exactly
+
+
+# ----------------------------------------------------------------------------- reading completions
+
+
+def _content_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):  # multimodal style: [{"type": "text", "text": "..."}]
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def completion_text(completion) -> str:
+    """Return the text of one completion, plain (``"..."``) or conversational (``[{"role": "assistant", ...}]``).
+
+    A conversational completion joins the contents of its assistant messages with newlines
+    (TRL's tool-calling completions can hold several). Anything else (``None``, a number) reads
+    as empty text, so that a reward never raises on an odd completion.
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)):
+        texts = [_content_text(m.get("content")) for m in completion
+                 if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+        return "\n".join(t for t in texts if t)
+    return ""
+
+
+def extract_answer(text) -> str | None:
+    """Return the stripped content of the one ``<answer>...</answer>`` after the reasoning, or ``None``.
+
+    Strict on purpose; each rule refuses a reward hack:
+
+    - only text after the last ``</think>`` counts: an answer inside ``<think>`` is a draft, and
+      a ``<think>`` that is never closed means the model never finished thinking;
+    - exactly one ``<answer>`` and one ``</answer>``, in that order: two answers are a hedge;
+    - an empty answer is no answer.
+
+    Accepts a string or a completion in either format. Linear time (``str.find``) on any input.
+    """
+    if not isinstance(text, str):
+        text = completion_text(text)
+    close = text.rfind(THINK_CLOSE)
+    if close >= 0:
+        text = text[close + len(THINK_CLOSE):]
+    if text.count(ANSWER_OPEN) != 1 or text.count(ANSWER_CLOSE) != 1:
+        return None
+    start = text.find(ANSWER_OPEN)
+    end = text.find(ANSWER_CLOSE)
+    if end < start or THINK_OPEN in text[:start]:  # the answer sits inside a <think> never closed
+        return None
+    answer = text[start + len(ANSWER_OPEN):end].strip()
+    return answer or None
+
+
+# Read backwards from the end of the text: the first match in the reversed string is the last
+# number of the original, found in time proportional to the distance from the end (a pattern
+# that starts with a character class lets the regex engine skip ahead quickly).
+_FIRST_DIGIT = re.compile(r"\d")
+# A number read backwards: [digits "."] then digits grouped by three with commas, or plain digits.
+_NUMBER_REVERSED = re.compile(r"(?:\d+\.)?(?:(?:\d{3},)+\d{1,3}(?!\d)|\d+)")
+
+
+def extract_last_number(text) -> str | None:
+    """Return the last number anywhere in the text (lenient scoring), normalised, or ``None``.
+
+    ``"... so she pays $1,200.50."`` -> ``"1200.50"``; ``"3-4"`` -> ``"4"``; ``"x = -4"`` -> ``"-4"``.
+    Thousands separators are dropped when they group digits by three; otherwise a comma
+    separates numbers (``"1,2,3"`` -> ``"3"``). Integers and decimals only (no fractions). A minus
+    sign counts unless it follows a word character or a closing bracket. Used by
+    ``labkit.evaluate`` for lenient accuracy; compare with :func:`answers_match`.
+    """
+    if not isinstance(text, str):
+        text = completion_text(text)
+    reversed_text = text[::-1]
+    first = _FIRST_DIGIT.search(reversed_text)
+    if first is None:
+        return None
+    match = _NUMBER_REVERSED.match(reversed_text, first.start())
+    number, end = match.group(0)[::-1].replace(",", ""), match.end()
+    after = reversed_text[end:end + 2]  # the two characters before the number, nearest first
+    if "." not in number and after[:1] == "." and not after[1:2].isdigit():  # ".5"
+        number, end = "0." + number, end + 1
+        after = reversed_text[end:end + 2]
+    glued = len(after) > 1 and (after[1].isalnum() or after[1] in "_)]")
+    return f"-{number}" if after[:1] in ("-", "\u2212") and not glued else number
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+@dataclass(frozen=True)
+class _Number:
+    value: Fraction | float  # Fraction whenever exact; float only for irrational LaTeX (\sqrt{2})
+    percent: bool = False
+
+
+_FORMATTING_COMMANDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+_SIMPLE_FRAC = re.compile(r"\\[dtc]?frac\s*\{\s*([-+]?[\d.,]+)\s*\}\s*\{\s*([-+]?[\d.,]+)\s*\}")
+_SHORT_FRAC = re.compile(r"\\[dtc]?frac\s*(\d)\s*(\d)(?!\d)")
+_SPACING = re.compile(r"\\[,!;: ]|~")
+_LATEX_COMMAND = re.compile(r"\\(?:[a-zA-Z]+|.)")
+_LATEX_ALLOWED = {"\\frac", "\\dfrac", "\\tfrac", "\\cfrac", "\\sqrt", "\\cdot", "\\times", "\\div"}
+# Plain-text answers: one number (an integer, a decimal, a fraction or a mixed number), with an
+# optional sign, currency symbol, percent sign, trailing unit words and full stop. Whitespace is
+# collapsed to single spaces first, and the answer is at most MAX_ANSWER_CHARS long, so this
+# pattern cannot backtrack for long.
+_PLAIN_NUMBER = re.compile(
+    r"""
+    (?P<sign>[-+\u2212]?)\ ?(?P<currency>[$€£¥₹])?\ ?(?P<sign2>[-+\u2212]?)\ ?
+    (?:
+        (?P<whole>\d+)\ (?P<mnum>\d+)\ ?/\ ?(?P<mden>\d+)                      # mixed number: 7 1/2
+      | (?P<num>\d+(?:\.\d+)?)\ ?/\ ?(?P<den>\d+(?:\.\d+)?)                  # fraction: 3/4
+      | (?P<number>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d*)?|\.\d+)          # 1,200.50 | 18 | 18. | .5
+    )
+    \ ?(?P<currency2>[$€£¥₹])?
+    \ ?(?P<percent>%)?
+    (?P<unit>\ ?[^\W\d_][^\s\d]*(?:\ [^\W\d_][^\s\d]*){0,3})?                # dollars | km/h | per hour
+    \ ?\.?
+    """,
+    re.VERBOSE,
+)
+
+
+def _unwrap_boxed(text: str) -> str | None:
+    """Return the content of the one ``\\boxed{...}`` in text (text itself if none); None if ambiguous."""
+    count = text.count("\\boxed")
+    if count == 0:
+        return text
+    if count > 1:
+        return None  # two boxed answers: a hedge
+    start = text.find("{", text.find("\\boxed"))
+    if start < 0:
+        return None
+    depth = 0
+    for i in range(start, len(text)):  # at most MAX_ANSWER_CHARS steps
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1:i]
+    return None
+
+
+def _strip_math_delimiters(text: str) -> str:
+    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right):
+            inner = text[len(left):-len(right)]
+            if "$" not in inner.replace("\\$", ""):
+                return inner.strip()
+    return text
+
+
+def _parse_plain(text: str) -> _Number | None:
+    match = _PLAIN_NUMBER.fullmatch(text)
+    if match is None:
+        return None
+    g = match.groupdict()
+    if g["currency"] and g["currency2"]:
+        return None
+    negative = (g["sign"] in ("-", "\u2212")) != (g["sign2"] in ("-", "\u2212"))
+    if g["number"] is not None:
+        value = Fraction(g["number"].replace(",", "").rstrip("."))
+    elif g["num"] is not None:
+        denominator = Fraction(g["den"])
+        if denominator == 0:
+            return None
+        value = Fraction(g["num"]) / denominator
+    else:
+        numerator, denominator = int(g["mnum"]), int(g["mden"])
+        if denominator == 0 or numerator >= denominator:
+            return None  # "7 15/2" is not a mixed number
+        value = int(g["whole"]) + Fraction(numerator, denominator)
+    unit = (g["unit"] or "").strip().lower()
+    percent = bool(g["percent"]) or unit.startswith(("percent", "per cent"))
+    return _Number(-value if negative else value, percent)
+
+
+class _Refused(Exception):
+    """Raised inside the readers and the evaluator when an input is refused (they then return None)."""
+
+
+_LATEX_TOKEN = re.compile(r"\s*(?:(\\[a-zA-Z]+)|(\d+(?:\.\d+)?|\.\d+)|([-+*/(){}%]))")
+_LATEX_PRODUCT = {"*": operator.mul, "\\times": operator.mul, "\\cdot": operator.mul, "/": operator.truediv,
+                  "\\div": operator.truediv}
+
+
+class _LatexReader:
+    """Recursive-descent reader of the LaTeX arithmetic a final answer may hold, evaluated exactly.
+
+    Grammar (numbers, ``+ - * /``, ``\\times \\cdot \\div``, ``( )``, ``{ }``, ``\\frac{a}{b}``
+    with ``\\dfrac``/``\\tfrac``/``\\cfrac``, ``\\sqrt{a}``, a mixed number ``7\\frac{1}{2}``,
+    implicit products ``2\\sqrt{2}``); anything else is refused. Values are ``Fraction``s, or
+    floats once an irrational square root appears.
+    """
+
+    def __init__(self, text: str):
+        self.tokens, position = [], 0
+        while position < len(text):
+            match = _LATEX_TOKEN.match(text, position)
+            if match is None:
+                if text[position:].strip():
+                    raise _Refused(f"unexpected {text[position]!r}")
+                break
+            self.tokens.append(next(t for t in match.groups() if t is not None))
+            position = match.end()
+        self.position, self.depth = 0, 0
+
+    def peek(self):
+        return self.tokens[self.position] if self.position < len(self.tokens) else None
+
+    def take(self, expected=None):
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise _Refused(f"expected {expected!r}, got {token!r}")
+        self.position += 1
+        return token
+
+    def read(self):
+        value = self.expression()
+        if self.peek() is not None:
+            raise _Refused(f"unexpected {self.peek()!r}")
+        return value
+
+    def expression(self):
+        self.depth += 1
+        if self.depth > 20:
+            raise _Refused("too deep")
+        value = self.term()
+        while self.peek() in ("+", "-"):
+            value = value + self.term() if self.take() == "+" else value - self.term()
+        self.depth -= 1
+        return value
+
+    def term(self):
+        value = self.factor()
+        while True:
+            token = self.peek()
+            if token in _LATEX_PRODUCT:
+                self.take()
+                right = self.factor()
+                if token in ("/", "\\div") and right == 0:
+                    raise _Refused("division by zero")
+                value = _LATEX_PRODUCT[token](value, right)
+            elif token in ("(", "\\sqrt"):  # implicit product: 2(3 + 4), 2\sqrt{2}
+                value = value * self.factor()
+            else:
+                return value
+
+    def factor(self):
+        if self.peek() in ("+", "-"):
+            return -self.factor() if self.take() == "-" else self.factor()
+        token = self.take()
+        if token in ("(", "{"):
+            value = self.expression()
+            self.take(")" if token == "(" else "}")
+            return value
+        if token in ("\\frac", "\\dfrac", "\\tfrac", "\\cfrac"):
+            numerator, denominator = self.group(), self.group()
+            if denominator == 0:
+                raise _Refused("division by zero")
+            return numerator / denominator
+        if token == "\\sqrt":
+            return _exact_sqrt(self.group())
+        if token[0].isdigit() or token[0] == ".":
+            value = Fraction(token)
+            if self.peek() in ("\\frac", "\\dfrac", "\\tfrac") and value.denominator == 1:  # 7\frac{1}{2}
+                self.take()
+                numerator, denominator = self.group(), self.group()
+                if not (isinstance(numerator, Fraction) and isinstance(denominator, Fraction)
+                        and 0 <= numerator < denominator):
+                    raise _Refused("not a mixed number")
+                return value + numerator / denominator
+            return value
+        raise _Refused(f"unexpected {token!r}")
+
+    def group(self):
+        self.take("{")
+        value = self.expression()
+        self.take("}")
+        return value
+
+
+def _exact_sqrt(value):
+    if value < 0:
+        raise _Refused("square root of a negative number")
+    if isinstance(value, Fraction):
+        top, bottom = math.isqrt(value.numerator), math.isqrt(value.denominator)
+        if top * top == value.numerator and bottom * bottom == value.denominator:
+            return Fraction(top, bottom)
+    return math.sqrt(value)
+
+
+def _parse_latex(text: str) -> _Number | None:
+    """Read a LaTeX answer (``\\frac{\\sqrt{16}}{2}``, ``2\\sqrt{2}``, ``6 \\times 3``) exactly; None unless one number.
+
+    math-verify (latex2sympy + sympy) reads the same answers, and the tests check that both
+    agree; it is not called here because it is tens of times slower on unseen answers
+    (see the module docstring and ``python -m labkit bench rewards``).
+    """
+    text = text.strip()
+    percent = text.endswith("%")
+    if percent:
+        text = text[:-1]
+    commands = _LATEX_COMMAND.findall(text)
+    if any(c not in _LATEX_ALLOWED for c in commands):
+        return None
+    value = _LatexReader(text).read()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return _Number(value, percent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_bounded(text: str) -> _Number | None:
+    text = _strip_math_delimiters(text)
+    text = _unwrap_boxed(text)
+    if text is None:
+        return None
+    text = _strip_math_delimiters(text.strip())
+    text = _FORMATTING_COMMANDS.sub(r" \1 ", text)
+    text = text.replace("{,}", ",").replace("\\$", "$").replace("\\%", "%").replace("\\left", "").replace("\\right", "")
+    text = _SPACING.sub(lambda m: "" if m.group(0) in ("\\,", "\\!") else " ", text)
+    plain = _SHORT_FRAC.sub(r" \1/\2 ", _SIMPLE_FRAC.sub(r" \1/\2 ", text))
+    if "\\" not in plain:  # fast path: one plain number, possibly after \frac{3}{4} -> 3/4
+        number = _parse_plain(" ".join(plain.replace("{", " ").replace("}", " ").split()))
+        if number is not None or "\\" not in text:
+            return number
+    return _parse_latex(text)
+
+
+def _parse(text) -> _Number | None:
+    if isinstance(text, bool) or text is None:
+        return None
+    if isinstance(text, (int, Fraction)):
+        return _Number(Fraction(text))
+    if isinstance(text, float):
+        return _Number(Fraction(text)) if math.isfinite(text) else None
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not text or len(text) > MAX_ANSWER_CHARS:
+        return None
+    try:
+        return _parse_bounded(text)
+    except Exception:  # noqa: BLE001  a parser bug must cost one answer, never a training run
+        return None
+
+
+def parse_number(text) -> Fraction | float | None:
+    """Return the number an answer states, or ``None`` when it is not exactly one number.
+
+    Reads ``"1,200"``, ``"$1,200.00"``, ``"18 dollars."``, ``"18.0"``, ``"50%"`` (-> 50),
+    ``"3/4"``, ``"7 1/2"``, ``"\\boxed{18}"``, ``"\\frac{3}{4}"``, ``"$\\dfrac{15}{2}$"``. Refuses
+    hedges (``"42 or 43"``, two ``\\boxed``), expressions in plain text, and anything longer than
+    ``MAX_ANSWER_CHARS``. Returns a ``Fraction`` (exact) or, for an irrational LaTeX answer, a float.
+    """
+    number = _parse(text)
+    return None if number is None else number.value
+
+
+def _numbers_equal(a, b) -> bool:
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b
+    try:
+        return math.isclose(float(a), float(b), rel_tol=_REL_TOL, abs_tol=1e-12)
+    except OverflowError:
+        return False
+
+
+def _candidates(number: _Number):
+    return (number.value, number.value / 100) if number.percent else (number.value,)
+
+
+def answers_match(pred, gold) -> bool:
+    """Return whether answer ``pred`` states the same number as ``gold``: numerically, not as text.
+
+    ``answers_match("$1,200.00", "1200")``, ``("18.0", "18")``, ``("18 dollars.", "18")``,
+    ``("\\boxed{18}", "18")`` and ``("3/4", "0.75")`` are all ``True``. A percentage matches
+    either its number or its fraction (``"50%"`` matches ``"50"`` and ``"0.5"``).
+    ``("42 or 43", "42")`` is ``False``: an answer is one number. See :func:`parse_number`.
+    """
+    p, g = _parse(pred), _parse(gold)
+    if p is None or g is None:
+        return False
+    return any(_numbers_equal(a, b) for a in _candidates(p) for b in _candidates(g))
+
+
+# ----------------------------------------------------------------------------- countdown expressions
+
+
+_BINARY_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _evaluate(expression, *, allow_power: bool, max_exponent: int, max_magnitude: int):
+    """Return (value, integer literals used) of an arithmetic expression, or None. Never runs code."""
+    if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
+        return None
+    expression = expression.strip().replace("×", "*").replace("÷", "/").replace("\u2212", "-")
+    try:
+        tree = ast.parse(expression, mode="eval")  # parsing builds a tree; nothing is executed
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return None
+    literals: list[int] = []
+
+    def bounded(value: Fraction) -> Fraction:
+        if abs(value.numerator) > max_magnitude or value.denominator > max_magnitude:
+            raise _Refused("too large")
+        return value
+
+    def visit(node) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:  # not bool, float, str, ...
+            literals.append(node.value)
+            return bounded(Fraction(node.value))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+            value = visit(node.operand)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
+            left, right = visit(node.left), visit(node.right)
+            if isinstance(node.op, ast.Div) and right == 0:
+                raise _Refused("division by zero")
+            return bounded(_BINARY_OPS[type(node.op)](left, right))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and allow_power:
+            base, exponent = visit(node.left), visit(node.right)
+            # Checked before computing: 9**9**9**9 stops here at 9**387420489, having computed nothing big.
+            if exponent.denominator != 1 or abs(exponent) > max_exponent or (base == 0 and exponent < 0):
+                raise _Refused("exponent out of bounds")
+            return bounded(base ** int(exponent))
+        raise _Refused(type(node).__name__)  # names, calls, attributes, comparisons, ...
+
+    try:
+        return visit(tree.body), literals
+    except (_Refused, RecursionError, ZeroDivisionError, OverflowError, MemoryError):
+        return None
+
+
+def evaluate_expression(expression, *, allow_power: bool = False, max_exponent: int = 8,
+                        max_magnitude: int = MAX_MAGNITUDE) -> Fraction | None:
+    """Return the exact value of an arithmetic expression written by a model, or ``None``.
+
+    The text is parsed with ``ast.parse`` (which builds a tree and runs nothing) and evaluated by
+    walking the tree; only integer literals, ``+ - * /``, unary signs and parentheses are
+    accepted (``**`` too with ``allow_power``, with ``|exponent| <= max_exponent``). Every
+    intermediate value is an exact ``Fraction`` whose numerator and denominator stay within
+    ``max_magnitude``; the expression is at most ``MAX_EXPRESSION_CHARS`` long. So
+    ``__import__('os').system(...)`` is refused (a call) and ``9**9**9**9`` is refused before
+    anything big is computed. Introduced in ``02_reward_functions.ipynb``.
+    """
+    result = _evaluate(expression, allow_power=allow_power, max_exponent=max_exponent, max_magnitude=max_magnitude)
+    return None if result is None else result[0]
+
+
+def clear_parse_caches() -> None:
+    """Forget every parsed answer (the benchmark times cold calls)."""
+    _parse_bounded.cache_clear()
+

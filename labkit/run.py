@@ -1,0 +1,290 @@
+"""A preset made concrete: GSM8K prompts, rewards, a ``GRPOTrainer``, checkpoints and resume.
+
+Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`build_run` assembles a run in one pass:
+the preset, validated (:func:`labkit.presets.validate`) -> the precision, decided once for the
+device -> the policy (TRL loads full and LoRA models from their path; QLoRA goes through
+:func:`labkit.models.load_policy`) -> the prompts (:func:`training_prompts`) -> the rewards ->
+``GRPOConfig`` (:func:`labkit.training.grpo_config`) -> ``GRPOTrainer``.
+
+Prompt length. TRL 1.16's ``GRPOConfig`` has no ``max_prompt_length``: ``GRPOTrainer`` tokenises
+the whole chat-templated prompt and never truncates it. Cutting a maths question would drop the
+question, so :func:`training_prompts` *filters* instead and reports how many prompts it dropped.
+
+Resume. A run writes its preset to ``OUTPUT_DIR/labkit_preset.json`` and into every checkpoint.
+:func:`resume_checkpoint` finds the last checkpoint and refuses to continue it with a different
+recipe (:class:`ResumeMismatchError` names every difference).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit.presets import Preset, PresetError, _num_processes, get_preset, resolve_model, validate
+from labkit.rewards import named_rewards
+from labkit.training import last_checkpoint
+
+__all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
+           "load_saved_preset", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process"]
+
+
+PRESET_FILE = "labkit_preset.json"
+
+
+# Fields a resumed run may change: they do not change what the run computes.
+RESUMABLE_CHANGES = ("description", "save_steps", "save_total_limit", "gradient_checkpointing", "eval_batch_size",
+                     "card_gib")
+
+
+def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: int | None = None, seed: int = 0):
+    """Return ``(dataset, dropped)``: GSM8K prompts at most ``max_prompt_length`` tokens, and how many were dropped.
+
+    The length is the chat-templated prompt's, with the generation prompt, i.e. exactly what
+    ``GRPOTrainer`` feeds the model. TRL 1.16 has no ``max_prompt_length``; filtering
+    (rather than cutting the question short) keeps every prompt intact.
+    """
+    from labkit.data import load_gsm8k
+
+    limit = limit if limit is not None else preset.train_limit
+    dataset = load_gsm8k(split, seed=seed)
+    # Measure only what may be kept: with a limit, a window a few times larger is plenty.
+    window = dataset if limit is None else dataset.select(range(min(len(dataset), 4 * limit + 64)))
+    lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]) for p in window["prompt"]]
+    if limit is not None and len(window) < len(dataset) and sum(n <= preset.max_prompt_length for n in lengths) < limit:
+        window = dataset
+        lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]) for p in window["prompt"]]
+    keep, dropped = [], 0
+    for index, n in enumerate(lengths):
+        if limit is not None and len(keep) == limit:
+            break
+        if n <= preset.max_prompt_length:
+            keep.append(index)
+        else:
+            dropped += 1
+    if not keep:
+        raise PresetError(f"every prompt is longer than max_prompt_length={preset.max_prompt_length} tokens; raise it.")
+    kept = window.select(keep).add_column("prompt_length", [lengths[i] for i in keep])
+    return kept, dropped
+
+
+def reward_functions(preset: Preset) -> tuple[list, list[float]]:
+    """Return ``(reward_funcs, reward_weights)`` for ``GRPOTrainer`` / ``GRPOConfig`` from the preset's names."""
+    return named_rewards(preset.rewards, preset.reward_weights)
+
+
+def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
+    """Write ``preset`` (plus labkit's version) to ``folder/labkit_preset.json`` and return the path."""
+    from labkit import __version__
+
+    path = Path(folder) / PRESET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"labkit": __version__, "preset": preset.to_dict()}, indent=2) + "\n")
+    return path
+
+
+def load_saved_preset(folder: str | os.PathLike) -> Preset | None:
+    """Return the preset saved in ``folder`` (a run or a checkpoint), or None when there is none."""
+    path = Path(folder) / PRESET_FILE
+    if not path.exists():
+        return None
+    return Preset.from_dict(json.loads(path.read_text())["preset"])
+
+
+def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: bool | str = "auto") -> Path | None:
+    """Return the checkpoint to resume from (None: start at step 0), after checking the recipe matches.
+
+    ``resume="auto"`` resumes when there is a checkpoint; ``True`` requires one; ``False``
+    refuses a folder that already holds checkpoints (stale ones would be resumed later by
+    mistake); a path resumes that checkpoint. The saved preset (the checkpoint's copy, else
+    the run's) must equal ``preset`` except for :data:`RESUMABLE_CHANGES`; otherwise
+    :class:`ResumeMismatchError` lists every difference.
+    """
+    output_dir = Path(output_dir)
+    if isinstance(resume, (str, os.PathLike)) and str(resume) != "auto":
+        checkpoint = Path(resume)
+        if not (checkpoint / "trainer_state.json").exists():
+            raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json)")
+    else:
+        checkpoint = last_checkpoint(output_dir)
+        if resume is False:
+            if checkpoint is not None:
+                raise ResumeMismatchError(
+                    f"{output_dir} already holds checkpoints ({checkpoint.name}) from an earlier run. Resume it "
+                    "(resume='auto'), or choose a new output_dir, or delete the old checkpoints."
+                )
+            return None
+        if checkpoint is None:
+            if resume is True:
+                raise FileNotFoundError(f"resume=True but {output_dir} has no checkpoint to resume from")
+            return None
+    saved = load_saved_preset(checkpoint) or load_saved_preset(output_dir)
+    if saved is None:
+        raise ResumeMismatchError(
+            f"{checkpoint} has no {PRESET_FILE}, so its recipe cannot be checked. Resume it with "
+            "trainer.train(resume_from_checkpoint=...) yourself, or start a new output_dir."
+        )
+    now, before = preset.to_dict(), saved.to_dict()
+    differences = [f"{k}: checkpoint {before.get(k)!r}, now {now.get(k)!r}"
+                   for k in now if k not in RESUMABLE_CHANGES and now.get(k) != before.get(k)]
+    if differences:
+        lines = "\n".join(f"- {d}" for d in differences)
+        raise ResumeMismatchError(
+            f"{checkpoint} was trained with a different recipe than the one asked to continue it:\n{lines}\n"
+            f"Continue with the saved recipe (labkit.run.load_saved_preset({str(checkpoint)!r})), or start a "
+            "new output_dir for the new recipe. Only these may change on resume: " + ", ".join(RESUMABLE_CHANGES)
+        )
+    return checkpoint
+
+
+def _preset_callback(preset: Preset):
+    from transformers import TrainerCallback
+
+    class SavePresetCallback(TrainerCallback):
+        """Copies the run's preset into every checkpoint, so a checkpoint says how it was made."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                save_preset(preset, Path(args.output_dir) / f"checkpoint-{state.global_step}")
+
+    return SavePresetCallback()
+
+
+@dataclass
+class Run:
+    """A preset made concrete: the trainer, its data, and where its checkpoints go."""
+
+    preset: Preset
+    trainer: object  # trl.GRPOTrainer
+    tokenizer: object
+    train_dataset: object
+    dropped_prompts: int
+    output_dir: Path
+    warnings: list = field(default_factory=list)
+
+    @property
+    def model(self):
+        return self.trainer.model
+
+    def train(self, resume: bool | str = "auto"):
+        """Return TRL's ``TrainOutput`` after training, resumed from the last checkpoint when there is one.
+
+        An out-of-memory error becomes :class:`labkit.oom.TrainingOutOfMemory`, whose message
+        is the OOM doctor's short report; the checkpoints already written are kept.
+        """
+        from labkit.oom import train_with_oom_doctor
+
+        checkpoint = resume_checkpoint(self.output_dir, self.preset, resume)
+        if self.trainer.args.should_save:
+            save_preset(self.preset, self.output_dir)
+        if checkpoint is not None and is_main_process():
+            print(f"resuming from {checkpoint} (step {checkpoint.name.removeprefix('checkpoint-')})")
+        return train_with_oom_doctor(self.trainer, resume_from_checkpoint=str(checkpoint) if checkpoint else None,
+                                     settings=self.preset.to_dict())
+
+    def save(self, folder: str | os.PathLike | None = None) -> Path:
+        """Save the trained adapter (or model) and the tokenizer to ``folder`` (``OUTPUT_DIR/final``)."""
+        folder = Path(folder or self.output_dir / "final")
+        self.trainer.save_model(str(folder))
+        if self.trainer.args.should_save:
+            self.tokenizer.save_pretrained(str(folder))
+            save_preset(self.preset, folder)
+        return folder
+
+
+def is_main_process() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _grpo_settings(preset: Preset, seed: int) -> dict:
+    """Return the ``GRPOConfig`` fields a preset's own fields set (every key is in :data:`_SET_BY_PRESET`)."""
+    return dict(
+        seed=seed,
+        per_device_train_batch_size=preset.per_device_train_batch_size,
+        gradient_accumulation_steps=preset.gradient_accumulation_steps,
+        num_generations=preset.num_generations,
+        max_completion_length=preset.max_completion_length,
+        learning_rate=preset.learning_rate,
+        optim=preset.optim,
+        activation_checkpointing=preset.gradient_checkpointing,
+        # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
+        activation_checkpointing_kwargs={"use_reentrant": False} if preset.gradient_checkpointing else None,
+        beta=preset.beta,
+        temperature=preset.temperature,
+        max_steps=preset.max_steps,
+        save_strategy="steps" if preset.save_steps else "no",
+        save_steps=preset.save_steps or 500,
+        save_total_limit=preset.save_total_limit,
+    )
+
+
+def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
+              train_dataset=None, callbacks=None, seed: int = 0, num_processes: int | None = None,
+              print_logs: bool = True, **config_overrides) -> Run:
+    """Return a :class:`Run`: the preset validated, its prompts filtered, a ``GRPOTrainer`` built.
+
+    ``model`` (with ``tokenizer``) is a policy you already loaded (for example with
+    :func:`labkit.models.load_policy`, to evaluate it first); without one, full and LoRA
+    runs hand the model's path to TRL, which loads it (the right way under ``accelerate
+    launch``, where each process or shard loads its part), and QLoRA runs load it with
+    :func:`labkit.models.load_policy`. ``config_overrides`` go to ``GRPOConfig``
+    (``logging_steps=5``, ``disable_tqdm=True``, ``generation_kwargs=...``).
+    ``print_logs=False`` drops transformers' printing of every log line and its progress bar
+    (a :class:`labkit.dashboard.LiveDashboard` shows both).
+    """
+    from labkit.device import choose_precision, detect_device, torch_dtype
+    from labkit.models import load_policy, load_tokenizer, lora_config
+    from labkit.training import build_trainer, grpo_config
+
+    preset = get_preset(preset)
+    device = device or detect_device()
+    warnings = validate(preset, device, num_processes=num_processes)
+    precision = preset.precision or choose_precision(device)
+    name = resolve_model(preset.model)
+    output_dir = Path(output_dir)
+
+    settings = _grpo_settings(preset, seed)
+    reward_funcs, settings["reward_weights"] = reward_functions(preset)
+    settings.update(preset.trl_options)
+    settings.update(config_overrides)
+    peft_config = None
+    if model is None and preset.method in ("full", "lora"):
+        # TRL loads the model from its path (per process under accelerate); with a peft_config and
+        # gradient checkpointing it calls enable_input_require_grads() itself.
+        settings["model_init_kwargs"] = {"dtype": str(torch_dtype(precision, preset.method)).removeprefix("torch.")}
+        if _num_processes(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
+            settings["model_init_kwargs"]["device_map"] = None
+        tokenizer = tokenizer or load_tokenizer(name)
+        if preset.method == "lora":
+            peft_config = lora_config(preset.lora_rank, preset.lora_alpha, target_modules=list(preset.target_modules))
+        model = name
+    args = grpo_config(output_dir, device=device, precision=preset.precision, **settings)
+    if model is None:  # qlora: 4-bit loading goes through labkit (prepare_model_for_kbit_training, input grads)
+        model, tokenizer = load_policy(name, "qlora", precision=precision, lora_rank=preset.lora_rank,
+                                       lora_alpha=preset.lora_alpha, target_modules=list(preset.target_modules),
+                                       gradient_checkpointing=preset.gradient_checkpointing)
+    elif not isinstance(model, str):
+        if tokenizer is None:
+            raise ValueError("pass the tokenizer together with a loaded model")
+        if preset.gradient_checkpointing and hasattr(model, "peft_config"):
+            # The classic LoRA pitfall: with checkpointing and a frozen embedding, nothing entering a
+            # checkpointed block requires grad and the adapters get no gradient at all.
+            model.enable_input_require_grads()
+    dropped = 0
+    if train_dataset is None:
+        train_dataset, dropped = training_prompts(preset, tokenizer, seed=seed)
+    callbacks = [*(callbacks or []), _preset_callback(preset)]
+    trainer = build_trainer(model, reward_funcs, train_dataset, args, tokenizer=tokenizer,
+                            peft_config=peft_config, callbacks=callbacks)
+    if not print_logs:
+        from transformers import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    return Run(preset, trainer, tokenizer, train_dataset, dropped, output_dir, warnings)
+
+
+class ResumeMismatchError(ValueError):
+    """A checkpoint made with a different recipe than the one asked to continue it."""

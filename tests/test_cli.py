@@ -1,0 +1,86 @@
+"""labkit.cli: one command table, one KEY=VALUE parser, and every command reachable from `python -m labkit`."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.cli import COMMANDS, UsageError, main, parse_pairs, parse_value
+
+PACKAGE = Path(__file__).resolve().parents[1] / "labkit"
+
+
+@pytest.mark.parametrize("text, value", [
+    ("1e-4", 1e-4), ("2e-4", 2e-4), ("0.5", 0.5), ("3", 3), ("-1", -1), ("inf", float("inf")),
+    ("true", True), ("False", False), ("none", None), ("null", None), ("q_proj,v_proj", "q_proj,v_proj"),
+    ("grpo", "grpo"),
+])
+def test_parse_value_reads_numbers_bools_and_none(text, value):
+    got = parse_value(text)
+    assert got == value and type(got) is type(value)
+
+
+def test_learning_rate_in_scientific_notation_is_a_float():
+    # The bug this parser replaced: YAML reads 1e-4 as the string '1e-4', and `learning_rate <= 0` then raised TypeError.
+    assert parse_pairs("--set", ["learning_rate=1e-4"]) == {"learning_rate": 1e-4}
+    assert isinstance(parse_pairs("--set", ["learning_rate=1e-4"])["learning_rate"], float)
+
+
+@pytest.mark.parametrize("pair", ["learning_rate", "=3", ""])
+def test_a_pair_without_key_or_value_is_a_usage_error(pair):
+    with pytest.raises(UsageError, match="KEY=VALUE"):
+        parse_pairs("--set", [pair])
+
+
+def test_every_set_and_config_option_is_parsed_by_the_one_parser():
+    """Each command that declares --set or --config reads it with labkit.cli.parse_pairs, never a parser of its own."""
+    users = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        tree = ast.parse(source)
+        declares = any(isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument"
+                       and any(isinstance(a, ast.Constant) and a.value in ("--set", "--config") for a in n.args)
+                       for n in ast.walk(tree))
+        if declares:
+            users.append(path.name)
+            assert "parse_pairs(" in source, f"{path} declares --set/--config but does not parse it with parse_pairs"
+            assert "yaml" not in source, f"{path} parses values with YAML (1e-4 becomes a string there)"
+    assert {"cli.py", "unsloth.py"} <= set(users)
+
+
+def test_train_dry_run_takes_a_scientific_learning_rate(capsys):
+    from labkit.cli import train_cli
+
+    assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--set", "learning_rate=1e-4"]) == 0
+    assert "preflight" in capsys.readouterr().out
+
+
+def test_help_lists_every_command_and_needs_no_torch():
+    out = subprocess.run([sys.executable, "-c", "import sys; from labkit.cli import main; main(['--help']);"
+                          "print('torch' in sys.modules)"], capture_output=True, text=True, check=True).stdout
+    for command in COMMANDS:
+        assert command in out
+    assert out.strip().endswith("False"), "python -m labkit --help imported torch"
+
+
+def test_unknown_command_is_refused(capsys):
+    assert main(["trian"]) == 2
+    assert "unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_every_command_target_exists():
+    import importlib
+
+    for name, (target, _) in COMMANDS.items():
+        module, func = target.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_every_benchmark_module_has_a_main():
+    import importlib
+
+    from labkit.bench import BENCHMARKS
+
+    for name, (module, _) in BENCHMARKS.items():
+        assert callable(importlib.import_module(f"labkit.bench.{module}").main), name
