@@ -233,7 +233,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
     - ``"sapo"`` (arXiv 2511.20347): :math:`-\\frac{4}{\\tau}\\sigma\\big(\\tau (r - 1)\\big) A_i`, a soft gate in
       place of the hard clip, :math:`\\tau` = ``sapo_temperature_pos`` for ``A > 0``, else ``_neg``;
     - ``"vespo"`` (arXiv 2602.10693, as TRL cites it): :math:`-\\phi(w_i) A_i \\log\\pi_\\theta`,
-      :math:`\\phi(w) = e^{\\lambda} w^k e^{-\\lambda w}` detached, :math:`w_i = \\prod_t r_{i,t}`, ``k`` and ``lambda`` by the sign of ``A_i``.
+      :math:`\\phi(w) = e^{\\lambda} w^k e^{-\\lambda w}` detached,
+      :math:`w_i = \\prod_t r_{i,t}`, ``k`` and ``lambda`` by the sign of ``A_i``.
 
     Then ``+ beta * r * k3`` when ``ref_logps`` is given: the ``r`` in front of the KL is TRL's
     ``use_bias_correction_kl``. It is 1 in value on-policy but not in gradient: with it the expected
