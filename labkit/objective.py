@@ -333,10 +333,7 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
         ratio, seen = ratio.detach(), ratio_seen.detach()  # TRL counts clipping on the delta-capped ratio
         active = mask.bool()
         values = ratio if ratio.size(1) == mask.size(1) else ratio.expand_as(mask)
-        metrics = {
-            "ratio/mean": _masked_mean(ratio, mask),
-            "ratio/max": values[active].max().item() if active.any() else math.nan,
-        }
+        metrics = {}
         if loss_type in CLIPPED_LOSS_TYPES:
             is_low = ((seen < 1 - epsilon_low) & (advantages < 0)).to(mask.dtype)  # clipped: no gradient
             is_high = ((seen > 1 + epsilon_high) & (advantages > 0)).to(mask.dtype)
@@ -355,6 +352,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
             metrics["cispo_clip_ratio"] = _masked_mean(((ratio > epsilon_high) & (advantages > 0)).to(mask.dtype), mask)
         elif loss_type == "vespo":
             metrics["vespo/phi_seq_mean"] = phi.mean().item()
+        metrics["ratio/mean"] = _masked_mean(ratio, mask)
+        metrics["ratio/max"] = values[active].max().item() if active.any() else math.nan
         if per_token_kl is not None:
             per_token_kl = per_token_kl.detach()
             metrics["kl"] = _masked_mean(per_token_kl, mask)
