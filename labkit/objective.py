@@ -2,12 +2,13 @@
 
 Introduced and derived in ``01_grpo_objective.ipynb``; every training path of the lab
 (the nano loop, the dashboard's diagnostics) uses these functions, and
-``tests/test_objective.py`` checks :func:`grpo_loss` against the loss TRL's own
-``GRPOTrainer`` computes on the same batch, for every ``loss_type``, with and without KL.
+``tests/test_objective.py`` checks :func:`grpo_loss` (loss and gradient) against the loss TRL's own
+``GRPOTrainer`` computes on the same batch, for each of TRL 1.16's eight ``loss_type`` values, at both
+``importance_sampling_level`` values, with and without KL.
 
 Names follow TRL: ``num_generations`` (G, completions per prompt), ``completion_mask``,
 ``old_logps`` (TRL's ``old_per_token_logps``), ``ref_logps``, ``advantages``, ``beta``,
-``epsilon`` / ``epsilon_high``, ``loss_type``. Shapes: ``B`` completions in a batch
+``epsilon`` / ``epsilon_high``, ``loss_type``, ``importance_sampling_level``. Shapes: ``B`` completions in a batch
 (``B = num_prompts * G``, the G completions of a prompt next to each other, as TRL lays
 them out), ``T`` completion tokens, ``V`` vocabulary, ``H`` hidden size.
 """
@@ -22,6 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "LOSS_TYPES",
+    "CLIPPED_LOSS_TYPES",
+    "IMPORTANCE_SAMPLING_LEVELS",
     "SCALES",
     "group_advantages",
     "frac_reward_zero_std",
@@ -35,7 +38,10 @@ __all__ = [
     "per_token_logps",
 ]
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# TRL 1.16's eight loss types; all are implemented here and checked against TRL's GRPOTrainer.
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+CLIPPED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # PPO's clipped surrogate, aggregated differently
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")  # TRL 1.16's importance_sampling_level values
 SCALES = ("group", "batch", "none")
 ADVANTAGE_EPS = 1e-4  # TRL's: advantages = (r - mean) / (std + 1e-4)
 
@@ -130,6 +136,11 @@ def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
 
     Unbiased (``E[e^x] = 1`` under pi), always >= 0 (``e^x >= 1 + x``), and low variance
     when the policies are close. Shapes: any, ``(B, T)`` in the loss.
+
+    Its value is unbiased, its gradient is not, on-policy too: with tokens sampled from pi
+    (held fixed), ``E[grad k3] = grad KL(pi_ref || pi)``, the forward KL. Multiplied by the ratio
+    ``pi / pi_old`` (TRL's ``use_bias_correction_kl``, what :func:`grpo_loss` does by default),
+    ``E[grad (ratio * k3)] = grad KL(pi || pi_ref)``. ``01_grpo_objective.ipynb`` section 4 checks both.
     """
     log_ratio = ref_logps - logps  # log(pi_ref / pi)
     return torch.exp(log_ratio) - log_ratio - 1
@@ -142,55 +153,106 @@ def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
 class GRPOLossOutput:
     """What :func:`grpo_loss` returns: the loss, its per-token terms, and the diagnostics.
 
-    ``metrics`` uses TRL's names so the dashboard shows TRL runs and labkit runs the same way:
-    ``clip_ratio/low_mean``, ``clip_ratio/low_min``, ``clip_ratio/high_mean``,
-    ``clip_ratio/high_max``, ``clip_ratio/region_mean`` and, when ``ref_logps`` is given,
-    ``kl``; plus ``ratio/mean`` and ``ratio/max`` (the importance ratio over the completion
-    tokens, not a TRL metric).
+    ``metrics`` uses TRL's names so the dashboard shows TRL runs and labkit runs the same way.
+    For the clipped loss types (:data:`CLIPPED_LOSS_TYPES`): ``clip_ratio/low_mean``,
+    ``clip_ratio/low_min``, ``clip_ratio/high_mean``, ``clip_ratio/high_max``,
+    ``clip_ratio/region_mean``; for ``cispo``: ``cispo_clip_ratio``; for ``vespo``:
+    ``vespo/phi_seq_mean``; ``sapo`` clips nothing. When ``ref_logps`` is given, ``kl``. Always
+    ``ratio/mean`` and ``ratio/max`` (the importance ratio, not a TRL metric). At
+    ``importance_sampling_level="sequence"`` the clip fractions count completions, not tokens, as
+    in TRL.
     """
 
     loss: torch.Tensor  # () what backward() is called on
-    per_token_loss: torch.Tensor  # (B, T) clipped surrogate (+ beta * KL), before masking and aggregation
-    ratio: torch.Tensor  # (B, T) pi_theta / pi_old, detached
+    per_token_loss: torch.Tensor  # (B, T) policy term (+ beta * KL), before masking and aggregation
+    ratio: torch.Tensor  # (B, T) pi_theta / pi_old, detached; (B, 1) at importance_sampling_level="sequence"
     per_token_kl: torch.Tensor | None  # (B, T) the KL term as it enters the loss, detached; None without ref_logps
     metrics: dict = field(default_factory=dict)  # name -> float
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    if x.size(-1) == 1 and mask.size(-1) != 1:  # one value per completion (sequence level): TRL averages rows
+        return x.mean().item()
     return ((x * mask).sum() / mask.sum().clamp(min=1.0)).item()
 
 
 def _seq_means(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     # Per-sequence mean over completion tokens; NaN for a fully masked row, as in TRL.
+    if x.size(-1) == 1 and mask.size(-1) != 1:
+        return x[:, 0]  # (B,) already one value per completion
     return (x * mask).sum(-1) / mask.sum(-1)  # (B,)
+
+
+def _vespo_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
+                   importance_sampling_ratio: torch.Tensor | None, k_pos: float, lambda_pos: float, k_neg: float,
+                   lambda_neg: float) -> torch.Tensor:
+    # VESPO's gamma weight of a completion, phi(w) = e^lambda w^k e^(-lambda w) (phi(1) = 1), with
+    # w = prod_t pi_theta / pi_old (a product, not GSPO's geometric mean); detached, in log space, clamped as in TRL.
+    with torch.no_grad():
+        lower = math.log(1e-8)
+        log_w = (torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True)  # (B, 1)
+        if importance_sampling_ratio is not None:  # TRL sums the vLLM log-ratios over all T positions
+            log_w = log_w + torch.clamp(torch.log(importance_sampling_ratio), lower, 20.0).sum(-1, keepdim=True)
+        log_w = torch.clamp(log_w, lower, 20.0)
+        nonneg = advantages >= 0  # (B, 1)
+        k = torch.where(nonneg, k_pos, k_neg)
+        lam = torch.where(nonneg, lambda_pos, lambda_neg).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, 1)
 
 
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: torch.Tensor,
               completion_mask: torch.Tensor, *, ref_logps: torch.Tensor | None = None, beta: float = 0.0,
               epsilon: float = 0.2, epsilon_high: float | None = None, loss_type: str = "dapo",
-              max_completion_length: int | None = None, num_items_in_batch: int | torch.Tensor | None = None,
-              use_bias_correction_kl: bool = True, delta: float | None = None,
-              importance_sampling_ratio: torch.Tensor | None = None) -> GRPOLossOutput:
-    """Return a :class:`GRPOLossOutput`: GRPO's clipped surrogate loss and its diagnostics.
+              importance_sampling_level: str = "token", max_completion_length: int | None = None,
+              num_items_in_batch: int | torch.Tensor | None = None, use_bias_correction_kl: bool = True,
+              delta: float | None = None, importance_sampling_ratio: torch.Tensor | None = None,
+              sapo_temperature_pos: float = 1.0, sapo_temperature_neg: float = 1.05, vespo_k_pos: float = 2.0,
+              vespo_lambda_pos: float = 3.0, vespo_k_neg: float = 3.0,
+              vespo_lambda_neg: float = 2.0) -> GRPOLossOutput:
+    """Return a :class:`GRPOLossOutput`: GRPO's clipped surrogate loss (or a variant) and its diagnostics.
 
-    Per completion token ``t`` of completion ``i``, with ``ratio = exp(logps - old_logps)``:
+    **The importance ratio** of token ``t`` of completion ``i``, by ``importance_sampling_level``:
 
-    .. math:: \\ell_{i,t} = -\\min\\big(r_{i,t} \\hat A_i,\\;
-              \\operatorname{clip}(r_{i,t}, 1-\\epsilon, 1+\\epsilon_{high}) \\hat A_i\\big)
-              + \\beta\\, r_{i,t}\\, k_3(\\pi_\\theta, \\pi_{ref})_{i,t}
+    - ``"token"`` (GRPO, TRL's default): :math:`r_{i,t} = \\pi_\\theta(o_{i,t}) / \\pi_{old}(o_{i,t})`, ``(B, T)``;
+    - ``"sequence"`` (GSPO, arXiv 2507.18071): one ratio per completion, the geometric mean of its
+      token ratios,
+      :math:`s_i = \\exp\\big(\\frac{1}{|o_i|}\\sum_t \\log\\frac{\\pi_\\theta(o_{i,t})}{\\pi_{old}(o_{i,t})}\\big)`,
+      ``(B, 1)``, differentiable through every token of the completion; clipping then keeps or
+      drops whole completions. On-policy (``s_i = 1``) the clipped losses have the token level's gradient.
 
-    (the ``r_{i,t}`` in front of the KL is TRL's ``use_bias_correction_kl``: it makes the KL
-    gradient unbiased; its value is 1 on-policy but its gradient is not zero). The per-token
-    terms are then aggregated over the ``completion_mask`` by ``loss_type``:
+    **The per-token loss** by ``loss_type`` (``r`` is the ratio above, ``A_i`` the advantage):
 
-    - ``"grpo"``: mean over each completion's tokens, then over completions (DeepSeekMath).
+    - clipped surrogate (``grpo``, ``bnpo``, ``dr_grpo``, ``dapo``, ``luspo``):
+      :math:`-\\min\\big(r A_i,\\ \\operatorname{clip}(r, 1-\\epsilon, 1+\\epsilon_{high}) A_i\\big)`;
+    - ``"cispo"`` (MiniMax-M1, arXiv 2506.13585):
+      :math:`-\\operatorname{sg}[\\min(r, \\epsilon_{high})]\\, A_i \\log\\pi_\\theta`:
+      the ratio is capped and detached, so no token's gradient is ever zeroed; here
+      ``epsilon_high`` is the cap ε_max (TRL quotes 5.0 as the recommended value; left at None it is
+      ``epsilon``, as in TRL);
+    - ``"sapo"`` (arXiv 2511.20347): :math:`-\\frac{4}{\\tau}\\sigma\\big(\\tau (r - 1)\\big) A_i`, a soft gate in
+      place of the hard clip, :math:`\\tau` = ``sapo_temperature_pos`` for ``A > 0``, else ``_neg``;
+    - ``"vespo"`` (arXiv 2602.10693, as TRL cites it): :math:`-\\phi(w_i) A_i \\log\\pi_\\theta`,
+      :math:`\\phi(w) = e^{\\lambda} w^k e^{-\\lambda w}` detached,
+      :math:`w_i = \\prod_t r_{i,t}`, ``k`` and ``lambda`` by the sign of ``A_i``.
+
+    Then ``+ beta * r * k3`` when ``ref_logps`` is given: the ``r`` in front of the KL is TRL's
+    ``use_bias_correction_kl``. It is 1 in value on-policy but not in gradient: with it the expected
+    gradient is that of KL(pi_theta || pi_ref); without it, that of KL(pi_ref || pi_theta) (see
+    :func:`kl_k3`). At the sequence level the sequence ratio multiplies the per-token KL, as in TRL.
+
+    **Aggregation** over the ``completion_mask``, by ``loss_type``:
+
+    - ``"grpo"``, ``"sapo"``: mean over each completion's tokens, then over completions (DeepSeekMath).
       Every completion weighs the same, so a token of a short completion weighs more.
     - ``"bnpo"``: sum over all tokens / number of tokens in this batch.
     - ``"dr_grpo"``: sum over all tokens / (B * ``max_completion_length``), a constant.
-    - ``"dapo"`` (TRL's default): sum over all tokens / ``num_items_in_batch``, the number of
-      tokens in the whole generation batch across gradient-accumulation steps (this batch's
-      token count when not given). On one batch it equals ``bnpo``; with accumulation,
+    - ``"dapo"`` (TRL's default), ``"cispo"``, ``"vespo"``: sum over all tokens / ``num_items_in_batch``,
+      the number of tokens in the whole generation batch across gradient-accumulation steps (this
+      batch's token count when not given). On one batch it equals ``bnpo``; with accumulation,
       summing ``grpo_loss`` over the micro-batches gives the token mean of the whole batch.
+    - ``"luspo"`` (arXiv 2602.05261, as TRL cites it): sum over each completion's tokens, mean over
+      completions (a completion weighs by its length; meant for ``importance_sampling_level="sequence"``).
 
     Shapes: ``logps``, ``old_logps``, ``ref_logps``, ``completion_mask``: ``(B, T)``;
     ``advantages``: ``(B,)``. ``old_logps=None`` means on-policy (``logps.detach()``, as TRL
@@ -198,10 +260,14 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
     ``delta`` (two-sided clipping of the ratio from above, INTELLECT-2) and
     ``importance_sampling_ratio`` (``(B, T)``, TRL's vLLM sampling correction) follow TRL; both
     are off by default. TRL's gradient-accumulation scaling is not applied: this is the loss
-    of one batch. Introduced in ``01_grpo_objective.ipynb``.
+    of one batch. Every ``loss_type`` and level is checked against TRL 1.16's ``GRPOTrainer`` in
+    ``tests/test_objective.py``. Introduced in ``01_grpo_objective.ipynb``.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} (as in TRL 1.16), "
+                         f"not {importance_sampling_level!r}")
     if beta != 0.0 and ref_logps is None:
         raise ValueError("beta != 0 needs ref_logps, the reference model's log-probs of the same tokens")
     if logps.dim() != 2 or completion_mask.shape != logps.shape:
@@ -214,52 +280,80 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
         advantages = advantages.unsqueeze(1)  # (B, 1), the same advantage for every token
     old_logps = logps.detach() if old_logps is None else old_logps
 
-    ratio = torch.exp(logps - old_logps)  # (B, T) pi_theta / pi_old per token
-    clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)  # (B, T)
-    # INTELLECT-2's two-sided clipping also caps the unclipped branch (it matters for A < 0).
-    ratio_for_loss = ratio if delta is None else torch.clamp(ratio, max=delta)  # (B, T)
-    # Pessimistic bound: take the smaller objective, i.e. the larger loss.
-    per_token_loss = -torch.min(ratio_for_loss * advantages, clipped_ratio * advantages)  # (B, T)
-    if importance_sampling_ratio is not None:
+    log_ratio = logps - old_logps  # (B, T)
+    if importance_sampling_level == "token":
+        ratio = torch.exp(log_ratio)  # (B, T) pi_theta / pi_old per token
+    else:  # GSPO: the geometric mean over the completion's tokens, one ratio per completion
+        lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)  # (B, 1)
+        ratio = torch.exp((log_ratio * mask).sum(-1, keepdim=True) / lengths)  # (B, 1)
+    ratio_seen = ratio  # what the clip metrics look at
+
+    if loss_type == "cispo":
+        # Cap and detach the ratio: it only weights REINFORCE's log-prob gradient, never zeroes it.
+        per_token_loss = -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps  # (B, T)
+    elif loss_type == "sapo":
+        temperature = torch.where(advantages > 0, sapo_temperature_pos, sapo_temperature_neg)  # (B, 1)
+        per_token_loss = -torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature * advantages
+    elif loss_type == "vespo":
+        phi = _vespo_weights(advantages, log_ratio, mask, importance_sampling_ratio, vespo_k_pos, vespo_lambda_pos,
+                             vespo_k_neg, vespo_lambda_neg)  # (B, 1)
+        per_token_loss = -phi * advantages * logps  # (B, T)
+    else:
+        clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        # INTELLECT-2's two-sided clipping also caps the unclipped branch (it matters for A < 0).
+        ratio_seen = ratio if delta is None else torch.clamp(ratio, max=delta)
+        # Pessimistic bound: take the smaller objective, i.e. the larger loss.
+        per_token_loss = -torch.min(ratio_seen * advantages, clipped_ratio * advantages)  # (B, T) or (B, 1)
+    if importance_sampling_ratio is not None and loss_type != "vespo":  # vespo took it into phi
         per_token_loss = per_token_loss * importance_sampling_ratio
 
     per_token_kl = None
     if ref_logps is not None:
         per_token_kl = kl_k3(logps, ref_logps)  # (B, T)
         if use_bias_correction_kl:
-            per_token_kl = per_token_kl * ratio
+            per_token_kl = per_token_kl * ratio  # (B, T); the sequence ratio is broadcast over the tokens
         if beta != 0.0:
             per_token_loss = per_token_loss + beta * per_token_kl
+    per_token_loss = per_token_loss.expand_as(mask)  # (B, T) also when the policy term is one per completion
 
-    if loss_type == "grpo":
+    if loss_type in ("grpo", "sapo"):
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif loss_type == "bnpo":
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     elif loss_type == "dr_grpo":
         length = logps.size(1) if max_completion_length is None else max_completion_length
         loss = (per_token_loss * mask).sum() / (logps.size(0) * length)
-    else:  # dapo
+    elif loss_type == "luspo":
+        loss = (per_token_loss * mask).sum(-1).mean()
+    else:  # dapo, cispo, vespo
         n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
         loss = (per_token_loss * mask).sum() / n.clamp(min=1.0)
 
     with torch.no_grad():
-        ratio, seen = ratio.detach(), ratio_for_loss.detach()  # TRL counts clipping on the delta-capped ratio
-        is_low = ((seen < 1 - epsilon_low) & (advantages < 0)).to(mask.dtype)  # (B, T) clipped: no gradient
-        is_high = ((seen > 1 + epsilon_high) & (advantages > 0)).to(mask.dtype)  # (B, T)
-        is_region = torch.maximum(is_low, is_high)
-        low_per_seq, high_per_seq = _seq_means(is_low, mask), _seq_means(is_high, mask)
+        ratio, seen = ratio.detach(), ratio_seen.detach()  # TRL counts clipping on the delta-capped ratio
         active = mask.bool()
-        metrics = {
-            "clip_ratio/low_mean": _masked_mean(is_low, mask),
-            "clip_ratio/low_min": torch.nan_to_num(low_per_seq, nan=math.inf).min().item(),
-            "clip_ratio/high_mean": _masked_mean(is_high, mask),
-            "clip_ratio/high_max": torch.nan_to_num(high_per_seq, nan=-math.inf).max().item(),
-            "clip_ratio/region_mean": _masked_mean(is_region, mask),
-            "ratio/mean": _masked_mean(ratio, mask),
-            "ratio/max": ratio[active].max().item() if active.any() else math.nan,
-        }
-        if not torch.isfinite(low_per_seq).any():  # every row masked out
-            metrics["clip_ratio/low_min"] = metrics["clip_ratio/high_max"] = math.nan
+        values = ratio if ratio.size(1) == mask.size(1) else ratio.expand_as(mask)
+        metrics = {}
+        if loss_type in CLIPPED_LOSS_TYPES:
+            is_low = ((seen < 1 - epsilon_low) & (advantages < 0)).to(mask.dtype)  # clipped: no gradient
+            is_high = ((seen > 1 + epsilon_high) & (advantages > 0)).to(mask.dtype)
+            is_region = torch.maximum(is_low, is_high)
+            low_per_seq, high_per_seq = _seq_means(is_low, mask), _seq_means(is_high, mask)
+            metrics.update({
+                "clip_ratio/low_mean": _masked_mean(is_low, mask),
+                "clip_ratio/low_min": torch.nan_to_num(low_per_seq, nan=math.inf).min().item(),
+                "clip_ratio/high_mean": _masked_mean(is_high, mask),
+                "clip_ratio/high_max": torch.nan_to_num(high_per_seq, nan=-math.inf).max().item(),
+                "clip_ratio/region_mean": _masked_mean(is_region, mask),
+            })
+            if not torch.isfinite(low_per_seq).any():  # every row masked out
+                metrics["clip_ratio/low_min"] = metrics["clip_ratio/high_max"] = math.nan
+        elif loss_type == "cispo":
+            metrics["cispo_clip_ratio"] = _masked_mean(((ratio > epsilon_high) & (advantages > 0)).to(mask.dtype), mask)
+        elif loss_type == "vespo":
+            metrics["vespo/phi_seq_mean"] = phi.mean().item()
+        metrics["ratio/mean"] = _masked_mean(ratio, mask)
+        metrics["ratio/max"] = values[active].max().item() if active.any() else math.nan
         if per_token_kl is not None:
             per_token_kl = per_token_kl.detach()
             metrics["kl"] = _masked_mean(per_token_kl, mask)

@@ -6,8 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.objective import (LOSS_TYPES, frac_reward_zero_std, group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3,
-                              per_token_logps, token_logps_from_hidden)
+from labkit.objective import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, frac_reward_zero_std,
+                              group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3, per_token_logps,
+                              token_logps_from_hidden)
 
 FAST = settings(max_examples=60, deadline=None)
 TRL_METRICS = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max",
@@ -84,7 +85,7 @@ def _batch(seed=0, B=8, T=6, noise=0.3, lengths=None):
 
 
 @FAST
-@given(st.floats(0.05, 0.5), st.floats(0.05, 0.5), st.sampled_from(LOSS_TYPES), st.integers(0, 10_000))
+@given(st.floats(0.05, 0.5), st.floats(0.05, 0.5), st.sampled_from(CLIPPED_LOSS_TYPES), st.integers(0, 10_000))
 def test_clipping_changes_nothing_inside_the_trust_region(epsilon, epsilon_high, loss_type, seed):
     b = _batch(seed)
     g = torch.Generator().manual_seed(seed)
@@ -133,18 +134,89 @@ def test_on_policy_grpo_loss_is_zero_but_its_gradient_is_not():
     assert grad.abs().sum() > 0.1
 
 
-def test_loss_type_weights_of_a_short_and_a_long_completion():
+@pytest.mark.parametrize("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
+def test_loss_type_weights_of_a_short_and_a_long_completion(importance_sampling_level):
     mask = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
     logps = torch.zeros(2, 8, requires_grad=True)
     weights = {}
     for loss_type in LOSS_TYPES:
-        out = grpo_loss(logps, None, torch.tensor([1.0, 1.0]), mask, loss_type=loss_type, max_completion_length=10)
+        out = grpo_loss(logps, None, torch.tensor([1.0, 1.0]), mask, loss_type=loss_type, max_completion_length=10,
+                        epsilon_high=5.0 if loss_type == "cispo" else None,  # CISPO's cap, as ScaleRL recommends
+                        importance_sampling_level=importance_sampling_level)
         (grad,) = torch.autograd.grad(out.loss, logps)
         weights[loss_type] = -grad[:, 0]  # weight of one token of each completion
+    # On-policy every loss type is a weighted REINFORCE; what differs is the weight of a token.
     torch.testing.assert_close(weights["grpo"], torch.tensor([1 / 4, 1 / 16]))  # 1 / (B |o_i|)
     torch.testing.assert_close(weights["bnpo"], torch.tensor([1 / 10, 1 / 10]))  # 1 / total tokens
     torch.testing.assert_close(weights["dapo"], torch.tensor([1 / 10, 1 / 10]))
     torch.testing.assert_close(weights["dr_grpo"], torch.tensor([1 / 20, 1 / 20]))  # 1 / (B L_max)
+    torch.testing.assert_close(weights["luspo"], torch.tensor([1 / 2, 1 / 2]))  # 1 / B: a sum over tokens
+    torch.testing.assert_close(weights["sapo"], weights["grpo"])  # the soft gate has slope 1 at ratio 1
+    torch.testing.assert_close(weights["cispo"], weights["dapo"])  # weight min(1, eps_max) = 1
+    torch.testing.assert_close(weights["vespo"], weights["dapo"])  # phi(1) = 1
+
+
+def test_sequence_level_ratio_is_one_per_completion_and_clips_whole_completions():
+    b = _batch(5, noise=0.5)
+    logps = b["logps"].clone().requires_grad_(True)
+    mask = b["completion_mask"]
+    out = grpo_loss(logps, b["old_logps"], b["advantages"], mask, loss_type="grpo",
+                    importance_sampling_level="sequence")
+    # GSPO's ratio: the geometric mean of the token ratios of a completion, (B, 1)
+    log_ratio = ((logps - b["old_logps"]) * mask).sum(-1) / mask.sum(-1)  # (B,)
+    torch.testing.assert_close(out.ratio, log_ratio.detach().exp()[:, None])
+    (grad,) = torch.autograd.grad(out.loss, logps)
+    A = b["advantages"]
+    inside = (out.ratio[:, 0] > 0.8) & (out.ratio[:, 0] < 1.2)
+    clipped = ((out.ratio[:, 0] >= 1.2) & (A > 0)) | ((out.ratio[:, 0] <= 0.8) & (A < 0))
+    assert inside.any() and clipped.any()  # the batch has both kinds
+    assert torch.equal(grad[clipped], torch.zeros_like(grad[clipped]))  # a whole completion drops out
+    # Inside the trust region every token of completion i gets -A_i s_i / (B |o_i|): one weight per completion.
+    expected = -(A * out.ratio[:, 0] / mask.sum(-1) / len(A))[:, None] * mask  # (B, T)
+    torch.testing.assert_close(grad[inside], expected[inside])
+    assert out.metrics["clip_ratio/region_mean"] == pytest.approx(clipped.double().mean().item())
+
+
+@pytest.mark.parametrize("loss_type", CLIPPED_LOSS_TYPES)
+def test_sequence_level_gradient_equals_token_level_on_policy(loss_type):
+    # With num_iterations = 1 both ratios are 1 and the surrogates have the same gradient; they part off-policy.
+    b = _batch(6)
+    grads = {}
+    for level in IMPORTANCE_SAMPLING_LEVELS:
+        logps = b["logps"].clone().requires_grad_(True)
+        loss = grpo_loss(logps, None, b["advantages"], b["completion_mask"], loss_type=loss_type,
+                         importance_sampling_level=level).loss
+        (grads[level],) = torch.autograd.grad(loss, logps)
+    if loss_type == "luspo":  # its sum over tokens multiplies the sequence term by |o_i|
+        grads["token"] = grads["token"] / b["completion_mask"].sum(-1, keepdim=True)
+        grads["sequence"] = grads["sequence"] / b["completion_mask"].sum(-1, keepdim=True)
+    torch.testing.assert_close(grads["sequence"], grads["token"])
+
+
+def test_bias_corrected_k3_gradient_is_the_reverse_kl_gradient():
+    # Exact expectations over a categorical's support; the sampling distribution is detached, as sampling is.
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, generator=g, dtype=torch.float64, requires_grad=True)
+    ref_logps = torch.log_softmax(torch.randn(12, generator=g, dtype=torch.float64), -1)  # (V,)
+    logps = torch.log_softmax(logits, -1)  # (V,)
+    pi = logps.exp().detach()  # tokens are sampled from pi_old = pi_theta
+
+    def grad(value):
+        return torch.autograd.grad(value, logits, retain_graph=True)[0]
+
+    reverse_kl = grad((logps.exp() * (logps - ref_logps)).sum())  # of KL(pi || ref), what the penalty means
+    forward_kl = grad((ref_logps.exp() * (ref_logps - logps)).sum())  # of KL(ref || pi)
+    ratio = torch.exp(logps - logps.detach())  # 1, with the gradient of log pi
+    k3 = kl_k3(logps, ref_logps)
+    torch.testing.assert_close(grad((pi * ratio * k3).sum()), reverse_kl)
+    torch.testing.assert_close(grad((pi * kl_k2(logps, ref_logps)).sum()), reverse_kl)
+    torch.testing.assert_close(grad((pi * k3).sum()), forward_kl)  # biased, on-policy too
+    assert (forward_kl - reverse_kl).abs().max() > 0.01
+    # grpo_loss's KL term (zero advantages, so the surrogate adds nothing) with and without the correction
+    for use_bias_correction_kl, expected in ((True, reverse_kl), (False, forward_kl)):
+        out = grpo_loss(logps[None], None, torch.zeros(1, dtype=torch.float64), torch.ones(1, 12), beta=1.0,
+                        ref_logps=ref_logps[None], use_bias_correction_kl=use_bias_correction_kl)
+        torch.testing.assert_close(grad((pi * out.per_token_loss[0]).sum()), expected)
 
 
 def test_bad_arguments_are_refused():
@@ -153,6 +225,8 @@ def test_bad_arguments_are_refused():
         grpo_loss(b["logps"], None, b["advantages"], b["completion_mask"], loss_type="ppo")
     with pytest.raises(ValueError, match="ref_logps"):
         grpo_loss(b["logps"], None, b["advantages"], b["completion_mask"], beta=0.04)
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        grpo_loss(b["logps"], None, b["advantages"], b["completion_mask"], importance_sampling_level="sequence_token")
 
 
 # ----------------------------------------------------------------------------- against TRL's GRPOTrainer
@@ -200,41 +274,43 @@ def _trl_loss(trainer, batch, logps, num_items_in_batch=None, importance_samplin
     return loss, {name: values[-1] for name, values in trainer._metrics["train"].items()}
 
 
-def _float_batch(seed=0):
-    return {k: (v.float() if v.is_floating_point() else v) for k, v in _batch(seed, T=7, noise=0.4).items()}
+def _float_batch(seed=0, noise=0.4):
+    return {k: (v.float() if v.is_floating_point() else v) for k, v in _batch(seed, T=7, noise=noise).items()}
 
 
+# What TRL logs for each loss type besides kl and entropy (a soft or capped weight has no clip region).
+TRL_METRICS_OF = {**{t: TRL_METRICS for t in CLIPPED_LOSS_TYPES}, "cispo": ("cispo_clip_ratio",), "sapo": (),
+                  "vespo": ("vespo/phi_seq_mean",)}
+
+
+@pytest.mark.parametrize("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_loss_equals_trl(tmp_path_factory, tiny_model_path, loss_type, beta):
-    trainer = _trl_trainer(tmp_path_factory, tiny_model_path, loss_type=loss_type, beta=beta)
-    batch = _float_batch(seed=1)
-    trl_loss, trl_metrics = _trl_loss(trainer, batch, batch["logps"])
-    ours = grpo_loss(batch["logps"], batch["old_logps"], batch["advantages"], batch["completion_mask"],
-                     ref_logps=batch["ref_logps"] if beta else None, beta=beta, epsilon=trainer.args.epsilon,
-                     epsilon_high=trainer.args.epsilon_high, loss_type=loss_type,
-                     max_completion_length=trainer.max_completion_length)
-    torch.testing.assert_close(ours.loss, trl_loss, rtol=0, atol=1e-5)
-    assert ours.metrics["clip_ratio/region_mean"] > 0  # the batch exercises clipping
-    for name in TRL_METRICS + (("kl",) if beta else ()):
-        assert ours.metrics[name] == pytest.approx(trl_metrics[name], abs=1e-6), name
-
-
-def test_gradient_equals_autograd_through_trl(tmp_path_factory, tiny_model_path):
-    config = dict(loss_type="grpo", beta=0.04, epsilon_high=0.28)  # asymmetric clipping, KL with its correction
+def test_loss_and_gradient_equal_trl(tmp_path_factory, tiny_model_path, loss_type, beta, importance_sampling_level):
+    # TRL allows every loss type at both levels (it only warns about some pairs); so must labkit.
+    epsilon_high = 1.3 if loss_type == "cispo" else 0.28  # CISPO's cap on the ratio: low enough to bite here
+    config = dict(loss_type=loss_type, beta=beta, epsilon_high=epsilon_high,
+                  importance_sampling_level=importance_sampling_level)
     trainer = _trl_trainer(tmp_path_factory, tiny_model_path, **config)
-    batch = _float_batch(seed=2)
+    # A sequence ratio averages its tokens' log-ratios: further off-policy, so that some completions are clipped.
+    batch = _float_batch(seed=1) if importance_sampling_level == "token" else _float_batch(seed=2, noise=1.0)
     logps_trl = batch["logps"].clone().requires_grad_(True)
     trl_loss, trl_metrics = _trl_loss(trainer, batch, logps_trl)
     trl_loss.backward()
     logps = batch["logps"].clone().requires_grad_(True)
     ours = grpo_loss(logps, batch["old_logps"], batch["advantages"], batch["completion_mask"],
-                     ref_logps=batch["ref_logps"], **config)
+                     ref_logps=batch["ref_logps"] if beta else None, epsilon=trainer.args.epsilon,
+                     max_completion_length=trainer.max_completion_length, **config)
     ours.loss.backward()
     torch.testing.assert_close(ours.loss, trl_loss, rtol=0, atol=1e-5)
     torch.testing.assert_close(logps.grad, logps_trl.grad, rtol=0, atol=1e-6)
     assert logps.grad.abs().sum() > 0
-    assert ours.metrics["clip_ratio/high_mean"] == pytest.approx(trl_metrics["clip_ratio/high_mean"])
+    if loss_type in CLIPPED_LOSS_TYPES:
+        assert ours.metrics["clip_ratio/region_mean"] > 0  # the batch exercises clipping
+    if loss_type == "cispo":
+        assert 0 < ours.metrics["cispo_clip_ratio"] < 1  # and the cap
+    for name in TRL_METRICS_OF[loss_type] + (("kl",) if beta else ()):
+        assert ours.metrics[name] == pytest.approx(trl_metrics[name], abs=1e-6), name
 
 
 def test_dapo_normalises_by_the_whole_accumulated_batch_like_trl(tmp_path_factory, tiny_model_path):
@@ -251,15 +327,16 @@ def test_dapo_normalises_by_the_whole_accumulated_batch_like_trl(tmp_path_factor
         torch.testing.assert_close(ours.loss, trl_loss, rtol=0, atol=1e-5)
 
 
-def test_vllm_importance_sampling_correction_like_trl(tmp_path_factory, tiny_model_path):
-    trainer = _trl_trainer(tmp_path_factory, tiny_model_path, loss_type="bnpo", beta=0.04)
+@pytest.mark.parametrize("loss_type", ["bnpo", "vespo"])  # vespo folds the vLLM ratio into its weights
+def test_vllm_importance_sampling_correction_like_trl(tmp_path_factory, tiny_model_path, loss_type):
+    trainer = _trl_trainer(tmp_path_factory, tiny_model_path, loss_type=loss_type, beta=0.04)
     # What GRPOTrainer sets when it generates with vLLM (vLLM itself is not needed for the loss).
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
     batch = _float_batch(seed=5)
     is_ratio = torch.rand(batch["logps"].shape) + 0.5
     trl_loss, _ = _trl_loss(trainer, batch, batch["logps"], importance_sampling_ratio=is_ratio)
     ours = grpo_loss(batch["logps"], batch["old_logps"], batch["advantages"], batch["completion_mask"],
-                     ref_logps=batch["ref_logps"], beta=0.04, loss_type="bnpo", importance_sampling_ratio=is_ratio)
+                     ref_logps=batch["ref_logps"], beta=0.04, loss_type=loss_type, importance_sampling_ratio=is_ratio)
     torch.testing.assert_close(ours.loss, trl_loss, rtol=0, atol=1e-5)
 
 
