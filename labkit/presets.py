@@ -198,12 +198,11 @@ def get_preset(name: str | Preset, **overrides) -> Preset:
 
 
 def resolve_model(model: str) -> str:
-    """Return a loadable name for a preset's model: ``"tiny:qwen2"`` becomes the tiny model's path."""
-    if model.startswith("tiny:"):
-        from labkit.models import build_tiny_model
+    """Return a loadable name for a preset's model (:func:`labkit.models.resolve_model`): ``"tiny:qwen2"``
+    and ``"smollm2-135m"`` become local folders; hub ids and paths stay as they are."""
+    from labkit.models import resolve_model as _resolve
 
-        return str(build_tiny_model(model.split(":", 1)[1]))
-    return model
+    return _resolve(model)
 
 
 def model_context_length(model: str) -> int | None:
