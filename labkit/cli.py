@@ -168,21 +168,36 @@ def train_parser():
     parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                         help="any other GRPOConfig field, e.g. loss_type=grpo num_iterations=2 (kept in the recipe)")
     parser.add_argument("--resume", default="auto", help="auto (default), yes, no, or a checkpoint path")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="the run's seed (part of the recipe; default the preset's, 0)")
     parser.add_argument("--dry-run", action="store_true", help="validate and run the preflight check, then exit")
     return parser
+
+
+def _output_dir(text: str | None, preset) -> Path:
+    """Return the run folder, refusing an empty name or a path that is a file."""
+    if text is not None and not text.strip():
+        raise UsageError("--output-dir is empty: give a folder name (default runs/PRESET)")
+    output_dir = Path(text) if text is not None else Path("runs") / preset.name
+    for path in (output_dir, *output_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--output-dir {output_dir}: {path} is a file, not a folder; choose another --output-dir")
+    return output_dir
 
 
 def train_cli(argv: list[str] | None = None) -> int:
     """``python -m labkit train --preset NAME [...]``: validate, preflight, train (resuming), save.
 
     Works as a plain script under ``accelerate launch ... -m labkit train --preset NAME``.
-    Exit codes: 0 done, 2 a preset or resume error (message says what to change), 3 out of memory.
+    Exit codes: 0 done (or already finished: nothing is changed), 2 a preset, folder or resume error
+    (one line says what to change), 3 out of memory, 130 interrupted (Ctrl-C; the message says where
+    the run resumes from).
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import PRESETS, PresetError, get_preset, preflight, validate
-    from labkit.run import ResumeMismatchError, build_run, is_main_process, resume_checkpoint
+    from labkit.presets import PRESETS, SECRET_FIELDS, PresetError, get_preset, preflight, validate
+    from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
+                            resume_checkpoint)
+    from labkit.training import last_checkpoint
 
     args = train_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.list or not args.preset:
@@ -190,11 +205,18 @@ def train_cli(argv: list[str] | None = None) -> int:
             print(f"{preset.name:<12} {preset.model} ({preset.method}): {preset.description}")
         return 0 if args.list else 2
     main = is_main_process()
+    output_dir = None
     try:
         overrides = parse_pairs("--set", args.set)
-        if args.config:
-            overrides["trl_options"] = {**overrides.get("trl_options", {}), **parse_pairs("--config", args.config)}
-        for key in ("model", "max_steps", "save_steps", "train_limit"):
+        config = parse_pairs("--config", args.config)
+        secrets = sorted(key for key in config if key in SECRET_FIELDS)
+        if secrets:  # refused before anything can echo or save it
+            raise UsageError(f"--config {secrets[0]}=... is refused: a secret on the command line ends up in the "
+                             f"shell history and the saved recipe. Set the {SECRET_FIELDS[secrets[0]]} environment "
+                             "variable instead.")
+        if config:
+            overrides["trl_options"] = {**(overrides.get("trl_options") or {}), **config}
+        for key in ("model", "max_steps", "save_steps", "train_limit", "seed"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)
         preset = get_preset(args.preset, **overrides)
@@ -206,29 +228,40 @@ def train_cli(argv: list[str] | None = None) -> int:
         device = detect_device()
         for warning in validate(preset, device):
             print("warning:", warning, file=sys.stderr) if main else None
+        output_dir = _output_dir(args.output_dir, preset)
         if main:
             print(f"preset {preset.name}: {preset.description}")
             print(preflight(preset, device))
         if args.dry_run:
             return 0
         resume = {"auto": "auto", "yes": True, "no": False}.get(args.resume, args.resume)
-        output_dir = Path(args.output_dir or Path("runs") / preset.name)
-        resume_checkpoint(output_dir, preset, resume)  # a changed recipe fails here, before loading anything
-        run = build_run(preset, output_dir, device=device, seed=args.seed)
-        if main and run.dropped_prompts:
-            print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
-                  f"training on {len(run.train_dataset)}")
-        result = run.train(resume=resume)
-        final = run.save()
+        with RunLock(output_dir):
+            resume_checkpoint(output_dir, preset, resume)  # a changed recipe fails here, before loading anything
+            finished = finished_run(output_dir, preset) if resume != False else None  # noqa: E712
+            if finished:
+                print(finished) if main else None
+                return 0
+            run = build_run(preset, output_dir, device=device)
+            if main and run.dropped_prompts:
+                print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
+                      f"training on {len(run.train_dataset)}")
+            result = run.train(resume=resume)
+            final = run.save()
         if main:
             print(f"done: {result.global_step} steps; saved to {final}")
         return 0
     except TrainingOutOfMemory as exc:
         print(exc, file=sys.stderr)
         return 3
-    except (UsageError, PresetError, ResumeMismatchError, FileNotFoundError) as exc:
+    except (UsageError, PresetError, ResumeMismatchError, RunLockedError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        checkpoint = last_checkpoint(output_dir) if output_dir is not None else None
+        where = (f"re-run the same command to resume from {checkpoint}" if checkpoint else
+                 "no checkpoint was written yet, so re-running the same command starts again at step 0")
+        print(f"\ninterrupted: {where}.", file=sys.stderr)
+        return 130
 
 
 def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:
