@@ -194,7 +194,7 @@ def train_cli(argv: list[str] | None = None) -> int:
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import PRESETS, SECRET_FIELDS, PresetError, get_preset, preflight, validate
+    from labkit.presets import PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, get_preset, preflight, validate
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)
     from labkit.training import last_checkpoint
@@ -209,6 +209,9 @@ def train_cli(argv: list[str] | None = None) -> int:
     try:
         overrides = parse_pairs("--set", args.set)
         config = parse_pairs("--config", args.config)
+        for key, choices in TRL_CHOICES.items():  # "scale_rewards=none" is TRL's word, not Python's None
+            if key in config and config[key] is None and "none" in choices:
+                config[key] = "none"
         secrets = sorted(key for key in config if key in SECRET_FIELDS)
         if secrets:  # refused before anything can echo or save it
             raise UsageError(f"--config {secrets[0]}=... is refused: a secret on the command line ends up in the "
@@ -219,7 +222,7 @@ def train_cli(argv: list[str] | None = None) -> int:
         for key in ("model", "max_steps", "save_steps", "train_limit", "seed"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)
-        preset = get_preset(args.preset, **overrides)
+        preset = get_preset(args.preset).replace(**overrides)
         if "LOCAL_RANK" in os.environ:  # accelerate launch: one GPU per process
             import torch
 
@@ -280,6 +283,31 @@ def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def demo_argument_error(args) -> str | None:
+    """Return one line saying which demo option is out of range and what to write, or None when all are usable."""
+    import math
+
+    rules = [  # (option, value, lowest, highest)
+        ("--steps", args.steps, 1, 100_000), ("--sft-steps", args.sft_steps, 0, 1_000_000),
+        ("--num-generations", args.num_generations, 2, 1024), ("--eval-problems", args.eval_problems, 1, 100_000),
+        ("--lr", args.lr, 0.0, 1.0), ("--beta", args.beta, 0.0, 1000.0),
+    ]
+    if hasattr(args, "seed"):
+        rules.append(("--seed", args.seed, 0, 2**32 - 1))
+    for option, value, low, high in rules:
+        if not math.isfinite(value) or not low <= value <= high:
+            why = " (the advantage compares completions of one prompt)" if option == "--num-generations" else ""
+            return f"{option} must be from {low:,} to {high:,}{why}, not {value}."
+    out = getattr(args, "out", None)
+    if out is not None:
+        if not str(out).strip():
+            return "--out is empty: give a folder name (default runs/demo)."
+        for path in (Path(out), *Path(out).parents):
+            if path.exists() and not path.is_dir():
+                return f"--out {out}: {path} is a file, not a folder; choose another --out."
+    return None
+
+
 def demo_config(args, seed: int):
     from labkit.nano import NanoConfig
 
@@ -303,6 +331,10 @@ def demo_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     args = parser.parse_args(argv)
+    problem = demo_argument_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = "python -m labkit demo " + " ".join(argv or [])
     summary = demo(demo_config(args, args.seed), args.out, progress=not args.quiet, command=command.strip())

@@ -431,7 +431,7 @@ def _model_errors(model: str) -> list[str]:
 
 def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
     """Return the LoRA ``target_modules`` that name no Linear layer of the model, when its shape is known offline."""
-    if p.method == "full" or "all-linear" in p.target_modules:
+    if p.method == "full":
         return []
     from labkit.memory import model_shape
 
@@ -467,7 +467,7 @@ def _trl_config_errors(p: Preset) -> list[str]:
     for key, value in p.trl_options.items():
         label = f"trl_options {key} (--config {key}=VALUE)"
         if key in TRL_CHOICES:
-            if value not in TRL_CHOICES[key]:
+            if value not in TRL_CHOICES[key] and not (key == "scale_rewards" and isinstance(value, bool)):
                 errors.append(f"{label} must be one of {', '.join(TRL_CHOICES[key])}, not {value!r}.")
             continue
         hint = hints.get(key)
@@ -567,7 +567,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
     try:
         named_rewards(p.rewards, p.reward_weights)
     except ValueError as exc:
-        errors.append(str(exc))
+        errors.append(f"rewards: {exc}")
 
     context = model_context_length(p.model)
     total = p.max_prompt_length + p.max_completion_length
