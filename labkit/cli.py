@@ -168,21 +168,36 @@ def train_parser():
     parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                         help="any other GRPOConfig field, e.g. loss_type=grpo num_iterations=2 (kept in the recipe)")
     parser.add_argument("--resume", default="auto", help="auto (default), yes, no, or a checkpoint path")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, help="the run's seed (part of the recipe; default the preset's, 0)")
     parser.add_argument("--dry-run", action="store_true", help="validate and run the preflight check, then exit")
     return parser
+
+
+def _output_dir(text: str | None, preset) -> Path:
+    """Return the run folder, refusing an empty name or a path that is a file."""
+    if text is not None and not text.strip():
+        raise UsageError("--output-dir is empty: give a folder name (default runs/PRESET)")
+    output_dir = Path(text) if text is not None else Path("runs") / preset.name
+    for path in (output_dir, *output_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--output-dir {output_dir}: {path} is a file, not a folder; choose another --output-dir")
+    return output_dir
 
 
 def train_cli(argv: list[str] | None = None) -> int:
     """``python -m labkit train --preset NAME [...]``: validate, preflight, train (resuming), save.
 
     Works as a plain script under ``accelerate launch ... -m labkit train --preset NAME``.
-    Exit codes: 0 done, 2 a preset or resume error (message says what to change), 3 out of memory.
+    Exit codes: 0 done (or already finished: nothing is changed), 2 a preset, folder or resume error
+    (one line says what to change), 3 out of memory, 130 interrupted (Ctrl-C; the message says where
+    the run resumes from).
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import PRESETS, PresetError, get_preset, preflight, validate
-    from labkit.run import ResumeMismatchError, build_run, is_main_process, resume_checkpoint
+    from labkit.presets import PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, get_preset, preflight, validate
+    from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
+                            resume_checkpoint)
+    from labkit.training import last_checkpoint
 
     args = train_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.list or not args.preset:
@@ -190,14 +205,24 @@ def train_cli(argv: list[str] | None = None) -> int:
             print(f"{preset.name:<12} {preset.model} ({preset.method}): {preset.description}")
         return 0 if args.list else 2
     main = is_main_process()
+    output_dir = None
     try:
         overrides = parse_pairs("--set", args.set)
-        if args.config:
-            overrides["trl_options"] = {**overrides.get("trl_options", {}), **parse_pairs("--config", args.config)}
-        for key in ("model", "max_steps", "save_steps", "train_limit"):
+        config = parse_pairs("--config", args.config)
+        for key, choices in TRL_CHOICES.items():  # "scale_rewards=none" is TRL's word, not Python's None
+            if key in config and config[key] is None and "none" in choices:
+                config[key] = "none"
+        secrets = sorted(key for key in config if key in SECRET_FIELDS)
+        if secrets:  # refused before anything can echo or save it
+            raise UsageError(f"--config {secrets[0]}=... is refused: a secret on the command line ends up in the "
+                             f"shell history and the saved recipe. Set the {SECRET_FIELDS[secrets[0]]} environment "
+                             "variable instead.")
+        if config:
+            overrides["trl_options"] = {**(overrides.get("trl_options") or {}), **config}
+        for key in ("model", "max_steps", "save_steps", "train_limit", "seed"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)
-        preset = get_preset(args.preset, **overrides)
+        preset = get_preset(args.preset).replace(**overrides)
         if "LOCAL_RANK" in os.environ:  # accelerate launch: one GPU per process
             import torch
 
@@ -206,29 +231,40 @@ def train_cli(argv: list[str] | None = None) -> int:
         device = detect_device()
         for warning in validate(preset, device):
             print("warning:", warning, file=sys.stderr) if main else None
+        output_dir = _output_dir(args.output_dir, preset)
         if main:
             print(f"preset {preset.name}: {preset.description}")
             print(preflight(preset, device))
         if args.dry_run:
             return 0
         resume = {"auto": "auto", "yes": True, "no": False}.get(args.resume, args.resume)
-        output_dir = Path(args.output_dir or Path("runs") / preset.name)
-        resume_checkpoint(output_dir, preset, resume)  # a changed recipe fails here, before loading anything
-        run = build_run(preset, output_dir, device=device, seed=args.seed)
-        if main and run.dropped_prompts:
-            print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
-                  f"training on {len(run.train_dataset)}")
-        result = run.train(resume=resume)
-        final = run.save()
+        with RunLock(output_dir):
+            resume_checkpoint(output_dir, preset, resume)  # a changed recipe fails here, before loading anything
+            finished = finished_run(output_dir, preset) if resume != False else None  # noqa: E712
+            if finished:
+                print(finished) if main else None
+                return 0
+            run = build_run(preset, output_dir, device=device)
+            if main and run.dropped_prompts:
+                print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
+                      f"training on {len(run.train_dataset)}")
+            result = run.train(resume=resume)
+            final = run.save()
         if main:
             print(f"done: {result.global_step} steps; saved to {final}")
         return 0
     except TrainingOutOfMemory as exc:
         print(exc, file=sys.stderr)
         return 3
-    except (UsageError, PresetError, ResumeMismatchError, FileNotFoundError) as exc:
+    except (UsageError, PresetError, ResumeMismatchError, RunLockedError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        checkpoint = last_checkpoint(output_dir) if output_dir is not None else None
+        where = (f"re-run the same command to resume from {checkpoint}" if checkpoint else
+                 "no checkpoint was written yet, so re-running the same command starts again at step 0")
+        print(f"\ninterrupted: {where}.", file=sys.stderr)
+        return 130
 
 
 def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -245,6 +281,31 @@ def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--eval-problems", type=int, default=defaults.eval_problems, help="held-out problems")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
+
+
+def demo_argument_error(args) -> str | None:
+    """Return one line saying which demo option is out of range and what to write, or None when all are usable."""
+    import math
+
+    rules = [  # (option, value, lowest, highest)
+        ("--steps", args.steps, 1, 100_000), ("--sft-steps", args.sft_steps, 0, 1_000_000),
+        ("--num-generations", args.num_generations, 2, 1024), ("--eval-problems", args.eval_problems, 1, 100_000),
+        ("--lr", args.lr, 0.0, 1.0), ("--beta", args.beta, 0.0, 1000.0),
+    ]
+    if hasattr(args, "seed"):
+        rules.append(("--seed", args.seed, 0, 2**32 - 1))
+    for option, value, low, high in rules:
+        if not math.isfinite(value) or not low <= value <= high:
+            why = " (the advantage compares completions of one prompt)" if option == "--num-generations" else ""
+            return f"{option} must be from {low:,} to {high:,}{why}, not {value}."
+    out = getattr(args, "out", None)
+    if out is not None:
+        if not str(out).strip():
+            return "--out is empty: give a folder name (default runs/demo)."
+        for path in (Path(out), *Path(out).parents):
+            if path.exists() and not path.is_dir():
+                return f"--out {out}: {path} is a file, not a folder; choose another --out."
+    return None
 
 
 def demo_config(args, seed: int):
@@ -270,6 +331,10 @@ def demo_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     args = parser.parse_args(argv)
+    problem = demo_argument_error(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = "python -m labkit demo " + " ".join(argv or [])
     summary = demo(demo_config(args, args.seed), args.out, progress=not args.quiet, command=command.strip())

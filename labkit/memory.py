@@ -369,6 +369,16 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
             raise ValueError(f"{knob} must be at least 1, not {value}")
     if prompt_len < 0:
         raise ValueError(f"prompt_len must be at least 0, not {prompt_len}")
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
+                         f"not {num_generations}")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(f"beta must be a finite number >= 0, not {beta!r}")
+    context = getattr(_config_of(model)[1].get_text_config(), "max_position_embeddings", None)
+    if context and prompt_len + completion_len > context:
+        raise ValueError(f"prompt_len ({prompt_len}) + completion_len ({completion_len}) = "
+                         f"{prompt_len + completion_len} tokens, more than {model}'s context of {context}; "
+                         f"set completion_len to at most {max(1, context - prompt_len)}")
     generation_batch = per_device_batch * num_generations
     if generation_batch % gradient_accumulation_steps:
         raise ValueError(f"per_device_batch x num_generations ({generation_batch}) must be divisible by "

@@ -38,8 +38,10 @@ from pathlib import Path
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
 from labkit.models import METHODS, check_method
 from labkit.rewards import named_rewards
+from labkit.validation import (SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, _NUMBER_FIELDS, _field_errors,
+                               _trl_config_errors)
 
-__all__ = ["Preset", "PRESETS", "PresetError", "get_preset", "validate", "model_context_length", "Preflight",
+__all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "validate", "model_context_length", "Preflight",
            "preflight", "resolve_model", "METHODS", "EIGHT_BIT_OPTIMS"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
@@ -88,6 +90,7 @@ class Preset:
     train_limit: int | None = None  # None: the whole GSM8K train split
     eval_batch_size: int = 32
     card_gib: float | None = 16.0  # the card the recipe is made for (None: no GPU)
+    seed: int = 0  # GRPOConfig's seed and the order (and subset) of the training prompts: part of the recipe
     # Any other GRPOConfig field, passed to TRL as given ({"loss_type": "grpo", "num_iterations": 2}).
     # Fields the preset itself sets are refused here: change them through the preset's own field.
     trl_options: dict = field(default_factory=dict)
@@ -101,9 +104,18 @@ class Preset:
             if isinstance(changes.get(key), (list, str)):
                 value = changes[key]
                 changes[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-        if changes.get("reward_weights") is not None:
-            changes["reward_weights"] = tuple(float(w) for w in changes["reward_weights"])
+        if isinstance(changes.get("reward_weights"), (int, float)) and not isinstance(changes["reward_weights"], bool):
+            changes["reward_weights"] = (changes["reward_weights"],)
+        if isinstance(changes.get("reward_weights"), tuple):
+            try:
+                changes["reward_weights"] = tuple(float(w) for w in changes["reward_weights"])
+            except (TypeError, ValueError):
+                raise PresetError(f"reward_weights must be numbers, one per reward (--set reward_weights=1,0.5), "
+                                  f"not {changes['reward_weights']!r}") from None
         if "trl_options" in changes:
+            if not isinstance(changes["trl_options"], (dict, type(None))):
+                raise PresetError(f"trl_options must be a dict of GRPOConfig fields (--config KEY=VALUE), "
+                                  f"not {changes['trl_options']!r}")
             changes["trl_options"] = dict(changes["trl_options"] or {})
         return dataclasses.replace(self, **changes)
 
@@ -273,6 +285,34 @@ def _trl_option_errors(options: dict) -> list[str]:
     return errors
 
 
+def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
+    """Return the LoRA ``target_modules`` that name no Linear layer of the model, when its shape is known offline."""
+    if p.method == "full":
+        return []
+    from labkit.memory import model_shape
+
+    try:
+        shape = model_shape(resolve_model(p.model))
+    except Exception:  # noqa: BLE001  not in the catalogue nor a local folder: the names cannot be checked
+        warnings.append(f"could not read {p.model}'s layers offline: target_modules {list(p.target_modules)} "
+                        "are unchecked.")
+        return []
+    names = sorted({name for name, _, _ in shape.lora_modules})
+    unknown = [t for t in p.target_modules if t not in names]
+    if unknown:
+        return [f"target_modules {unknown} name no Linear layer of {p.model}; its layers are {', '.join(names)}. "
+                f"Set --set target_modules={','.join(t for t in RECIPE_TARGETS if t in names) or names[0]}."]
+    return []
+
+
+def _error_message(p: Preset, device, errors: list[str]) -> str:
+    """Return one line for one error, a list for several."""
+    if len(errors) == 1:
+        return f"preset {p.name!r} cannot run on {device}: {errors[0]}"
+    lines = "\n".join(f"- {e}" for e in errors)
+    return f"preset {p.name!r} cannot run on {device}:\n{lines}"
+
+
 def validate(preset: Preset, device=None, *, num_processes: int | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
@@ -294,18 +334,14 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
     warnings: list[str] = []
     p = preset
 
+    field_errors = _field_errors(p)
+    if field_errors:  # wrong types or ranges: the checks below would trip over them
+        raise PresetError(_error_message(p, device, field_errors))
     try:
         check_method(p.method)
     except ValueError as exc:
         errors.append(f"{exc}.")
-    for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_prompt_length",
-                 "max_completion_length", "max_steps", "lora_rank", "eval_batch_size"):
-        if getattr(p, name) < 1:
-            errors.append(f"{name} must be at least 1, not {getattr(p, name)}.")
-    if p.num_generations < 2:
-        errors.append(f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
-                      f"not {p.num_generations}. Set num_generations=4.")
-    elif min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
+    if min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
         per_step = p.per_device_train_batch_size * procs
         generation_batch = per_step * p.gradient_accumulation_steps
         if generation_batch % p.num_generations:
@@ -320,18 +356,15 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
                 f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
             )
     errors.extend(_trl_option_errors(p.trl_options))
-    if p.learning_rate <= 0:
-        errors.append(f"learning_rate must be positive, not {p.learning_rate}.")
-    if p.beta < 0:
-        errors.append(f"beta must be >= 0, not {p.beta}.")
+    if not errors:
+        errors.extend(_trl_config_errors(p))
+    errors.extend(_target_module_errors(p, warnings))
     if p.optim not in OPTIMS:
         errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {p.optim!r}.")
-    if p.save_steps is not None and p.save_steps < 1:
-        errors.append(f"save_steps must be at least 1 (or None for no checkpoints), not {p.save_steps}.")
     try:
         named_rewards(p.rewards, p.reward_weights)
     except ValueError as exc:
-        errors.append(str(exc))
+        errors.append(f"rewards: {exc}")
 
     context = model_context_length(p.model)
     total = p.max_prompt_length + p.max_completion_length
@@ -364,8 +397,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
     if p.method == "full" and p.lora_rank != Preset.lora_rank:
         warnings.append("lora_rank is ignored with method='full'.")
     if errors:
-        lines = "\n".join(f"- {e}" for e in errors)
-        raise PresetError(f"preset {p.name!r} cannot run on {device}:\n{lines}")
+        raise PresetError(_error_message(p, device, errors))
     return warnings
 
 

@@ -12,7 +12,11 @@ question, so :func:`training_prompts` *filters* instead and reports how many pro
 
 Resume. A run writes its preset to ``OUTPUT_DIR/labkit_preset.json`` and into every checkpoint.
 :func:`resume_checkpoint` finds the last checkpoint and refuses to continue it with a different
-recipe (:class:`ResumeMismatchError` names every difference).
+recipe (:class:`ResumeMismatchError` names every difference); the seed is part of the recipe. A
+checkpoint that is cut short or malformed is skipped, with a message, for the newest intact one.
+A run whose last checkpoint reached ``max_steps`` is finished: training it again changes nothing
+(:func:`finished_run`). While a run trains, ``OUTPUT_DIR/labkit.lock`` holds its process id, so a
+second process started into the same folder is refused (:class:`RunLock`).
 """
 from __future__ import annotations
 
@@ -21,15 +25,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.presets import Preset, PresetError, _num_processes, get_preset, resolve_model, validate
+from labkit.presets import SECRET_FIELDS, Preset, PresetError, _num_processes, get_preset, resolve_model, validate
 from labkit.rewards import named_rewards
-from labkit.training import last_checkpoint
+from labkit.training import checkpoint_problem, checkpoint_step, last_checkpoint
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
-           "load_saved_preset", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process"]
+           "load_saved_preset", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
+           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE"]
 
 
 PRESET_FILE = "labkit_preset.json"
+LOCK_FILE = "labkit.lock"
 
 
 # Fields a resumed run may change: they do not change what the run computes.
@@ -37,7 +43,8 @@ RESUMABLE_CHANGES = ("description", "save_steps", "save_total_limit", "gradient_
                      "card_gib")
 
 
-def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: int | None = None, seed: int = 0):
+def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: int | None = None,
+                     seed: int | None = None):
     """Return ``(dataset, dropped)``: GSM8K prompts at most ``max_prompt_length`` tokens, and how many were dropped.
 
     The length is the chat-templated prompt's, with the generation prompt, i.e. exactly what
@@ -47,7 +54,7 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
     from labkit.data import load_gsm8k
 
     limit = limit if limit is not None else preset.train_limit
-    dataset = load_gsm8k(split, seed=seed)
+    dataset = load_gsm8k(split, seed=preset.seed if seed is None else seed)
     # Measure only what may be kept: with a limit, a window a few times larger is plenty.
     window = dataset if limit is None else dataset.select(range(min(len(dataset), 4 * limit + 64)))
     lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
@@ -81,16 +88,27 @@ def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
 
     path = Path(folder) / PRESET_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"labkit": __version__, "preset": preset.to_dict()}, indent=2) + "\n")
+    recipe = preset.to_dict()
+    # validate() refuses secrets; a preset built around it must still never write one.
+    recipe["trl_options"] = {k: v for k, v in recipe["trl_options"].items() if k not in SECRET_FIELDS}
+    path.write_text(json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n")
     return path
 
 
 def load_saved_preset(folder: str | os.PathLike) -> Preset | None:
-    """Return the preset saved in ``folder`` (a run or a checkpoint), or None when there is none."""
+    """Return the preset saved in ``folder`` (a run or a checkpoint), or None when there is none.
+
+    A file that is not a saved recipe (cut short, edited by hand) raises :class:`ResumeMismatchError`
+    naming the file.
+    """
     path = Path(folder) / PRESET_FILE
     if not path.exists():
         return None
-    return Preset.from_dict(json.loads(path.read_text())["preset"])
+    try:
+        return Preset.from_dict(json.loads(path.read_text())["preset"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ResumeMismatchError(f"{path} is not a readable recipe ({type(exc).__name__}: {exc}). Restore it, "
+                                  "or start a new output_dir.") from None
 
 
 def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: bool | str = "auto") -> Path | None:
@@ -107,8 +125,16 @@ def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: boo
         checkpoint = Path(resume)
         if not (checkpoint / "trainer_state.json").exists():
             raise FileNotFoundError(f"{checkpoint} is not a checkpoint (no trainer_state.json)")
+        problem = checkpoint_problem(checkpoint)
+        if problem:
+            raise ResumeMismatchError(f"cannot resume from {checkpoint}: {problem}")
     else:
-        checkpoint = last_checkpoint(output_dir)
+        skipped = []
+        checkpoint = last_checkpoint(output_dir, skipped=skipped)
+        for path, problem in skipped:
+            _report_once(f"skipping {path}: {problem}; "
+                         + (f"resuming from {checkpoint.name}, the newest intact checkpoint" if checkpoint
+                            else "no intact checkpoint is left, so the run starts at step 0"))
         if resume is False:
             if checkpoint is not None:
                 raise ResumeMismatchError(
@@ -126,7 +152,7 @@ def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: boo
             f"{checkpoint} has no {PRESET_FILE}, so its recipe cannot be checked. Resume it with "
             "trainer.train(resume_from_checkpoint=...) yourself, or start a new output_dir."
         )
-    now, before = preset.to_dict(), saved.to_dict()
+    now, before = _redacted(preset.to_dict()), _redacted(saved.to_dict())
     differences = [f"{k}: checkpoint {before.get(k)!r}, now {now.get(k)!r}"
                    for k in now if k not in RESUMABLE_CHANGES and now.get(k) != before.get(k)]
     if differences:
@@ -137,6 +163,112 @@ def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: boo
             "new output_dir for the new recipe. Only these may change on resume: " + ", ".join(RESUMABLE_CHANGES)
         )
     return checkpoint
+
+
+def _redacted(recipe: dict) -> dict:
+    options = recipe.get("trl_options") or {}
+    recipe["trl_options"] = {k: ("<secret>" if k in SECRET_FIELDS else v) for k, v in options.items()}
+    return recipe
+
+
+_REPORTED: set[str] = set()
+
+
+def _report_once(message: str) -> None:
+    """Print a warning to stderr once per process (resume_checkpoint runs twice on the way to training)."""
+    import sys
+
+    if message not in _REPORTED and is_main_process():
+        _REPORTED.add(message)
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def finished_run(output_dir: str | os.PathLike, preset: Preset) -> str | None:
+    """Return why the run in ``output_dir`` is already finished (a message), or None when there is work left.
+
+    Finished: its newest intact checkpoint reached ``max_steps`` (TRL saves one at the last step), or,
+    for a run without checkpoints, ``final/`` holds its result. Training it again would train past
+    ``max_steps`` and overwrite ``final/``.
+    """
+    output_dir = Path(output_dir)
+    checkpoint = last_checkpoint(output_dir)
+    final = output_dir / "final"
+    if checkpoint is not None:
+        step = checkpoint_step(checkpoint)
+        if step is not None and step >= preset.max_steps:
+            return (f"the run in {output_dir} is finished: {checkpoint.name} reached max_steps={preset.max_steps}"
+                    + (f" and {final} holds the result" if final.exists() else "")
+                    + ". Nothing to do; to train on, start a new --output-dir.")
+        return None
+    if (final / PRESET_FILE).exists():
+        return (f"the run in {output_dir} is finished: {final} holds its result. Nothing to do; to train again, "
+                "start a new --output-dir.")
+    return None
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is training into the same output folder."""
+
+
+class RunLock:
+    """A context manager that holds ``OUTPUT_DIR/labkit.lock`` (the process id) while a run writes there.
+
+    Two processes training into one folder would both write ``checkpoint-2``, ``checkpoint-4``, ...
+    The lock file is created atomically; a second process is refused with :class:`RunLockedError`
+    while the first is alive. A lock left by a dead process (killed, machine rebooted) is taken over
+    with a message. Re-entrant within one process; only the main process of a multi-process run locks.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.owned = False
+
+    def __enter__(self) -> "RunLock":
+        if not is_main_process():
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pid = _lock_pid(self.path)
+                if pid == os.getpid():
+                    return self  # this process holds it already (train_cli around Run.train)
+                if pid is not None and _alive(pid):
+                    raise RunLockedError(
+                        f"{self.path.parent} is in use by another training process (pid {pid}, {self.path}). "
+                        "Wait for it to finish, or train into another --output-dir.") from None
+                _report_once(f"taking over {self.path}: the process that held it "
+                             f"({'pid ' + str(pid) if pid else 'unknown'}) is gone")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as handle:
+                handle.write(f"{os.getpid()}\n")
+            self.owned = True
+            return self
+        raise RunLockedError(f"could not take the lock {self.path}; remove it if no run is training there")
+
+    def __exit__(self, *exc) -> None:
+        if self.owned:
+            self.path.unlink(missing_ok=True)
+            self.owned = False
+
+
+def _lock_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _preset_callback(preset: Preset):
@@ -174,19 +306,31 @@ class Run:
         An out-of-memory error becomes :class:`labkit.oom.TrainingOutOfMemory`, whose message
         is the OOM doctor's short report; the checkpoints already written are kept.
         """
+        from transformers.trainer_utils import TrainOutput
+
         from labkit.oom import train_with_oom_doctor
 
-        checkpoint = resume_checkpoint(self.output_dir, self.preset, resume)
-        if self.trainer.args.should_save:
-            save_preset(self.preset, self.output_dir)
-        if checkpoint is not None and is_main_process():
-            print(f"resuming from {checkpoint} (step {checkpoint.name.removeprefix('checkpoint-')})")
-        return train_with_oom_doctor(self.trainer, resume_from_checkpoint=str(checkpoint) if checkpoint else None,
-                                     settings=self.preset.to_dict())
+        with RunLock(self.output_dir):
+            checkpoint = resume_checkpoint(self.output_dir, self.preset, resume)
+            if checkpoint is not None and (checkpoint_step(checkpoint) or 0) >= self.preset.max_steps:
+                # Resuming a finished run would train one step past max_steps: report it and change nothing.
+                if is_main_process():
+                    print(finished_run(self.output_dir, self.preset))
+                return TrainOutput(checkpoint_step(checkpoint), float("nan"), {})
+            if self.trainer.args.should_save:
+                save_preset(self.preset, self.output_dir)
+            if checkpoint is not None and is_main_process():
+                print(f"resuming from {checkpoint} (step {checkpoint.name.removeprefix('checkpoint-')})")
+            return train_with_oom_doctor(self.trainer, resume_from_checkpoint=str(checkpoint) if checkpoint else None,
+                                         settings=self.preset.to_dict())
 
     def save(self, folder: str | os.PathLike | None = None) -> Path:
         """Save the trained adapter (or model) and the tokenizer to ``folder`` (``OUTPUT_DIR/final``)."""
         folder = Path(folder or self.output_dir / "final")
+        with RunLock(self.output_dir):
+            return self._save(folder)
+
+    def _save(self, folder: Path) -> Path:
         self.trainer.save_model(str(folder))
         if self.trainer.args.should_save:
             self.tokenizer.save_pretrained(str(folder))
@@ -221,7 +365,7 @@ def _grpo_settings(preset: Preset, seed: int) -> dict:
 
 
 def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
-              train_dataset=None, callbacks=None, seed: int = 0, num_processes: int | None = None,
+              train_dataset=None, callbacks=None, seed: int | None = None, num_processes: int | None = None,
               print_logs: bool = True, **config_overrides) -> Run:
     """Return a :class:`Run`: the preset validated, its prompts filtered, a ``GRPOTrainer`` built.
 
@@ -239,6 +383,13 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
     from labkit.training import build_trainer, grpo_config
 
     preset = get_preset(preset)
+    if seed is not None and seed != preset.seed:  # the seed is part of the recipe (saved, checked on resume)
+        preset = preset.replace(seed=seed)
+    seed = preset.seed
+    secrets = sorted(set(config_overrides) & set(SECRET_FIELDS))
+    if secrets:  # GRPOConfig is saved as training_args.bin in every checkpoint
+        raise PresetError(f"build_run may not be given {secrets}: a checkpoint saves GRPOConfig, and a secret must "
+                          f"never be saved. Set the {SECRET_FIELDS[secrets[0]]} environment variable instead.")
     device = device or detect_device()
     warnings = validate(preset, device, num_processes=num_processes)
     precision = preset.precision or choose_precision(device)

@@ -8,13 +8,16 @@ reporting). Introduced in ``00_setup.ipynb``; used from notebook 03 on.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import struct
+import zipfile
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-__all__ = ["grpo_config", "build_trainer", "last_checkpoint", "LogRecorder"]
+__all__ = ["grpo_config", "build_trainer", "last_checkpoint", "checkpoint_problem", "checkpoint_step", "LogRecorder"]
 
 
 def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, **overrides):
@@ -81,11 +84,13 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
     return GRPOTrainer(**kwargs)
 
 
-def last_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """Return the newest complete ``checkpoint-N`` folder in ``output_dir`` (None when there is none).
+def last_checkpoint(output_dir: str | os.PathLike, *, skipped: list | None = None) -> Path | None:
+    """Return the newest intact ``checkpoint-N`` folder in ``output_dir`` (None when there is none).
 
     A folder without ``trainer_state.json`` was cut off while being written (the process
-    died mid-save) and is skipped.
+    died mid-save) and is passed over silently. A newer checkpoint that is damaged (a file cut
+    short, a malformed JSON file: :func:`checkpoint_problem`) is skipped too, and
+    ``(path, why)`` is appended to ``skipped`` so the caller can say which and why.
     """
     folder = Path(output_dir)
     if not folder.is_dir():
@@ -95,7 +100,70 @@ def last_checkpoint(output_dir: str | os.PathLike) -> Path | None:
         step = path.name.removeprefix("checkpoint-")
         if path.is_dir() and step.isdigit() and (path / "trainer_state.json").exists():
             found.append((int(step), path))
-    return max(found)[1] if found else None
+    for _, path in sorted(found, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        if skipped is not None:
+            skipped.append((path, problem))
+    return None
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int | None:
+    """Return the ``global_step`` a checkpoint's ``trainer_state.json`` records, or None when unreadable."""
+    try:
+        step = json.loads((Path(checkpoint) / "trainer_state.json").read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return "is cut short (no header)"
+        (length,) = struct.unpack("<Q", head)
+        if length > size - 8:
+            return "is cut short (its header is incomplete)"
+        try:
+            header = json.loads(handle.read(length))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return "has a malformed header"
+    if size < 8 + length + end:
+        return f"is cut short ({size:,} bytes of {8 + length + end:,})"
+    return None
+
+
+def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
+    """Return what is damaged in a checkpoint folder (naming the file), or None when it looks intact.
+
+    Cheap checks that need no torch: ``trainer_state.json`` and every other JSON file parse (the
+    state with its ``global_step``), every ``.safetensors`` file holds the bytes its header
+    promises, and every ``.pt`` / ``.pth`` / ``.bin`` file (torch's zip format) has its zip
+    directory, which sits at the end of the file and goes first when a write is cut short.
+    """
+    folder = Path(checkpoint)
+    for path in sorted(folder.iterdir()):
+        if not path.is_file():
+            continue
+        name = path.name
+        try:
+            if name.endswith(".json"):
+                data = json.loads(path.read_text())
+                if name == "trainer_state.json" and checkpoint_step(folder) is None:
+                    return f"{name} has no global_step" if isinstance(data, dict) else f"{name} is not a JSON object"
+            elif name.endswith(".safetensors"):
+                problem = _safetensors_problem(path)
+                if problem:
+                    return f"{name} {problem}"
+            elif name.endswith((".pt", ".pth", ".bin")) and not zipfile.is_zipfile(path):
+                return f"{name} is cut short or not a torch file"
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"{name} is unreadable ({type(exc).__name__}: {exc})"
+    return None
 
 
 class LogRecorder(TrainerCallback):

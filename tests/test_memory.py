@@ -178,7 +178,7 @@ def test_bad_settings_are_refused():
 
 _BASE = dict(num_generations=4, per_device_batch=1, prompt_len=64, completion_len=128, lora_rank=8)
 _KNOBS = {
-    "num_generations": st.integers(1, 64),
+    "num_generations": st.integers(2, 64),
     "per_device_batch": st.integers(1, 8),
     "prompt_len": st.integers(0, 2048),
     "completion_len": st.integers(1, 4096),

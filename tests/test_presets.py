@@ -227,9 +227,9 @@ def test_train_command_trains_saves_and_refuses_a_changed_recipe(tmp_path, capsy
     assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=8"]) == 0
     assert (out / "final" / "adapter_model.safetensors").exists()
     assert (out / "checkpoint-2" / "labkit_preset.json").exists()
-    # same recipe, same command: finds checkpoint-2 and has nothing left to do
+    # same recipe, same command: checkpoint-2 reached max_steps, so the run is finished and nothing changes
     assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=8"]) == 0
-    assert "resuming from" in capsys.readouterr().out
+    assert "is finished" in capsys.readouterr().out
     # another recipe in the same folder: a clear error, exit code 2
     assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=16"]) == 2
     assert "max_completion_length: checkpoint 8, now 16" in capsys.readouterr().err

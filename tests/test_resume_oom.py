@@ -72,7 +72,7 @@ def test_a_changed_recipe_is_refused_on_resume(tmp_path):
     save_preset(PRESET, tmp_path)
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
-    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 2}')
     assert resume_checkpoint(tmp_path, PRESET) == checkpoint
     with pytest.raises(ResumeMismatchError, match=r"num_generations: checkpoint 4, now 2[\s\S]*new output_dir"):
         resume_checkpoint(tmp_path, PRESET.replace(num_generations=2, per_device_train_batch_size=2))
@@ -89,14 +89,14 @@ def test_resume_modes_and_half_written_checkpoints(tmp_path):
     save_preset(PRESET, tmp_path)
     for step in (2, 4):
         (tmp_path / f"checkpoint-{step}").mkdir()
-    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
     # checkpoint-4 has no trainer_state.json: the process died while writing it
     assert last_checkpoint(tmp_path).name == "checkpoint-2"
 
 
 def test_a_checkpoint_without_a_saved_recipe_is_not_resumed_blindly(tmp_path):
     (tmp_path / "checkpoint-1").mkdir()
-    (tmp_path / "checkpoint-1" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
     with pytest.raises(ResumeMismatchError, match="cannot be checked"):
         resume_checkpoint(tmp_path, PRESET)
 

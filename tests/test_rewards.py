@@ -605,3 +605,29 @@ def test_recorded_benchmark_is_within_budget():
     record = json.loads(path.read_text())
     assert record["input_chars"] >= 100_000 and record["budget_ms"] <= 50
     assert all(f["worst_ms"] < record["budget_ms"] for f in record["rewards"].values()), record["rewards"]
+
+
+# ----------------------------------------------------------------------------- issue 14: hedges and huge irrationals
+
+
+@pytest.mark.parametrize("answer", ["42 minus one", "42 or forty-three", "42 is wrong", "42 times ten",
+                                    "42 plus 1", "42 and 43 apples", "42 per", "42 approximately", "42 twenty"])
+def test_trailing_words_that_are_not_units_get_no_credit(answer):
+    """Only units and counted things may follow the number: arithmetic, hedges and number words may not."""
+    completion = f"<think>work</think><answer>{answer}</answer>"
+    assert accuracy_reward([completion], answer=["42"]) == [0.0], answer
+    assert not answers_match(answer, "42")
+
+
+@pytest.mark.parametrize("answer", ["42 dollars", "42 cm", "42 km/h", "42 eggs per day", "42 apples", "42 per cent",
+                                    "42 minutes.", "$42", "42 kg"])
+def test_units_and_counted_things_still_get_credit(answer):
+    assert accuracy_reward([f"<think>work</think><answer>{answer}</answer>"], answer=["42"]) == [1.0], answer
+
+
+def test_a_huge_irrational_is_neither_whole_nor_equal_to_a_whole_number():
+    huge = "\\sqrt{" + "9" * 40 + "}"  # 10**20 - 5e-21: a float that is_integer() calls whole
+    completion = f"<think>work</think><answer>{huge}</answer>"
+    assert R.int_answer_reward([completion]) == [0.0]
+    assert accuracy_reward([completion], answer=["1" + "0" * 20]) == [0.0]
+    assert R.int_answer_reward(["<think>w</think><answer>\\sqrt{16}</answer>"]) == [1.0]  # exactly 4

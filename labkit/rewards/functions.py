@@ -128,8 +128,10 @@ def int_answer_reward(completions, **kwargs) -> list[float]:
     out = []
     for completion in completions:
         number = _parse(extract_answer(completion))
-        whole = number is not None and not number.percent and (
-            number.value.denominator == 1 if isinstance(number.value, Fraction) else float(number.value).is_integer())
+        # A float is an irrational LaTeX answer (\sqrt{2}): never whole, however large ("\sqrt{99...9}" is
+        # a float that is_integer() calls whole).
+        whole = number is not None and not number.percent and isinstance(number.value, Fraction) \
+            and number.value.denominator == 1
         out.append(1.0 if whole else 0.0)
     return out
 

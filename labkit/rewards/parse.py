@@ -21,7 +21,7 @@ from fractions import Fraction
 
 __all__ = [
     "THINK_OPEN", "THINK_CLOSE", "ANSWER_OPEN", "ANSWER_CLOSE", "FORMAT_TAGS",
-    "MAX_ANSWER_CHARS", "MAX_EXPRESSION_CHARS", "MAX_MAGNITUDE",
+    "MAX_ANSWER_CHARS", "MAX_EXPRESSION_CHARS", "MAX_MAGNITUDE", "UNIT_WORDS",
     "completion_text", "extract_answer", "extract_last_number", "parse_number", "answers_match",
     "evaluate_expression", "clear_parse_caches",
 ]
@@ -189,6 +189,55 @@ def _strip_math_delimiters(text: str) -> str:
     return text
 
 
+# Trailing words an answer may carry. A closed list of units of measure and money, plus counted things
+# ("18 apples", "18 eggs per day"): any plain word that is not in _NOT_A_UNIT. _NOT_A_UNIT holds what
+# turns "42" into something other than one number: arithmetic, hedges, comparisons, verbs, negations
+# and number words ("42 minus one", "42 or forty-three", "42 is wrong", "42 times ten").
+UNIT_WORDS = frozenset("""
+    dollar dollars cent cents euro euros pound pounds yen rupee rupees usd
+    percent per cent
+    mm cm m km ft yd mi inch inches foot feet yard yards mile miles meter meters metre metres
+    centimeter centimeters centimetre centimetres millimeter millimeters kilometer kilometers kilometres
+    mg g kg lb lbs oz ton tons tonnes gram grams kilogram kilograms ounce ounces
+    ml l liter liters litre litres gallon gallons quart quarts pint pints cup cups
+    s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks month months
+    year years decade decades
+    mph kph km/h m/s ft/s sq square cubic degrees degree °c °f
+""".split())
+_NOT_A_UNIT = frozenset("""
+    plus minus times divided over multiplied add added subtract subtracted sum difference product quotient
+    squared cubed power root of
+    or and nor either neither not no never but if else otherwise unless except than versus vs
+    is are was were be been am equals equal equals makes gives give would could should might may maybe perhaps
+    probably possibly approximately approx about around roughly nearly almost circa some
+    wrong right correct incorrect true false sure unsure guess estimate
+    more less fewer greater smaller larger bigger lower higher least most at to from between till until
+    up down off by with without
+    zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen
+    seventeen eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred hundreds thousand
+    thousands million millions billion billions trillion dozen dozens half halves quarter quarters third thirds
+    once twice thrice
+    answer answers final result total
+""".split())
+
+
+def _is_unit(unit: str) -> bool:
+    """Return whether the words after a number name what it counts, not more arithmetic or a hedge."""
+    unit = unit.rstrip(".")  # "18 dollars."
+    if unit.startswith(("percent", "per cent")):
+        unit = unit.removeprefix("per cent").removeprefix("percent").strip()
+        if not unit:
+            return True
+    words = unit.split()
+    for i, word in enumerate(words):
+        if word == "per":  # "eggs per day": joins two words
+            if i == 0 or i == len(words) - 1:
+                return False
+        elif word not in UNIT_WORDS and (word in _NOT_A_UNIT or not word.isalpha()):
+            return False
+    return True
+
+
 def _parse_plain(text: str) -> _Number | None:
     match = _PLAIN_NUMBER.fullmatch(text)
     if match is None:
@@ -210,6 +259,8 @@ def _parse_plain(text: str) -> _Number | None:
             return None  # "7 15/2" is not a mixed number
         value = int(g["whole"]) + Fraction(numerator, denominator)
     unit = (g["unit"] or "").strip().lower()
+    if unit and not _is_unit(unit):
+        return None  # "42 minus one", "42 or forty-three", "42 is wrong": not one number
     percent = bool(g["percent"]) or unit.startswith(("percent", "per cent"))
     return _Number(-value if negative else value, percent)
 
@@ -400,6 +451,8 @@ def parse_number(text) -> Fraction | float | None:
 def _numbers_equal(a, b) -> bool:
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
+    if any(isinstance(x, Fraction) and x.denominator == 1 for x in (a, b)):
+        return False  # a float here is irrational (\sqrt{...}): never equal to a whole number, however close
     try:
         return math.isclose(float(a), float(b), rel_tol=_REL_TOL, abs_tol=1e-12)
     except OverflowError:

@@ -1,0 +1,344 @@
+"""Issue 14: runs that cannot go wrong silently.
+
+Every bad value is refused by ``validate`` (so by ``train --dry-run``) with exit code 2 and one line
+naming the field; secrets are never saved or printed; a finished run stays finished; one run per
+folder; a damaged checkpoint is skipped for the newest intact one; the demo and the estimator check
+their inputs the same way.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from labkit import device as dev
+from labkit.cli import demo_cli, estimate_cli, train_cli
+from labkit.presets import PRESETS, PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, _NUMBER_FIELDS, get_preset, validate
+from labkit.run import (PRESET_FILE, ResumeMismatchError, RunLock, RunLockedError, finished_run, load_saved_preset,
+                        resume_checkpoint, save_preset)
+from labkit.training import checkpoint_problem, last_checkpoint
+
+CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+TINY = get_preset("cpu-tiny", max_steps=4, save_steps=2)
+
+
+def _dry_run(capsys, *args):
+    code = train_cli(["--preset", "cpu-tiny", "--dry-run", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _refused(capsys, field, *args):
+    code, _, err = _dry_run(capsys, *args)
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("warning:")]
+    assert code == 2, (args, err)
+    assert len(lines) == 1 and lines[0].startswith("error:") and field in lines[0], (args, err)
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- 5: every bad value, before loading
+
+
+@pytest.mark.parametrize("field, args", [
+    ("learning_rate", ["--set", "learning_rate=inf"]), ("learning_rate", ["--set", "learning_rate=nan"]),
+    ("beta", ["--set", "beta=nan"]), ("beta", ["--set", "beta=inf"]),
+    ("temperature", ["--set", "temperature=0"]), ("temperature", ["--set", "temperature=-1"]),
+    ("temperature", ["--set", "temperature=nan"]),
+    ("loss_type", ["--config", "loss_type=bogus"]), ("num_iterations", ["--config", "num_iterations=-1"]),
+    ("num_iterations", ["--config", "num_iterations=0"]), ("epsilon", ["--config", "epsilon=-1"]),
+    ("reward_weights", ["--set", "reward_weights=nan,1,1"]), ("lora_alpha", ["--set", "lora_alpha=-3"]),
+    ("gradient_checkpointing", ["--set", "gradient_checkpointing=maybe"]),
+    ("train_limit", ["--set", "train_limit=-1"]), ("train_limit", ["--train-limit", "0"]),
+    ("num_generations", ["--set", "num_generations=4.5"]), ("lora_rank", ["--set", "lora_rank=abc"]),
+    ("model", ["--set", "model=123"]), ("model", ["--set", "model=/nonexistent"]),
+    ("target_modules", ["--set", "target_modules=nope"]), ("seed", ["--seed", "-1"]),
+    ("output-dir", ["--output-dir", ""]),
+])
+def test_the_issues_bad_values_are_refused_by_dry_run_in_one_line(capsys, field, args):
+    _refused(capsys, field, *args)
+
+
+def test_an_output_dir_that_is_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    _refused(capsys, "is a file", "--output-dir", str(tmp_path / "f"))
+    _refused(capsys, "is a file", "--output-dir", str(tmp_path / "f" / "run"))
+
+
+def test_target_modules_unknown_offline_are_a_warning():
+    warnings = validate(get_preset("laptop-16gb", model="someone/unknown-model", target_modules=("q_proj",),
+                                   optim="adamw_torch", method="lora"), CPU)
+    assert any("target_modules" in w and "unchecked" in w for w in warnings)
+
+
+# ----------------------------------------------------------------------------- 5: the property
+
+
+def _invalid_for(kind, low, high, low_allowed, none_allowed):
+    """Return invalid words for a numeric field: wrong type, NaN, inf, negative, absurdly large, zero where refused."""
+    values = ["abc", "nan", "inf", "-inf", "-1", "true", repr(high * 10)]
+    if not none_allowed:
+        values.append("none")
+    if kind == "a whole number":
+        values.append("2.5")
+    if not low_allowed:
+        values.append(repr(low))
+    return values
+
+
+_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("beta", "seed"), none_allowed)
+           for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items()}
+_FIELDS.update({
+    "gradient_checkpointing": ["maybe", "1", "none", "2.5"], "precision": ["bf32", "1", "true"],
+    "model": ["123", "/nonexistent/x", "a/b/c", "tiny:gpt9", "none"], "method": ["dora", "1", "none"],
+    "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
+    "reward_weights": ["nan,1,1", "abc", "inf,1,1", "0,0,0", "1"], "name": ["1", "none"], "description": ["1"],
+})
+_CONFIG = {name: _invalid_for(kind, low, high, low_allowed, True)
+           for name, (kind, low, high, low_allowed) in TRL_NUMBER_RANGES.items()}
+_CONFIG.update({name: ["bogus", "1", "none"] for name in TRL_CHOICES})
+_CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "max_steps": ["4"], "hub_token": ["hf_x"],
+                "num_iteration": ["2"]})
+_VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["0", "0.04"], "temperature": ["0.7"],
+          "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["1", "none"],
+          "lora_alpha": ["32", "none", "8.5"], "target_modules": ["q_proj,v_proj", "down_proj"],
+          "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"]}
+_VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
+                 "top_p": ["0.9", "1"], "scale_rewards": ["none", "batch"], "mask_truncated_completions": ["true"]}
+
+
+def test_every_preset_field_and_trl_range_is_covered_by_the_property():
+    from labkit.presets import Preset
+
+    assert set(Preset.field_names()) - set(_FIELDS) == {"trl_options"}  # trl_options: the --config property
+    assert set(TRL_NUMBER_RANGES) | set(TRL_CHOICES) <= set(_CONFIG)
+
+
+_SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_SETTINGS
+@given(data=st.data())
+def test_property_invalid_set_values_are_refused_by_dry_run(capsys, data):
+    field = data.draw(st.sampled_from(sorted(_FIELDS)), label="field")
+    value = data.draw(st.sampled_from(_FIELDS[field]), label="value")
+    _refused(capsys, field, "--set", f"{field}={value}")
+
+
+@_SETTINGS
+@given(data=st.data())
+def test_property_invalid_config_values_are_refused_by_dry_run(capsys, data):
+    field = data.draw(st.sampled_from(sorted(_CONFIG)), label="field")
+    value = data.draw(st.sampled_from(_CONFIG[field]), label="value")
+    _refused(capsys, field.rstrip("s") if field == "num_iteration" else field, "--config", f"{field}={value}")
+
+
+@_SETTINGS
+@given(data=st.data())
+def test_property_valid_values_pass(capsys, data):
+    field = data.draw(st.sampled_from(sorted(_VALID)), label="field")
+    option = data.draw(st.sampled_from(_VALID[field]), label="value")
+    config = data.draw(st.sampled_from(sorted(_VALID_CONFIG)), label="config")
+    config_value = data.draw(st.sampled_from(_VALID_CONFIG[config]), label="config value")
+    code, out, err = _dry_run(capsys, "--set", f"{field}={option}", "--config", f"{config}={config_value}")
+    assert code == 0, err
+    assert "preflight cpu-tiny" in out
+
+
+# ----------------------------------------------------------------------------- 2: secrets
+
+
+def test_a_secret_on_the_command_line_is_refused_and_never_echoed(capsys):
+    line = _refused(capsys, "hub_token", "--config", "hub_token=hf_SECRETVALUE")
+    assert "hf_SECRETVALUE" not in line and "HF_TOKEN" in line
+
+
+def test_a_secret_from_python_is_refused_and_never_saved(tmp_path):
+    preset = TINY.replace(trl_options={"hub_token": "hf_SECRETVALUE"})
+    with pytest.raises(PresetError, match="HF_TOKEN") as info:
+        validate(preset, CPU)
+    assert "hf_SECRETVALUE" not in str(info.value)
+    save_preset(preset, tmp_path)  # a preset that skipped validate: still never written
+    assert "hf_SECRETVALUE" not in (tmp_path / PRESET_FILE).read_text()
+    from labkit.run import build_run
+
+    with pytest.raises(PresetError, match="HF_TOKEN"):
+        build_run(TINY, tmp_path / "run", device=CPU, hub_token="hf_SECRETVALUE")
+
+
+def test_a_resume_mismatch_never_prints_a_secret(tmp_path):
+    saved = TINY.replace(trl_options={"hub_token": "hf_OLDSECRET"})
+    (tmp_path / PRESET_FILE).write_text(json.dumps({"preset": saved.to_dict()}))  # an old run's file
+    _checkpoint(tmp_path, 2)
+    with pytest.raises(ResumeMismatchError) as info:
+        resume_checkpoint(tmp_path, TINY.replace(trl_options={"hub_token": "hf_NEWSECRET"}))
+    assert "SECRET" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- 4: seed and lock
+
+
+def _checkpoint(folder, step, preset=TINY):
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    save_preset(preset, path)
+    return path
+
+
+def test_the_seed_is_part_of_the_recipe(tmp_path):
+    save_preset(TINY, tmp_path)
+    _checkpoint(tmp_path, 2)
+    with pytest.raises(ResumeMismatchError, match="seed: checkpoint 0, now 1"):
+        resume_checkpoint(tmp_path, TINY.replace(seed=1))
+    assert load_saved_preset(tmp_path).seed == 0
+
+
+def test_a_run_folder_is_locked_and_a_stale_lock_is_taken_over(tmp_path, capsys):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "labkit.lock").write_text(f"{child.pid}\n")
+        with pytest.raises(RunLockedError, match=f"pid {child.pid}"):
+            with RunLock(tmp_path):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    with RunLock(tmp_path):  # the holder is dead now: taken over, with a message
+        assert (tmp_path / "labkit.lock").read_text().strip() == str(os.getpid())
+        with RunLock(tmp_path):  # re-entrant in one process
+            pass
+        assert (tmp_path / "labkit.lock").exists()
+    assert not (tmp_path / "labkit.lock").exists()
+    assert "taking over" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 1: a finished run stays finished
+
+
+def test_a_finished_run_is_reported_and_not_trained_again(tmp_path, capsys):
+    save_preset(TINY, tmp_path)
+    _checkpoint(tmp_path, 2)
+    assert finished_run(tmp_path, TINY) is None
+    _checkpoint(tmp_path, 4)
+    assert "finished" in finished_run(tmp_path, TINY)
+    args = ["--preset", "cpu-tiny", "--max-steps", "4", "--save-steps", "2", "--output-dir", str(tmp_path)]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert train_cli(args) == 0
+    assert "is finished" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no final/, no checkpoint-5
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_command_changes_nothing(tmp_path, capsys):
+    args = ["--preset", "cpu-tiny", "--max-steps", "2", "--save-steps", "1", "--train-limit", "8",
+            "--set", "max_completion_length=8", "--output-dir", str(tmp_path)]
+    assert train_cli(args) == 0
+    final = tmp_path / "final" / "adapter_model.safetensors"
+    stamp = final.stat().st_mtime_ns
+    assert train_cli(args) == 0
+    assert "is finished" in capsys.readouterr().out
+    assert final.stat().st_mtime_ns == stamp and not (tmp_path / "checkpoint-3").exists()
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+
+
+# ----------------------------------------------------------------------------- 6: damaged checkpoints
+
+
+@pytest.mark.parametrize("damage", ["adapter", "optimizer", "state", "recipe"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capsys, damage):
+    import torch
+    from safetensors.torch import save_file
+
+    save_preset(TINY, tmp_path)
+    for step in (2, 4):
+        path = _checkpoint(tmp_path, step)
+        save_file({"w": torch.zeros(64, 64)}, str(path / "adapter_model.safetensors"))
+        torch.save({"state": torch.zeros(64)}, path / "optimizer.pt")
+    newest = tmp_path / "checkpoint-4"
+    if damage == "adapter":
+        data = (newest / "adapter_model.safetensors").read_bytes()
+        (newest / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
+    elif damage == "optimizer":
+        data = (newest / "optimizer.pt").read_bytes()
+        (newest / "optimizer.pt").write_bytes(data[: len(data) // 2])
+    elif damage == "state":
+        (newest / "trainer_state.json").write_text('{"global_step": 4, ')
+    else:
+        (newest / PRESET_FILE).write_text("{not json")
+    problem = checkpoint_problem(newest)
+    assert problem and problem.split()[0] in ("adapter_model.safetensors", "optimizer.pt", "trainer_state.json",
+                                              PRESET_FILE)
+    assert checkpoint_problem(tmp_path / "checkpoint-2") is None
+    assert resume_checkpoint(tmp_path, TINY) == tmp_path / "checkpoint-2"
+    err = capsys.readouterr().err
+    assert "skipping" in err and "checkpoint-4" in err and problem in err
+    # a damaged checkpoint named explicitly: a message naming the file, not a traceback
+    with pytest.raises(ResumeMismatchError, match=problem.split()[0].replace(".", r"\.")):
+        resume_checkpoint(tmp_path, TINY, resume=str(newest))
+
+
+def test_a_malformed_recipe_names_the_file(tmp_path):
+    (tmp_path / PRESET_FILE).write_text('{"preset": {"name": "x"}}')
+    with pytest.raises(ResumeMismatchError, match=PRESET_FILE):
+        load_saved_preset(tmp_path)
+
+
+# ----------------------------------------------------------------------------- 7: the demo's inputs
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--steps", "0"], "--steps"), (["--steps", "-1"], "--steps"), (["--sft-steps", "-1"], "--sft-steps"),
+    (["--num-generations", "1"], "--num-generations"), (["--num-generations", "0"], "--num-generations"),
+    (["--eval-problems", "0"], "--eval-problems"), (["--seed", "-1"], "--seed"), (["--beta", "-1"], "--beta"),
+    (["--beta", "nan"], "--beta"), (["--lr", "inf"], "--lr"),
+])
+def test_demo_refuses_bad_inputs_in_one_line(capsys, tmp_path, args, option):
+    assert demo_cli([*args, "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {option} ") and "\n" not in err
+    assert not (tmp_path / "d").exists()
+
+
+def test_demo_refuses_an_out_that_is_a_file(capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    assert demo_cli(["--out", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- 9: the estimator
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--beta", "-1"], "beta"), (["--beta", "nan"], "beta"), (["--num-generations", "1"], "num_generations"),
+    (["--completion-len", "40000"], "context of 32768"),
+])
+def test_estimate_refuses_bad_settings(capsys, args, expected):
+    assert estimate_cli(["--model", "Qwen/Qwen2.5-0.5B-Instruct", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and expected in err
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypatch):
+    import labkit.run
+
+    save_preset(TINY, tmp_path)
+    _checkpoint(tmp_path, 2)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(labkit.run, "build_run", interrupted)
+    code = train_cli(["--preset", "cpu-tiny", "--max-steps", "4", "--save-steps", "2", "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert "interrupted" in err and "checkpoint-2" in err
+    assert not (tmp_path / "labkit.lock").exists()  # the lock went with it
