@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: labkit.presets imports this module
+    from labkit.presets import Preset
 
 __all__ = ["SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors", "trl_config_errors"]
 

@@ -6,7 +6,6 @@ folder; a damaged checkpoint is skipped for the newest intact one; the demo and 
 their inputs the same way.
 """
 import json
-import math
 import os
 import subprocess
 import sys
@@ -17,10 +16,10 @@ from hypothesis import strategies as st
 
 from labkit import device as dev
 from labkit.cli import demo_cli, estimate_cli, train_cli
-from labkit.presets import PRESETS, PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, _NUMBER_FIELDS, get_preset, validate
+from labkit.presets import PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, _NUMBER_FIELDS, get_preset, validate
 from labkit.run import (PRESET_FILE, ResumeMismatchError, RunLock, RunLockedError, finished_run, load_saved_preset,
                         resume_checkpoint, save_preset)
-from labkit.training import checkpoint_problem, last_checkpoint
+from labkit.training import checkpoint_problem
 
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
 TINY = get_preset("cpu-tiny", max_steps=4, save_steps=2)
