@@ -30,7 +30,12 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 def _imports(path: Path) -> set[str]:
     """Return every labkit module ``path`` imports, at any depth (inside functions too)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    # `if TYPE_CHECKING:` imports exist for annotations only and never run: not a dependency.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("labkit"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("labkit") and node.level == 0:
