@@ -272,7 +272,7 @@ def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
     defaults = NanoConfig()
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--lr", type=float, default=defaults.learning_rate,
+    parser.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=defaults.learning_rate,
                         help=f"GRPO learning rate (default {defaults.learning_rate}; 0 switches the update off)")
     parser.add_argument("--steps", type=int, default=defaults.max_steps, help="GRPO steps")
     parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps, help="warm-up steps")
@@ -323,24 +323,67 @@ def print_demo_summary(summary: dict) -> None:
 
 
 def demo_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit demo``: the main job; a tiny model learns to carry with GRPO on a CPU."""
-    from labkit.demo import demo
+    """``python -m labkit demo``: the main job; a model learns with GRPO on a CPU, held-out figures before and after.
 
-    parser = demo_parser("python -m labkit demo", "Warm a tiny model up on sloppy worked additions, then GRPO: "
-                     "held-out accuracy before and after, written to OUT/summary.json and OUT/demo.png.")
+    Without ``--model``: the nano task (a tiny model learns to carry). With ``--model smollm2-135m``:
+    a real instruct model learns to answer word problems briefly (:func:`labkit.demo.real_model_demo`).
+    """
+    parser = demo_parser("python -m labkit demo", "Warm a tiny model up on sloppy worked additions, then GRPO "
+                         "(or, with --model smollm2-135m, GRPO on a real instruct model): held-out figures before "
+                         "and after, written to OUT/summary.json and OUT/demo.png.")
+    parser.add_argument("--model", default=None, help="smollm2-135m: the real-model experiment (default: the nano task)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/demo, or runs/demo-MODEL)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = "runs/demo" if args.model is None else f"runs/demo-{args.model}"
     problem = demo_argument_error(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    command = "python -m labkit demo " + " ".join(argv or [])
-    summary = demo(demo_config(args, args.seed), args.out, progress=not args.quiet, command=command.strip())
+    command = ("python -m labkit demo " + " ".join(argv or [])).strip()
+    if args.model is not None:
+        return _real_model_demo_cli(args, argv or [], command)
+    from labkit.demo import demo
+
+    summary = demo(demo_config(args, args.seed), args.out, progress=not args.quiet, command=command)
     print_demo_summary(summary)
     print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'demo.png'}")
     return 0
+
+
+def _real_model_demo_cli(args, argv: list[str], command: str) -> int:
+    from labkit.demo import real_model_demo
+    from labkit.models import LOCAL_MODELS
+
+    if args.model not in LOCAL_MODELS:
+        print(f"error: --model {args.model!r}: the CPU experiment runs a model a package ships offline; choose "
+              f"from {', '.join(LOCAL_MODELS)}", file=sys.stderr)
+        return 2
+    ignored = [o for o in ("--sft-steps", "--num-generations", "--beta", "--eval-problems") if o in argv]
+    if ignored:
+        print(f"error: {', '.join(ignored)} belong to the nano task; the {args.model} experiment takes --seed, "
+              "--lr (or --learning-rate), --steps and --out", file=sys.stderr)
+        return 2
+    lr = args.lr if any(o in argv for o in ("--lr", "--learning-rate")) else None
+    steps = args.steps if "--steps" in argv else None
+    try:
+        summary = real_model_demo(args.model, args.out, seed=args.seed, learning_rate=lr, steps=steps,
+                                  progress=not args.quiet, command=command)
+    except FileNotFoundError as exc:  # the package that ships the weights is missing: what to install
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_real_demo_summary(summary)
+    print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'demo.png'}")
+    return 0
+
+
+def print_real_demo_summary(summary: dict) -> None:
+    print(f"seed {summary['seed']}: held-out short answers {summary['before']:.1%} -> {summary['after']:.1%} "
+          f"({summary['rise_points']:+.1f} points; right number {summary['right_number_before']:.1%} -> "
+          f"{summary['right_number_after']:.1%}; {summary['mean_words_before']:.1f} -> "
+          f"{summary['mean_words_after']:.1f} words) in {summary['seconds']:.0f} s")
 
 
 def check_cli(argv: list[str] | None = None) -> int:

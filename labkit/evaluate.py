@@ -112,6 +112,7 @@ def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = No
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+    desc = f"GSM8K {split}" if dataset is None else "held-out problems"
     dataset = dataset if dataset is not None else load_gsm8k(split, limit=limit)
     if limit is not None and len(dataset) > limit:
         dataset = dataset.select(range(limit))
@@ -128,7 +129,7 @@ def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = No
     completions: dict[int, tuple[str, int]] = {}
     start = time.perf_counter()
     try:
-        with torch.inference_mode(), tqdm(total=len(order), desc=f"GSM8K {split}", disable=not progress) as bar:
+        with torch.inference_mode(), tqdm(total=len(order), desc=desc, disable=not progress) as bar:
             for first in range(0, len(order), batch_size):
                 batch = order[first:first + batch_size]
                 enc = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,

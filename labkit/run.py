@@ -30,7 +30,7 @@ from labkit.rewards import named_rewards
 from labkit.training import checkpoint_problem, checkpoint_step, last_checkpoint
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
-           "load_saved_preset", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
+           "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
            "finished_run", "RunLock", "RunLockedError", "LOCK_FILE"]
 
 
@@ -45,16 +45,15 @@ RESUMABLE_CHANGES = ("description", "save_steps", "save_total_limit", "gradient_
 
 def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: int | None = None,
                      seed: int | None = None):
-    """Return ``(dataset, dropped)``: GSM8K prompts at most ``max_prompt_length`` tokens, and how many were dropped.
+    """Return ``(dataset, dropped)``: the preset's task's prompts (GSM8K, or :class:`labkit.tasks.WordProblems`)
+    of at most ``max_prompt_length`` tokens, and how many were dropped.
 
     The length is the chat-templated prompt's, with the generation prompt, i.e. exactly what
     ``GRPOTrainer`` feeds the model. TRL 1.16 has no ``max_prompt_length``; filtering
     (rather than cutting the question short) keeps every prompt intact.
     """
-    from labkit.data import load_gsm8k
-
     limit = limit if limit is not None else preset.train_limit
-    dataset = load_gsm8k(split, seed=preset.seed if seed is None else seed)
+    dataset = task_dataset(preset.task, split, seed=preset.seed if seed is None else seed)
     # Measure only what may be kept: with a limit, a window a few times larger is plenty.
     window = dataset if limit is None else dataset.select(range(min(len(dataset), 4 * limit + 64)))
     lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
@@ -75,6 +74,30 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
         raise PresetError(f"every prompt is longer than max_prompt_length={preset.max_prompt_length} tokens; raise it.")
     kept = window.select(keep).add_column("prompt_length", [lengths[i] for i in keep])
     return kept, dropped
+
+
+def task_dataset(task: str, split: str = "train", *, seed: int | None = None, limit: int | None = None):
+    """Return the prompts of ``task`` (``"gsm8k"`` or ``"word-problems"``) and ``split`` with their gold ``answer``.
+
+    GSM8K's train split is shuffled with ``seed`` (its test split keeps its order); the word
+    problems' train split is drawn with ``seed`` (1,000 of them), their held-out ``"test"`` split
+    is a fixed pool of 200 that training never sees.
+    """
+    if task == "gsm8k":
+        from labkit.data import load_gsm8k
+
+        return load_gsm8k(split, limit=limit, seed=seed)
+    if task == "word-problems":
+        from labkit.tasks import _HELD_OUT_POOL, WordProblems
+
+        n = limit or (_HELD_OUT_POOL if split == "test" else 1000)
+        return WordProblems().dataset(n, seed=seed or 0, split=split)
+    raise ValueError(f"task must be 'gsm8k' or 'word-problems', not {task!r}")
+
+
+def eval_prompts(preset: Preset, limit: int | None = None):
+    """Return the held-out prompts to evaluate a preset's run on: its task's test split (the first ``limit``)."""
+    return task_dataset(preset.task, "test", limit=limit)
 
 
 def reward_functions(preset: Preset) -> tuple[list, list[float]]:

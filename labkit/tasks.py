@@ -1,4 +1,8 @@
-"""Small tasks with verifiable answers, for the lab's CPU mode: two-digit addition with a carry.
+"""Small tasks with verifiable answers, for the lab's CPU mode: two-digit addition, and word problems.
+
+:class:`WordProblems` (introduced in ``04_lora_grpo_16gb.ipynb``) are one-step arithmetic word
+problems for a *real* small instruct model (SmolLM2-135M-Instruct) to answer briefly; the rest of
+this docstring is about :class:`AdditionTask`, the tiny model's task.
 
 Introduced in ``03_nano_grpo_cpu.ipynb``, where a tiny model learns the task on a laptop CPU
 in minutes: a short supervised warm-up teaches it the answer format and the digit sums, then
@@ -23,7 +27,7 @@ import random
 import re
 from dataclasses import dataclass
 
-__all__ = ["AdditionTask", "worked_solution", "carries", "SPLITS"]
+__all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "worked_solution", "carries", "SPLITS"]
 
 SPLITS = ("train", "test")
 _TEST_SHARE = 0.2  # a fixed fifth of all problems is held out: never trained on, only evaluated
@@ -124,3 +128,81 @@ def _split_problems(carry_only: bool) -> tuple[list, list]:
     random.Random(20240603).shuffle(pairs)  # fixed: the held-out problems never change
     cut = int(len(pairs) * _TEST_SHARE)
     return pairs[cut:], pairs[:cut]
+
+
+SHORT_ANSWER_PROMPT = "Answer in one short sentence of at most 10 words."
+_NAMES = ("Sam", "Mia", "Leo", "Ava", "Tom", "Zoe", "Ben", "Lily", "Max", "Emma", "Noah", "Ella", "Jack", "Ruby",
+          "Omar", "Nina")
+_ITEMS = ("apples", "marbles", "stickers", "books", "pencils", "cookies", "shells", "cards", "stamps", "balloons",
+          "coins", "toys")
+_HELD_OUT_SEED = 10_000  # the held-out problems are the same for every training seed
+_HELD_OUT_POOL = 200
+
+
+@dataclass(frozen=True)
+class WordProblems:
+    """One-step arithmetic word problems (+, -, x) a small instruct model answers in a short sentence.
+
+    ``"Mia has 7 stickers. Mia gets 5 more stickers. How many stickers does Mia have now?"``, with
+    the system prompt :data:`SHORT_ANSWER_PROMPT`. SmolLM2-135M-Instruct follows that instruction
+    about half the time, so the groups GRPO samples differ in reward, which is what it learns from.
+    The held-out ``"test"`` problems are a fixed pool (the same for every seed) that ``"train"``
+    never draws from; they are new instances of the same three templates, not new templates.
+    """
+
+    system_prompt: str = SHORT_ANSWER_PROMPT
+
+    @staticmethod
+    def make_problem(rng: random.Random) -> tuple[str, str]:
+        """Return ``(question, gold answer)`` for one random problem."""
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        kind = rng.choice(("add", "sub", "mul"))
+        if kind == "add":
+            a, b = rng.randint(2, 20), rng.randint(2, 20)
+            return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", str(a + b)
+        if kind == "sub":
+            a = rng.randint(8, 30)
+            b = rng.randint(2, a - 1)
+            return (f"{name} has {a} {item}. {name} gives away {b} {item}. How many {item} does {name} have left?",
+                    str(a - b))
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        return f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have in total?", str(a * b)
+
+    def problems(self, n: int, seed: int = 0, split: str = "train") -> list[tuple[str, str]]:
+        """Return ``n`` problems of ``split``: the held-out pool's first ``n``, or ``n`` fresh ones drawn with ``seed``."""
+        held_out = _held_out_pool()
+        if split == "test":
+            if not 1 <= n <= len(held_out):
+                raise ValueError(f"the held-out pool has {len(held_out)} problems; asked for {n}")
+            return held_out[:n]
+        if split != "train":
+            raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
+        taken = {q for q, _ in held_out}
+        rng, out = random.Random(seed), []
+        while len(out) < n:
+            question, answer = self.make_problem(rng)
+            if question not in taken:
+                out.append((question, answer))
+        return out
+
+    def prompt(self, question: str) -> list[dict]:
+        """Return the conversational prompt: the short-answer system prompt, then the question."""
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
+
+    def dataset(self, n: int, seed: int = 0, split: str = "train"):
+        """Return ``n`` problems as a ``datasets.Dataset`` with TRL's ``prompt`` and the gold ``answer``."""
+        from datasets import Dataset
+
+        pairs = self.problems(n, seed, split)
+        return Dataset.from_dict({"prompt": [self.prompt(q) for q, _ in pairs], "answer": [a for _, a in pairs]})
+
+
+@functools.lru_cache(maxsize=1)
+def _held_out_pool() -> list[tuple[str, str]]:
+    rng, pool, seen = random.Random(_HELD_OUT_SEED), [], set()
+    while len(pool) < _HELD_OUT_POOL:
+        question, answer = WordProblems.make_problem(rng)
+        if question not in seen:
+            seen.add(question)
+            pool.append((question, answer))
+    return pool

@@ -47,8 +47,9 @@ _NUMBER_FIELDS = {
     "lora_alpha": (_FLOAT, 0.0, 100_000.0, True),  # > 0
     "card_gib": (_FLOAT, 0.0, 100_000.0, True),  # > 0
 }
-_ZERO_ALLOWED = {"beta", "seed"}  # float fields where the lowest value itself is allowed
-_STRING_FIELDS = ("name", "model", "method", "description", "optim")
+_ZERO_ALLOWED = {"beta", "seed", "learning_rate"}  # learning_rate 0: a control run (validate warns)  # float fields where the lowest value itself is allowed
+_STRING_FIELDS = ("name", "model", "method", "description", "optim", "task")
+TASKS = ("gsm8k", "word-problems")  # labkit.run.task_dataset knows these
 
 # GRPOConfig fields that GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low allowed).
 # A value outside these ranges crashes after the model loads, or trains silently on nonsense.
@@ -109,6 +110,8 @@ def _field_errors(p: "Preset") -> list[str]:
         value = getattr(p, name)
         if not isinstance(value, str) or (name != "description" and not value.strip()):
             errors.append(f"{name} must be a non-empty text, not {value!r}.")
+    if isinstance(p.task, str) and p.task not in TASKS:
+        errors.append(f"task must be one of {', '.join(TASKS)}, not {p.task!r}.")
     if not isinstance(p.gradient_checkpointing, bool):
         errors.append(f"gradient_checkpointing must be true or false, not {p.gradient_checkpointing!r}.")
     if p.precision is not None and p.precision not in ("bf16", "fp16", "fp32"):

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from labkit import device as dev
 from labkit.cli import demo_cli, estimate_cli, train_cli
-from labkit.presets import PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, _NUMBER_FIELDS, get_preset, validate
+from labkit.presets import PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, get_preset, validate
+from labkit.validation import _NUMBER_FIELDS
 from labkit.run import (PRESET_FILE, ResumeMismatchError, RunLock, RunLockedError, finished_run, load_saved_preset,
                         resume_checkpoint, save_preset)
 from labkit.training import checkpoint_problem
@@ -89,17 +90,18 @@ def _invalid_for(kind, low, high, low_allowed, none_allowed):
     return values
 
 
-_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("beta", "seed"), none_allowed)
+_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("beta", "seed", "learning_rate"), none_allowed)
            for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items()}
 _FIELDS.update({
     "gradient_checkpointing": ["maybe", "1", "none", "2.5"], "precision": ["bf32", "1", "true"],
     "model": ["123", "/nonexistent/x", "a/b/c", "tiny:gpt9", "none"], "method": ["dora", "1", "none"],
     "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
     "reward_weights": ["nan,1,1", "abc", "inf,1,1", "0,0,0", "1"], "name": ["1", "none"], "description": ["1"],
+    "task": ["chess", "1", "none"],
 })
 _CONFIG = {name: _invalid_for(kind, low, high, low_allowed, True)
            for name, (kind, low, high, low_allowed) in TRL_NUMBER_RANGES.items()}
-_CONFIG.update({name: ["bogus", "1", "none"] for name in TRL_CHOICES})
+_CONFIG.update({name: [v for v in ("bogus", "1", "none") if v not in choices] for name, choices in TRL_CHOICES.items()})
 _CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "max_steps": ["4"], "hub_token": ["hf_x"],
                 "num_iteration": ["2"]})
 _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["0", "0.04"], "temperature": ["0.7"],

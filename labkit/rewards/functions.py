@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections import Counter
 from fractions import Fraction
 
 from labkit.rewards.parse import (
-    ANSWER_CLOSE, ANSWER_OPEN, FORMAT_TAGS, MAX_MAGNITUDE, THINK_CLOSE, THINK_OPEN, _evaluate, _numbers_equal,
-    _parse, answers_match, completion_text, extract_answer,
+    ANSWER_CLOSE, ANSWER_OPEN, FORMAT_TAGS, MAX_MAGNITUDE, THINK_CLOSE, THINK_OPEN, _evaluate, _numbers_equal, _parse,
+    answers_match, completion_text, extract_answer,
 )
 
 __all__ = [
     "format_reward", "soft_format_reward", "tag_count_reward", "accuracy_reward", "int_answer_reward",
-    "expression_reward", "overlong_penalty", "OverlongPenalty",
+    "expression_reward", "short_answer_reward", "overlong_penalty", "OverlongPenalty",
     "combine_rewards", "CombinedReward", "weighted_sum", "gsm8k_rewards", "named_rewards", "score_completions",
 ]
 
@@ -163,6 +164,27 @@ def expression_reward(completions, target, nums=None, numbers=None, **kwargs) ->
         correct = (result is not None and Counter(result[1]) == Counter(available)
                    and _numbers_equal(result[0], goal.value))
         out.append(1.0 if correct else 0.0)
+    return out
+
+
+SHORT_ANSWER_WORDS = 10
+_DIGIT = re.compile(r"\d")  # states a number: any digit (written-out numbers do not count)
+
+
+@_value_range(0.0, 1.0)
+def short_answer_reward(completions, max_words: int = SHORT_ANSWER_WORDS, **kwargs) -> list[float]:
+    """Return 1.0 per completion of 1 to ``max_words`` words (split on whitespace) that states a number, else 0.0.
+
+    The reward of the CPU mode's real-model experiment (``labkit.tasks.WordProblems``, whose system
+    prompt asks for one short sentence of at most 10 words): a *behaviour* a small instruct model
+    follows about half the time, so GRPO's groups have reward variance to learn from. It does not
+    check that the number is right: notebook 04 shows what a model does with that loophole.
+    """
+    out = []
+    for completion in completions:
+        text = completion_text(completion)
+        words = len(text.split())
+        out.append(1.0 if 1 <= words <= max_words and _DIGIT.search(text) is not None else 0.0)
     return out
 
 

@@ -1,0 +1,93 @@
+"""The CPU mode's real-model experiment: word problems, the short-answer reward, the preset and the demo command."""
+import json
+import math
+
+import pytest
+
+from labkit.rewards import short_answer_reward
+from labkit.tasks import SHORT_ANSWER_PROMPT, WordProblems
+
+
+def test_held_out_word_problems_are_fixed_and_never_trained_on():
+    task = WordProblems()
+    test = task.problems(200, split="test")
+    assert test == WordProblems().problems(200, seed=7, split="test")  # the same whatever the seed
+    held_out = {q for q, _ in test}
+    for seed in (0, 1, 2):
+        train = task.problems(300, seed=seed)
+        assert not held_out & {q for q, _ in train}
+    assert task.problems(5, seed=0) != task.problems(5, seed=1)
+    with pytest.raises(ValueError, match="held-out pool has 200"):
+        task.problems(201, split="test")
+
+
+def test_word_problem_answers_are_right():
+    for question, answer in WordProblems().problems(60, seed=3):
+        numbers = [int(w) for w in question.replace(".", " ").replace("?", " ").split() if w.isdigit()]
+        a, b = numbers
+        expected = a + b if "more" in question else a - b if "away" in question else a * b
+        assert answer == str(expected), question
+
+
+def test_word_problem_prompts_carry_the_short_answer_instruction():
+    row = WordProblems().dataset(2, seed=0)[0]
+    assert row["prompt"][0] == {"role": "system", "content": SHORT_ANSWER_PROMPT}
+    assert row["prompt"][1]["role"] == "user" and row["answer"].isdigit()
+
+
+@pytest.mark.parametrize("text, reward", [
+    ("Ava has 16 coins.", 1.0),
+    ("16", 1.0),
+    ("She has 16 coins in total now, which is a lot", 1.0),  # 10 words
+    ("She has 16 coins in total now, which is a lot more", 0.0),  # 11 words
+    ("Ava has eight coins.", 0.0),  # no number stated
+    ("", 0.0),
+    ("   ", 0.0),
+    ("Ava has 8 bags with 2 coins each, so she has 8 * 2 = 16 coins in total.", 0.0),
+])
+def test_short_answer_reward(text, reward):
+    assert short_answer_reward([text]) == [reward]
+    assert short_answer_reward([[{"role": "assistant", "content": text}]]) == [reward]
+
+
+def test_cpu_smollm2_preset_plans_on_a_cpu(capsys):
+    from labkit.cli import train_cli
+
+    assert train_cli(["--preset", "cpu-smollm2", "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert "cpu-smollm2" in out.out and "expect hours" not in out.err
+
+
+def test_demo_refuses_a_model_no_package_ships(capsys):
+    from labkit.cli import demo_cli
+
+    assert demo_cli(["--model", "gpt-5"]) == 2
+    assert "choose from smollm2-135m" in capsys.readouterr().err
+
+
+def test_demo_refuses_nano_options_for_the_real_model(capsys):
+    from labkit.cli import demo_cli
+
+    assert demo_cli(["--model", "smollm2-135m", "--sft-steps", "3"]) == 2
+    assert "belong to the nano task" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_model_demo_runs_trl_on_smollm2_and_the_control_changes_nothing(tmp_path):
+    """One GRPO step with learning rate 0 through the same calls as notebook 04: real completions,
+    a summary with every promised field, and an unchanged policy scores exactly as before."""
+    from labkit.demo import real_model_demo
+
+    summary = real_model_demo("smollm2-135m", tmp_path, seed=0, learning_rate=0.0, steps=1, eval_problems=4,
+                              train_problems=8, progress=False)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["metric"].startswith("short answers") and (tmp_path / "demo.png").stat().st_size > 1000
+    for key in ("before", "after", "right_number_before", "right_number_after"):
+        assert 0.0 <= saved[key] <= 1.0
+    assert saved["before"] == saved["after"] and saved["mean_words_before"] == saved["mean_words_after"]
+    assert saved["steps"] == 1 and len(saved["reward_per_step"]) == 1 and math.isfinite(saved["seconds"])
+    # real language, not bytes from a random model: several words, mostly letters
+    for example in saved["examples"]:
+        text = example["before"]
+        assert len(text.split()) >= 2 and sum(c.isalpha() for c in text) > len(text) / 3, text
+    assert summary["provenance"]["versions"]["trl"]
