@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _SUBMODULES = (
     "bench",

@@ -24,7 +24,7 @@ COMMANDS = {
     "estimate": ("labkit.cli:estimate_cli", "estimate the VRAM of a GRPO run (model x method x settings)"),
     "bench": ("labkit.bench:bench_cli", "run a benchmark and append its figures to results/"),
     "train": ("labkit.cli:train_cli", "train with a named preset (accelerate launch-able)"),
-    "check": ("labkit.cli:check_cli", "print the device, precision, mode and versions the lab will use"),
+    "check": ("labkit.cli:check_cli", "the pre-workshop checklist: install, device, mode, free disk, model weights"),
 }
 
 
@@ -387,16 +387,27 @@ def print_real_demo_summary(summary: dict) -> None:
 
 
 def check_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit check``: print what the lab will use on this machine."""
-    from labkit.lab import provenance, setup
-
-    import argparse
-    import json
+    """``python -m labkit check``: the pre-workshop checklist (install, device, mode, disk, model weights)."""
+    from labkit.lab import provenance, workshop_checklist, workshop_estimate, write_json, results_dir
 
     parser = argparse.ArgumentParser(prog="python -m labkit check", description=check_cli.__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--preset", default=None, help="the preset to check weights for (default: workshop on a "
+                        "GPU, cpu-tiny without)")
+    parser.add_argument("--offline", action="store_true", help="do not contact the hub")
+    parser.add_argument("--workshop-estimate", action="store_true",
+                        help="print the workshop preset's estimated T4 time and write results/workshop_estimate.json")
     args = parser.parse_args(argv)
-    lab = setup(verbose=not args.json)
+    if args.workshop_estimate:
+        record = {**workshop_estimate(), "command": "python -m labkit check --workshop-estimate",
+                  "provenance": provenance()}
+        path = write_json(results_dir() / "workshop_estimate.json", record)
+        print(f"workshop on a T4: about {record['minutes_low']}-{record['minutes_high']} min (ESTIMATE from published "
+              f"step times of {record['seconds_per_step_low']}-{record['seconds_per_step_high']} s; wrote {path})")
+        return 0
+    items = workshop_checklist(args.preset, online=False if args.offline else None)
     if args.json:
-        print(json.dumps({"mode": lab.mode, "precision": lab.precision, **provenance(lab.device)}, indent=2))
-    return 0
+        print(json.dumps({"checks": [vars(item) for item in items], **provenance()}, indent=2))
+    else:
+        print("\n".join(str(item) for item in items))
+    return 0 if all(item.ok is not False for item in items) else 1

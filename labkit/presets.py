@@ -201,6 +201,23 @@ PRESETS: dict[str, Preset] = {
             card_gib=None,
         ),
         Preset(
+            name="workshop",
+            model="Qwen/Qwen2.5-0.5B-Instruct",
+            method="lora",
+            description="A workshop slot on a free Colab T4 (notebook 04's default on a GPU): Qwen2.5-0.5B with "
+                        "LoRA, one prompt x G=8 completions of up to 256 tokens a step, 30 steps, evaluated on 100 "
+                        "test questions; about 30 min, an ESTIMATE from published T4 step times "
+                        "(labkit.lab.workshop_estimate). It shows the loop working, not a trained model.",
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            num_generations=8,
+            max_completion_length=256,
+            optim="paged_adamw_8bit",
+            max_steps=30,
+            save_steps=10,
+            card_gib=14.75,
+        ),
+        Preset(
             name="cpu-tiny",
             model="tiny:qwen2",
             method="lora",

@@ -32,3 +32,38 @@ def test_every_notebook_is_in_the_readme_table(repo_root):
     text = (repo_root / "README.md").read_text()
     for path in sorted((repo_root / "notebooks").glob("*.ipynb")):
         assert f"notebooks/{path.name}" in text, f"{path.name} is missing from the README's table"
+
+
+def test_readme_has_the_learner_cpu_only_windows_and_checklist_instructions(repo_root):
+    text = (repo_root / "README.md").read_text()
+    assert 'pip install "torch==2.13.0" -c requirements.txt -e ".[notebooks]"' in text  # learners: no test tools
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text
+    assert "WSL" in text
+    assert "python -m labkit check" in text and "requirements-colab.txt" in text
+
+
+def test_the_learner_install_leaves_out_the_developer_tools(repo_root):
+    import tomllib
+
+    project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
+    learner = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower()
+               for d in project["dependencies"] + project["optional-dependencies"]["notebooks"]}
+    dev = {d.split(">")[0].strip().lower() for d in project["optional-dependencies"]["dev"]}
+    assert {"pytest", "hypothesis", "papermill", "playwright", "nbformat"} <= dev
+    assert not learner & {"pytest", "hypothesis", "papermill", "playwright"}
+    assert {"torch", "trl", "transformers", "peft"} <= learner
+
+
+def test_the_workshop_time_in_the_readme_and_notebook_04_is_the_estimators(repo_root):
+    import json
+
+    from labkit.lab import workshop_estimate
+
+    est = workshop_estimate()
+    stated = f"about {est['minutes_low']}-{est['minutes_high']} min"
+    readme = (repo_root / "README.md").read_text()
+    assert stated in readme and f"{est['seconds_per_step_low']} to {est['seconds_per_step_high']:g} s" in readme
+    header = "".join(json.loads((repo_root / "notebooks/04_lora_grpo_16gb.ipynb").read_text())["cells"][0]["source"])
+    assert stated in header and "estimate" in header
+    recorded = json.loads((repo_root / "results/workshop_estimate.json").read_text())
+    assert (recorded["minutes_low"], recorded["minutes_high"]) == (est["minutes_low"], est["minutes_high"])

@@ -1,0 +1,52 @@
+"""One source of truth for notebook run times: results/notebook_times.json, stated by the README and the headers."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from labkit.lab import notebook_time_label, read_notebook_times
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+TIMES = read_notebook_times(REPO / "results/notebook_times.json")
+
+
+def test_every_notebook_has_a_measured_time_with_provenance():
+    assert set(TIMES) == {p.name for p in NOTEBOOKS}, "run LABKIT_RECORD_TIMES=1 pytest tests/test_notebooks_run.py"
+    for name, record in TIMES.items():
+        assert record["seconds"] > 0 and record["mode"] == "cpu", name
+        assert record["provenance"]["device"] and record["provenance"]["date"], name
+        assert record["note"], f"{name}: say on what machine, and how busy it was"
+
+
+def _readme_cpu_cells() -> dict[str, str]:
+    rows = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        match = re.match(r"\|\s*\[(\d\d_\w+)\]\(notebooks/(\S+\.ipynb)\)\s*\|[^|]*\|([^|]*)\|", line)
+        if match:
+            rows[match.group(2)] = match.group(3).strip()
+    return rows
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_readme_table_states_the_recorded_time(path):
+    cell = _readme_cpu_cells().get(path.name)
+    assert cell is not None, f"{path.name} is not in the README's notebook table"
+    label = notebook_time_label(TIMES[path.name]["seconds"])
+    assert cell.startswith(label), f"README says {cell!r} for {path.name}; results/notebook_times.json says {label!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_header_states_the_recorded_time(path):
+    header = "".join(json.loads(path.read_text())["cells"][0]["source"])
+    label = notebook_time_label(TIMES[path.name]["seconds"])
+    assert f"CPU mode: {label}" in header, f"{path.name}'s header should say 'CPU mode: {label}'"
+    others = set(re.findall(r"CPU mode: (under 1 min|about \d+ min)", header)) - {label}
+    assert not others, f"{path.name}'s header also states {others}"
+
+
+def test_labels():
+    assert notebook_time_label(59) == "under 1 min"
+    assert notebook_time_label(61) == "about 1 min"
+    assert notebook_time_label(150) == "about 2 min" and notebook_time_label(151) == "about 3 min"

@@ -1,0 +1,111 @@
+"""The workshop preset fits a free T4 with room to spare; notebooks find results/ from anywhere; the checklist."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.device import DeviceInfo
+from labkit.lab import (CheckItem, hf_cache_has_weights, repo_root, results_dir, workshop_checklist,
+                        workshop_estimate)
+from labkit.presets import PRESETS, get_preset, preflight, validate
+
+# What a free Colab T4 reports to PyTorch (docs/references.md#t4-and-single-gpu-figures).
+T4 = DeviceInfo("cuda", "Tesla T4", 14.75, (7, 5), bf16=False, fp16=True)
+
+
+def test_workshop_preset_is_small_and_short():
+    p = PRESETS["workshop"]
+    assert p.model == "Qwen/Qwen2.5-0.5B-Instruct" and p.method == "lora"
+    assert p.max_completion_length <= 256 and p.max_steps <= 30
+
+
+def test_workshop_preset_validates_and_fits_a_t4_in_fp16_with_6_gib_to_spare():
+    p = get_preset("workshop")
+    validate(p, T4)  # raises PresetError if anything cannot run on a T4
+    report = preflight(p, T4, card_gib=14.75)
+    assert report.fits
+    assert report.card_gib - report.estimate_gib >= 6.0, str(report)
+    # the fp16 figure is the one planned with (the T4 has no bf16)
+    assert report.estimate_gib > 0.5
+
+
+def test_workshop_estimate_is_marked_as_an_estimate_and_stays_within_half_an_hour():
+    est = workshop_estimate()
+    assert est["status"] == "estimate" and "not a measurement" in est["note"]
+    assert est["minutes_low"] < est["minutes_high"] <= 30
+    assert est["eval_questions"] == 100 and len(est["sources"]) == 2
+
+
+def test_a_longer_run_raises_the_estimate():  # the estimate responds to the preset, so it can fail
+    long = workshop_estimate(get_preset("workshop", max_steps=200), eval_questions=1319)
+    assert long["minutes_high"] > 60
+
+
+def test_notebook_04_picks_workshop_on_a_gpu():
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks/04_lora_grpo_16gb.ipynb").read_text())
+    source = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert 'real="workshop"' in source
+
+
+def test_results_dir_is_the_repositorys_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_RESULTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert results_dir() == repo_root() / "results"
+    assert (results_dir() / "full_vs_lora.json").exists()
+
+
+def test_notebook_05_results_lookup_works_from_another_directory(tmp_path):
+    """Run notebook 05's imports-and-paths cell in a fresh interpreter whose cwd is not the repository."""
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks/05_full_vs_lora.ipynb").read_text())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    params = "".join(next(c for c in cells if "parameters" in c["metadata"].get("tags", []))["source"])
+    paths = "".join(next(c for c in cells if "results = " in "".join(c["source"]))["source"])
+    script = params + "\n" + paths + "\nassert (results / 'full_vs_lora.json').exists(), results\nprint(results)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("LABKIT_RESULTS", None)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_results_dir_falls_back_to_the_working_directory_for_an_installed_copy(tmp_path, monkeypatch):
+    monkeypatch.delenv("LABKIT_RESULTS", raising=False)
+    monkeypatch.setattr("labkit.lab.repo_root", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    assert results_dir() == tmp_path / "results"
+
+
+def test_hf_cache_check_finds_weights_only_when_they_are_there(tmp_path):
+    snapshot = tmp_path / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert not hf_cache_has_weights("Qwen/Qwen2.5-0.5B-Instruct", tmp_path)
+    (snapshot / "model.safetensors").write_bytes(b"")
+    assert hf_cache_has_weights("Qwen/Qwen2.5-0.5B-Instruct", tmp_path)
+
+
+def test_checklist_offline_says_what_to_download_at_home_and_never_prints_a_token(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", "hf_secretTOKEN123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    items = workshop_checklist("workshop", online=False)
+    names = [item.name for item in items]
+    assert names == ["install", "device", "mode", "free disk", "weights"]
+    weights = items[-1]
+    assert weights.ok is None and "hf download Qwen/Qwen2.5-0.5B-Instruct" in weights.detail
+    assert "offline" in weights.detail
+    assert all("hf_secret" not in str(item) for item in items)
+
+
+def test_check_command_prints_the_checklist(capsys):
+    from labkit.cli import check_cli
+
+    assert check_cli(["--offline"]) == 0
+    out = capsys.readouterr().out
+    for name in ("install", "device", "mode", "free disk", "weights"):
+        assert f"] {name}:" in out
+    assert str(CheckItem("x", False, "y")).startswith("[FIX ]")
