@@ -11,7 +11,7 @@ from labkit.run import build_run, reward_functions, training_prompts
 LAPTOP = dev.DeviceInfo("cuda", "NVIDIA GeForce RTX 3080 Laptop GPU", 16.0, (8, 6), bf16=True, fp16=True)
 T4 = dev.DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
-CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "workshop": T4}
+CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "workshop": T4}
 
 
 def test_every_preset_has_a_card_to_validate_on():

@@ -38,8 +38,8 @@ def test_word_problem_prompts_carry_the_short_answer_instruction():
 @pytest.mark.parametrize("text, reward", [
     ("Ava has 16 coins.", 1.0),
     ("16", 1.0),
-    ("She has 16 coins in total now, which is a lot", 1.0),  # 10 words
-    ("She has 16 coins in total now, which is a lot more", 0.0),  # 11 words
+    ("She has 16 coins in total now, which is lots", 1.0),  # 10 words
+    ("She has 16 coins in total now, which is a lot", 0.0),  # 11 words
     ("Ava has eight coins.", 0.0),  # no number stated
     ("", 0.0),
     ("   ", 0.0),
