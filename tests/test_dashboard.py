@@ -644,3 +644,22 @@ def test_dashboard_follows_a_real_grpo_trainer_run(tiny_model_path, tmp_path):
                 "completions/mean_length", "loss", "memory/process_rss"):
         assert board.series(key)[0] == [1, 2], key
     assert board._closed
+
+
+def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_path):
+    """Executed in a real kernel (widgets front end) and saved: a PNG output, no widget view that needs a kernel."""
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from labkit.dashboard import LiveDashboard, simulated_run\n"
+        "board = LiveDashboard(title='simulated', total_steps=20, budget_gib=1.0)\n"
+        "for step, logs in simulated_run(20):\n    board.log(step, logs)\n"
+        "print(board.frontend)\nboard.close()")])
+    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = notebook.cells[0].outputs
+    assert any(o.get("text", "").strip() == "widgets" for o in outputs if o.output_type == "stream"), outputs
+    shown = [set(o.data) for o in outputs if o.output_type == "display_data"]
+    assert shown == [{"image/png", "text/plain"}], shown
+    assert "step 20 / 20" in [o for o in outputs if o.output_type == "display_data"][0].data["text/plain"]

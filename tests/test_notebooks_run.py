@@ -75,14 +75,21 @@ CONTROLS = {"IntSlider", "FloatSlider", "FloatLogSlider", "IntRangeSlider", "Flo
 
 def unlabelled_controls(source: str) -> list[str]:
     """Return ``"Name (line N)"`` for every ipywidgets control in ``source`` without a description (and a style, if long)."""
+    tree = ast.parse(source)
+    # LABEL = {"style": ..., "layout": ...} then Dropdown(..., **LABEL): the style comes with the mapping
+    styled = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+              and any(isinstance(k, ast.Constant) and k.value == "style" for k in node.value.keys)
+              for target in node.targets if isinstance(target, ast.Name)}
     missing = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
         if name not in CONTROLS:
             continue
         keywords = {k.arg: k.value for k in node.keywords}
+        if any(k.arg is None and isinstance(k.value, ast.Name) and k.value.id in styled for k in node.keywords):
+            keywords.setdefault("style", None)
         description = keywords.get("description")
         labelled = description is not None and not (isinstance(description, ast.Constant)
                                                       and not str(description.value).strip())
@@ -98,6 +105,9 @@ def test_the_control_check_can_fail():
                                'd = Dropdown(description="completion length (tokens)")') == [
         "IntSlider (line 1)", "Checkbox (line 2)", "Dropdown (line 3)"]
     assert unlabelled_controls('w = widgets.FloatSlider(description="ε")') == []
+    assert unlabelled_controls('L = {"style": {}}\nw = IntSlider(description="completion length (tokens)", **L)') == []
+    assert unlabelled_controls('L = {"layout": 1}\nw = IntSlider(description="completion length (tokens)", **L)') == [
+        "IntSlider (line 2)"]
     assert unlabelled_controls('w = widgets.IntSlider(description="rank (adapter width)", style=STYLE)') == []
 
 
