@@ -213,7 +213,7 @@ def jupyterlab(tmp_path):
 
 def _dashboard_state(page) -> dict:
     """Read what the browser shows of the dashboard."""
-    return page.evaluate("""() => {
+    return page.evaluate(r"""() => {
         const card = document.querySelector('.labkit-dashboard .labkit-progress');
         const gauge = document.querySelector('.labkit-dashboard .labkit-gauge');
         const panels = document.querySelectorAll('.labkit-dashboard .labkit-dashboard-plot svg.labkit-panel');
