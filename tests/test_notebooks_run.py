@@ -121,3 +121,20 @@ def test_every_interactive_control_has_a_description(path):
             source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
             missing += [f"cell {index}: {m}" for m in unlabelled_controls(source)]
     assert not missing, f"{path.name}: controls without description= (or a long one without style=): {missing}"
+
+
+def test_notebook_02_money_table_is_not_typeset_as_maths():
+    """`9 * $2 = $18` in an HTML table read "9 * *2 =*18" once MathJax paired the dollars (issue 16, item 5)."""
+    pd = pytest.importorskip("pandas")
+    from labkit import rewards
+
+    notebook = json.loads((NOTEBOOKS[0].parent / "02_reward_functions.ipynb").read_text())
+    source = next("".join(c["source"]) for c in notebook["cells"] if "9 * $2 = $18" in "".join(c["source"]))
+    tree = ast.parse(source)
+    namespace = {"pd": pd, "rewards": rewards}
+    exec(compile(ast.Module(tree.body[:-1], []), "cell", "exec"), namespace)
+    shown = eval(compile(ast.Expression(tree.body[-1].value), "cell", "eval"), namespace)
+    page = shown._repr_html_() if hasattr(shown, "_repr_html_") else shown.to_html()
+    table = re.search(r"<table[^>]*>", page).group(0)
+    assert "mathjax_ignore" in table and "tex2jax_ignore" in table, table  # JupyterLab's MathJax 3, and MathJax 2
+    assert "$2 = $18" in page and "white-space: pre-wrap" in page
