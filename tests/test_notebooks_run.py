@@ -138,3 +138,33 @@ def test_notebook_02_money_table_is_not_typeset_as_maths():
     table = re.search(r"<table[^>]*>", page).group(0)
     assert "mathjax_ignore" in table and "tex2jax_ignore" in table, table  # JupyterLab's MathJax 3, and MathJax 2
     assert "$2 = $18" in page and "white-space: pre-wrap" in page
+
+
+def test_setup_silences_exactly_the_library_noise_it_names(caplog):
+    """labkit.setup() filters three messages by logger or text (issue 16, item 3); other warnings still show."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as transformers_logging
+
+    from labkit.lab import quiet_library_noise
+
+    bnb = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level, bars = bnb.level, transformers_logging.is_progress_bar_enabled()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            bnb.setLevel(logging.NOTSET)
+            transformers_logging.enable_progress_bar()
+            quiet_library_noise()
+            warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning)
+            warnings.warn("something else is deprecated", FutureWarning)
+            with caplog.at_level(logging.WARNING):
+                bnb.warning("Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'")
+                logging.getLogger("bitsandbytes.other").warning("a different bitsandbytes warning")
+        assert [str(w.message) for w in caught] == ["something else is deprecated"]
+        assert [r.getMessage() for r in caplog.records] == ["a different bitsandbytes warning"]
+        assert not transformers_logging.is_progress_bar_enabled()
+    finally:
+        bnb.setLevel(level)
+        (transformers_logging.enable_progress_bar if bars else transformers_logging.disable_progress_bar)()
