@@ -144,10 +144,8 @@ def quiet_library_noise() -> None:
     # transformers 5 deprecated `model.is_gradient_checkpointing`, which TRL and PEFT still read; the
     # FutureWarning points at a line in site-packages, not at anything the learner wrote or can change.
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    try:
-        from transformers.utils import logging as transformers_logging
-    except ImportError:  # transformers missing: nothing of its to quieten
-        return
+    from transformers.utils import logging as transformers_logging
+
     # transformers' "Loading weights" / "Writing model shards" bars: the lab loads and saves small models
     # many times (seconds each), and in a notebook each bar is a widget that does not survive a save.
     transformers_logging.disable_progress_bar()
