@@ -1,15 +1,22 @@
-"""Small SVG line charts for the live dashboard: built in milliseconds, drawn by the browser.
+"""The live dashboard's drawings: small SVG line charts, the card of numbers and the memory gauge, as HTML.
 
 Re-rendering eight matplotlib panels takes a few hundred milliseconds a step; building the same
 charts as SVG text takes a few (``chart_update_ms`` in ``results/dashboard_bench.json``).
 :func:`svg_chart` draws one panel; the helpers thin long series and choose round tick values.
+:func:`card_html` and :func:`gauge_html` draw the card above the charts; :func:`mark_nonfinite` and
+:func:`reward_band` are pieces of the matplotlib figure.
 """
 from __future__ import annotations
 
 import html
 import math
 
-__all__ = ["svg_chart", "thin", "short_label", "as_float", "PALETTE", "LIVE_POINTS", "MAIN_SERIES"]
+from labkit.memory import GIB, gib
+
+__all__ = ["svg_chart", "card_html", "gauge_html", "mark_nonfinite", "reward_band", "budget_zones", "thin", "short_label", "as_float", "describe_number", "PALETTE",
+           "LIVE_POINTS", "MAIN_SERIES"]
+
+
 def short_label(name: str) -> str:
     """``rewards/correctness/mean`` -> ``correctness``; ``clip_ratio/low_mean`` -> ``low``."""
     if name.startswith("rewards/") and name.endswith("/mean"):
@@ -22,7 +29,11 @@ def short_label(name: str) -> str:
 
 
 def as_float(value) -> float | None:
-    """Return ``value`` as a finite float, or ``None`` (TRL logs ``None`` when no sample was valid)."""
+    """Return ``value`` as a float, or ``None`` when it is not a number (TRL logs ``None`` when no sample was valid).
+
+    NaN and infinities are kept: a diverging run must show as one, never be dropped. An integer too
+    large for a float (``10**400``) is an infinity of its sign.
+    """
     if value is None or isinstance(value, (bool, str)):
         return None
     if hasattr(value, "item"):
@@ -31,10 +42,18 @@ def as_float(value) -> float | None:
         except (ValueError, RuntimeError):  # a tensor with more than one element
             return None
     try:
-        number = float(value)
+        return float(value)
+    except OverflowError:  # float(10**400)
+        return math.inf if value > 0 else -math.inf
     except (TypeError, ValueError):
         return None
-    return number if math.isfinite(number) else None
+
+
+def describe_number(value: float) -> str:
+    """``nan`` -> ``"NaN"``, ``inf`` -> ``"+inf"``, ``-inf`` -> ``"-inf"``: how the dashboard names a non-finite value."""
+    if math.isnan(value):
+        return "NaN"
+    return "+inf" if value > 0 else "-inf"
 
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf", "#7f7f7f")
@@ -76,21 +95,42 @@ def _tick_label(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
+    """Flow legend entries (their indices) into rows no wider than ``width`` pixels."""
+    rows, used = [[]], 0.0
+    for i, label in enumerate(labels):
+        item = 20 + 5.2 * len(label)
+        if rows[-1] and used + item > width:
+            rows.append([])
+            used = 0.0
+        rows[-1].append(i)
+        used += item
+    return rows
+
+
 def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), hline=None,
-               ylim=None, note: str = "waiting for data") -> str:
+              ylim=None, note: str = "waiting for data", xlabel: str = "step") -> str:
     """Return an inline SVG line chart: ``lines`` are ``(name, label, steps, values, colour, width, dashed)``.
 
     ``band`` is ``(steps, low, high)``, shaded; ``zones`` ``(low, high, colour)`` horizontal bands;
-    ``hline`` ``(y, colour)`` a dashed line. Each line carries ``data-series`` and ``data-points``.
+    ``hline`` ``(y, colour)`` a dashed line. Each line carries ``data-series``, ``data-points`` (the
+    points drawn) and ``data-nonfinite`` (NaN or infinite values, which cannot be drawn: each gets a red
+    mark at its step along the top edge, labelled with the first one's value and step). With more than
+    one line, the legend sits between the title and the plot, never over the lines.
     """
-    width, height, left, right, top, bottom = 260, 165, 44, 8, 20, 18
+    width, height, left, right, bottom = 260, 180, 44, 8, 28
+    top = 20
+    legend = _legend_rows([line[1] for line in lines], width - left - right) if len(lines) > 1 else []
+    top += 11 * len(legend)
     plot_w, plot_h = width - left - right, height - top - bottom
     out = [f'<svg class="labkit-panel" data-panel="{key}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" style="background:#fff;font-family:system-ui,'
            f'sans-serif;font-size:9px">',
            f'<text x="{width / 2}" y="12" text-anchor="middle" font-size="11" font-weight="600">'
            f"{html.escape(title)}</text>",
-           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>']
+           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>',
+           f'<text class="labkit-xlabel" x="{left + plot_w / 2}" y="{height - 3}" text-anchor="middle" fill="#444">'
+           f"{html.escape(xlabel)}</text>"]
     if not lines:
         rows = note.split("\n")
         for i, row in enumerate(rows):
@@ -105,10 +145,10 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
     if ylim is not None:
         y0, y1 = ylim
     else:
-        ys = [y for line in lines for y in line[3]]
+        ys = [y for line in lines for y in line[3] if math.isfinite(y)]
         if band is not None:
-            ys += list(band[1]) + list(band[2])
-        y0, y1 = min(ys), max(ys)
+            ys += [y for y in list(band[1]) + list(band[2]) if math.isfinite(y)]
+        y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
         # a flat series (entropy barely moving) still gets readable, distinct tick labels
         span = max(y1 - y0, 0.01 * max(abs(y0), abs(y1))) or 1.0
         middle = (y0 + y1) / 2
@@ -133,28 +173,148 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
         if tick != int(tick):
             continue
         x = sx(tick)
-        out.append(f'<text x="{x:.1f}" y="{height - 5}" text-anchor="middle" fill="#444">{int(tick)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 11}" text-anchor="middle" fill="#444">{int(tick)}</text>')
     if band is not None and band[0]:
-        upper = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(band[0], band[2]))
-        lower = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(reversed(band[0]), reversed(band[1])))
-        out.append(f'<polygon class="labkit-band" points="{upper} {lower}" fill="#000" fill-opacity="0.08"/>')
+        kept = [(x, lo, hi) for x, lo, hi in zip(*band) if math.isfinite(lo) and math.isfinite(hi)]
+        if kept:
+            upper = " ".join(f"{sx(x):.1f},{sy(hi):.1f}" for x, _, hi in kept)
+            lower = " ".join(f"{sx(x):.1f},{sy(lo):.1f}" for x, lo, _ in reversed(kept))
+            out.append(f'<polygon class="labkit-band" points="{upper} {lower}" fill="#000" fill-opacity="0.08"/>')
     if hline is not None and y0 <= hline[0] <= y1:
         y = sy(hline[0])
         out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="{hline[1]}" '
                    f'stroke-dasharray="3,3"/>')
+    bad_marks = []
     for name, label, steps, values, colour, line_width, dashed in lines:
-        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(steps, values))
+        finite = [(x, y) for x, y in zip(steps, values) if math.isfinite(y)]
+        bad = [(x, y) for x, y in zip(steps, values) if not math.isfinite(y)]
+        points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in finite)
         dash = ' stroke-dasharray="5,3"' if dashed else ""
-        out.append(f'<polyline data-series="{html.escape(name)}" data-points="{len(steps)}" points="{points}" '
-                   f'fill="none" stroke="{colour}" stroke-width="{line_width}"{dash}/>')
-    if len(lines) > 1:
-        legend_w = 24 + 5.5 * max(len(line[1]) for line in lines)
-        out.append(f'<rect x="{left + 2}" y="{top + 2}" width="{legend_w:.0f}" height="{10 * len(lines) + 4}" '
-                   f'fill="#fff" fill-opacity="0.8"/>')
-        for i, (_, label, _, _, colour, line_width, dashed) in enumerate(lines):
-            y = top + 9 + 10 * i
+        out.append(f'<polyline data-series="{html.escape(name)}" data-points="{len(finite)}" '
+                   f'data-nonfinite="{len(bad)}" points="{points}" fill="none" stroke="{colour}" '
+                   f'stroke-width="{line_width}"{dash}/>')
+        if bad:
+            bad_marks.append((label, bad))
+    for label, bad in bad_marks:
+        for x, _ in bad:
+            out.append(f'<line class="labkit-nonfinite" x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" '
+                       f'y2="{top + 6}" stroke="#d64545" stroke-width="2"/>')
+        x, y = bad[0]
+        out.append(f'<text class="labkit-nonfinite-label" x="{left + plot_w - 3}" y="{top + 16}" text-anchor="end" '
+                   f'fill="#d64545" font-weight="600">{html.escape(label)} {describe_number(y)} at step {x}</text>')
+    for row_number, row in enumerate(legend):
+        x = left
+        y = 20 + 11 * row_number + 7
+        for i in row:
+            _, label, _, _, colour, line_width, dashed = lines[i]
             dash = ' stroke-dasharray="4,2"' if dashed else ""
-            out.append(f'<line x1="{left + 5}" x2="{left + 17}" y1="{y - 3}" y2="{y - 3}" stroke="{colour}" '
-                       f'stroke-width="{line_width}"{dash}/><text x="{left + 20}" y="{y}" fill="#222">'
-                       f"{html.escape(label)}</text>")
+            out.append(f'<line x1="{x + 2}" x2="{x + 14}" y1="{y - 3}" y2="{y - 3}" stroke="{colour}" '
+                       f'stroke-width="{line_width}"{dash}/><text class="labkit-legend" x="{x + 17}" y="{y}" '
+                       f'fill="#222">{html.escape(label)}</text>')
+            x += 20 + 5.2 * len(label)
     return "".join(out) + "</svg>"
+
+
+def card_html(title: str, progress: str, tiles: list[tuple], alerts: list[str], gauge: str, red: str) -> str:
+    """Return the dashboard's card: title and progress, red ``alerts``, ``tiles`` ``(label, key, shown, finite)``, the gauge."""
+    cells = []
+    for label, key, shown, finite in tiles:
+        colour = "" if finite else f"color:{red};"
+        cells.append(
+            f'<div class="labkit-tile" data-key="{html.escape(key)}" data-finite="{str(finite).lower()}" '
+            f'style="min-width:88px;padding:4px 8px;border-radius:6px;background:#f3f4f6">'
+            f'<div style="font-size:11px;color:#555">{html.escape(label)}</div>'
+            f'<div style="font-size:16px;font-weight:600;font-variant-numeric:tabular-nums;{colour}">'
+            f'{"—" if shown is None else html.escape(shown)}</div></div>')
+    warnings = "".join(f'<div class="labkit-alert" style="color:{red};font-weight:600;font-size:13px;'
+                       f'margin-bottom:4px">⚠ {html.escape(line)}</div>' for line in alerts)
+    return (
+        '<div class="labkit-card" style="font-family:system-ui,sans-serif;color:#111;background:#fff;'
+        'border:1px solid #ddd;border-radius:8px;padding:8px 10px;max-width:1040px">'
+        f'<div class="labkit-progress" style="font-size:14px;margin-bottom:6px"><b>{html.escape(title)}</b>'
+        f' · {html.escape(progress)}</div>{warnings}'
+        f'<div style="display:flex;flex-wrap:wrap;gap:6px;margin-bottom:8px">{"".join(cells)}</div>{gauge}</div>')
+
+
+def gauge_html(snap, g: dict, thresholds: tuple[float, float], monitor=None, red: str = "#d64545") -> str:
+    """Return the memory gauge as HTML: ``snap`` a ``MemorySnapshot``, ``g`` what ``LiveDashboard.gauge()`` returns."""
+    budget = g["budget_gib"] * GIB
+    colour = g["colour"]
+    if snap.kind == "cuda":
+        # stacked: live tensors, the rest of PyTorch's cache, then everything else on the GPU
+        allocated = snap.allocated or 0
+        reserved = max(snap.reserved or 0, allocated)
+        rest = max(snap.used - reserved, 0)
+        parts = [(allocated, 1.0, "torch allocated"), (reserved - allocated, 0.6, "torch cached"),
+                 (rest, 0.3, "outside torch (CUDA context, vLLM, other processes)")]
+        detail = (f"torch allocated {gib(snap.allocated):.2f} · reserved {gib(snap.reserved):.2f} · "
+                  f"peak {gib(snap.peak):.2f} GiB")
+        if snap.device_used is not None:
+            detail += f" · whole GPU {gib(snap.device_used):.2f} / {gib(snap.device_total):.1f} GiB (NVML)"
+        elif snap.device_total:
+            detail += f" · GPU total {gib(snap.device_total):.1f} GiB (NVML unavailable)"
+    else:
+        parts = [(snap.process_rss, 1.0, "process RSS")]
+        detail = f"no CUDA GPU in use · machine RAM {gib(snap.host_total):.1f} GiB"
+    segments, filled = [], 0.0
+    for size, opacity, label in parts:
+        width = max(min(size / budget, 1.0 - filled), 0.0)
+        filled += width
+        segments.append(f'<div title="{html.escape(label)}" style="width:{width:.2%};background:{colour};'
+                        f'opacity:{opacity}"></div>')
+    phases = ""
+    if monitor is not None and monitor.phases:
+        last = monitor.last_step_peaks()
+        peaks = " · ".join(f"{name} {value / GIB:.2f}" for name, value in last.items())
+        phases = (f'<div class="labkit-phases" style="font-size:12px;color:#444">last step\'s peak by phase '
+                  f'({monitor.label}, GiB): {html.escape(peaks)}</div>')
+    over = " · over budget" if g["fraction"] > 1 else ""
+    amber, red = thresholds
+    return (
+        f'<div class="labkit-gauge labkit-gauge--{g["level"]}" data-level="{g["level"]}" '
+        f'data-fraction="{g["fraction"]:.4f}">'
+        f'<div class="labkit-gauge-label" style="font-size:13px;margin-bottom:3px">'
+        f'<b>{html.escape(g["label"])}</b>: {g["used_gib"]:.2f} / {g["budget_gib"]:.1f} GiB budget '
+        f'(<span style="color:{colour};font-weight:700">{g["fraction"]:.0%}{over}</span>)</div>'
+        f'<div class="labkit-gauge-track" style="position:relative;display:flex;height:14px;background:#e5e7eb;'
+        f'border-radius:7px;overflow:hidden">{"".join(segments)}'
+        f'<div style="position:absolute;left:{amber:.0%};top:0;bottom:0;border-left:1px dashed #888"></div>'
+        f'<div style="position:absolute;left:{red:.0%};top:0;bottom:0;border-left:1px dashed #888"></div></div>'
+        f'<div class="labkit-gauge-detail" style="font-size:12px;color:#444;margin-top:3px">{html.escape(detail)}'
+        f"</div>{phases}</div>")
+
+
+def mark_nonfinite(ax, series: dict, colour: str) -> list:
+    """Mark, on matplotlib ``ax``, every step where a series ``{label: (steps, values)}`` is NaN or infinite.
+
+    A red vertical line per such step (the first 50) and a label naming the first; returns the artists.
+    """
+    artists = []
+    for label, (steps, values) in series.items():
+        bad = [(s, v) for s, v in zip(steps, values) if not math.isfinite(v)]
+        for step, _ in bad[:50]:
+            artists.append(ax.axvline(step, color=colour, lw=1, alpha=0.5))
+        if bad:
+            step, value = bad[0]
+            artists.append(ax.text(0.98, 0.95, f"{label} {describe_number(value)} at step {step}", transform=ax.transAxes,
+                                   ha="right", va="top", fontsize=8, color=colour, fontweight="bold"))
+    return artists
+
+
+def reward_band(ax, reward: tuple[list, list], reward_std: tuple[list, list]):
+    """Shade mean +/- std on ``ax`` at the steps where both were logged; return the artist (or ``None``)."""
+    std = dict(zip(*reward_std))
+    points = [(s, v, std[s]) for s, v in zip(*reward) if s in std]
+    if not points:
+        return None
+    steps, mean, spread = zip(*points)
+    return ax.fill_between(steps, [m - d for m, d in zip(mean, spread)], [m + d for m, d in zip(mean, spread)],
+                           color="black", alpha=0.1, lw=0)
+
+
+def budget_zones(ax, budget: float, thresholds: tuple[float, float], colours: dict) -> list:
+    """Shade green, amber and red zones of a memory ``budget`` on ``ax`` and draw the budget line; return the artists."""
+    amber, red = thresholds
+    zones = (("green", 0, amber), ("amber", amber, red), ("red", red, 1.0))
+    artists = [ax.axhspan(low * budget, high * budget, color=colours[name], alpha=0.08, lw=0) for name, low, high in zones]
+    return artists + [ax.axhline(budget, color=colours["red"], lw=1, ls=":")]

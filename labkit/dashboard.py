@@ -17,6 +17,10 @@ Where it runs decides how it draws (:func:`detect_frontend`): ipywidgets 8 in Ju
 VS Code (an HTML card and eight small SVG charts, updated in place), a display handle updated
 in place in Colab, and a tqdm progress bar with the latest numbers in a terminal.
 ``dashboard.save("run.png")`` and ``dashboard.figure`` give the same panels as a matplotlib figure.
+At :meth:`LiveDashboard.close` that figure, as a PNG, replaces the live view: widget views do not
+survive a save (reopened, they read "Error displaying widget: model not found"), images do; so do
+the text bars of :func:`progress_bar`. A NaN or infinite metric is shown as such, never dropped
+(a red "loss is NaN since step N"; the charts mark the steps).
 
 Drawing costs time on the training thread, so updates are throttled: at most one every
 ``min_interval_s`` (two a second), and the charts only as often as keeps their cost under
@@ -28,8 +32,8 @@ Used from ``04_lora_grpo_16gb.ipynb`` on, where it watches TRL's ``GRPOTrainer``
 """
 from __future__ import annotations
 
+import base64
 import fnmatch
-import html
 import io
 import math
 import os
@@ -42,17 +46,16 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from labkit.charts import MAIN_SERIES, PALETTE, as_float, short_label, svg_chart, thin
-from labkit.memory import GIB, gib
+from labkit.charts import (MAIN_SERIES, PALETTE, as_float, card_html, describe_number, gauge_html, mark_nonfinite,
+                           budget_zones, reward_band, short_label, svg_chart, thin)
+from labkit.memory import GIB
 from labkit.monitor import MemorySnapshot, VRAMMonitor, gauge_level, memory_snapshot
 
-__all__ = ["LiveDashboard", "detect_frontend", "Panel", "PANELS", "GAUGE_COLOURS", "FRONTENDS", "simulated_run"]
+__all__ = ["LiveDashboard", "detect_frontend", "progress_bar", "Panel", "PANELS", "GAUGE_COLOURS", "FRONTENDS",
+           "simulated_run"]
 
 FRONTENDS = ("auto", "widgets", "html", "text", "none")
 GAUGE_COLOURS = {"green": "#2e9d4f", "amber": "#f0a202", "red": "#d64545"}
-
-
-# ----------------------------------------------------------------------------- memory readings
 
 
 # ----------------------------------------------------------------------------- where it runs
@@ -82,6 +85,21 @@ def detect_frontend() -> str:
     return "widgets" if int(ipywidgets.__version__.split(".")[0]) >= 8 else "html"
 
 
+def progress_bar(iterable=None, *, desc: str = "", total: int | None = None, enabled: bool = True, **kwargs):
+    """Return a tqdm bar that stays readable after a save: in a kernel, text on stdout redrawn in place.
+
+    tqdm.auto's widget bar reads "Error displaying widget: model not found" once the notebook is
+    reopened, and a bar on stderr sits in a red box that looks like an error. In a terminal: tqdm's
+    usual bar on stderr. ``enabled=False`` draws nothing.
+    """
+    from tqdm.std import tqdm
+
+    in_kernel = detect_frontend() != "text"
+    options = {"file": sys.stdout, "ncols": 100} if in_kernel else {"file": sys.stderr, "dynamic_ncols": True}
+    options.update(kwargs)
+    return tqdm(iterable, desc=desc, total=total, disable=not enabled, leave=True, **options)
+
+
 # ----------------------------------------------------------------------------- what it plots
 
 
@@ -92,13 +110,15 @@ class Panel:
     key: str
     title: str
     patterns: tuple[str, ...]
-    empty_note: str = "waiting for data"
+    empty_note: str = "waiting for data"  # before the first step
+    absent_note: str = "not logged by this run"  # steps arrived, none with this metric
 
 
 PANELS = (
     Panel("reward", "reward (band: ± reward_std)", ("reward", "rewards/*/mean")),
     Panel("spread", "reward spread", ("reward_std", "frac_reward_zero_std")),
-    Panel("kl", "KL to the reference", ("kl",), "no KL logged:\nbeta = 0 (TRL's default)\nloads no reference model"),
+    Panel("kl", "KL to the reference", ("kl",), absent_note="no KL logged:\nbeta = 0 (TRL's default)\n"
+                                                         "loads no reference model"),
     Panel("clip", "clip ratio", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")),
     Panel("entropy", "entropy (nats/token)", ("entropy",)),
     Panel("length", "completion length (tokens)", ("completions/mean_length",)),
@@ -119,7 +139,9 @@ _TILES = (
 )
 
 
-# ----------------------------------------------------------------------------- live charts (SVG)
+def _format(fmt: str, value: float) -> str:
+    """Format a tile's value; NaN and infinities by name (``"{:.0%}".format(nan)`` would read "nan%")."""
+    return fmt.format(value) if math.isfinite(value) else describe_number(value)
 
 
 # ----------------------------------------------------------------------------- the dashboard
@@ -152,7 +174,7 @@ class LiveDashboard(TrainerCallback):
                  budget_gib: float | None = None, thresholds: tuple[float, float] = (0.75, 0.90),
                  frontend: str = "auto", device=None, monitor: "VRAMMonitor | None" = None,
                  min_interval_s: float = 0.5, max_overhead: float = 0.01, dpi: int = 80,
-                 figsize: tuple[float, float] = (13.0, 5.6), autoshow: bool = True, clock=time.perf_counter):
+                 figsize: tuple[float, float] = (13.0, 6.4), autoshow: bool = True, clock=time.perf_counter):
         if frontend not in FRONTENDS:
             raise ValueError(f"frontend must be one of {FRONTENDS}, not {frontend!r}")
         if not 0 < max_overhead <= 1:
@@ -175,6 +197,8 @@ class LiveDashboard(TrainerCallback):
         self._clock = clock
         self.history: dict[str, tuple[list[int], list[float]]] = {}
         self.step: int | None = None
+        self.nonfinite: dict[str, tuple[int, float]] = {}  # name -> (first step, value) of a NaN or inf
+        self.bad_steps: list = []  # step numbers that were not finite numbers (counted on instead)
         self.snapshot: MemorySnapshot | None = None
         # what updating cost: counts and seconds spent (the benchmark reads these)
         self.card_updates = 0
@@ -206,24 +230,33 @@ class LiveDashboard(TrainerCallback):
     def log(self, step: int | None = None, metrics: Mapping | None = None, **more) -> None:
         """Record ``metrics`` (and memory) at ``step`` and update the display if an update is due.
 
-        ``None``, NaN and non-numeric values are skipped, so a series has a point only where a
-        value was logged. ``step=None`` continues from the last step.
+        ``None`` and non-numeric values are skipped, so a series has a point only where a value
+        was logged. NaN and infinite values are kept (a diverging run must look like one): see
+        :meth:`alerts`. ``step=None`` (or a step that is not a finite number) continues from the
+        last step.
         """
         started = self._clock()
         if self._start is None:
             self._start = started
-        if step is None:
+        number = as_float(step)
+        if number is None or not math.isfinite(number):
+            if step is not None:
+                self.bad_steps.append(step)
             step = 0 if self.step is None else self.step + 1
-        step = int(step)
+        else:
+            step = int(number)
         if self._first_step is None:
             self._first_step = step
         self.step = step
         for name, value in {**(metrics or {}), **more}.items():
             number = as_float(value)
             if number is not None:
-                steps, values = self.history.setdefault(str(name), ([], []))
+                name = str(name)
+                steps, values = self.history.setdefault(name, ([], []))
                 steps.append(step)
                 values.append(number)
+                if not math.isfinite(number) and name not in self.nonfinite:
+                    self.nonfinite[name] = (step, number)
         self._record_memory(step)
         self._plot_stale = True
         self._maybe_update(started)
@@ -256,6 +289,20 @@ class LiveDashboard(TrainerCallback):
         """Return the last value logged for ``name``, or ``default``."""
         values = self.history.get(name, ((), ()))[1]
         return values[-1] if values else default
+
+    def alerts(self) -> list[str]:
+        """Return one line per metric that was ever NaN or infinite: ``"loss is NaN since step 12"``."""
+        lines = []
+        for name, (step, value) in self.nonfinite.items():
+            steps, values = self.history[name]
+            if not math.isfinite(values[-1]):
+                lines.append(f"{name} is {describe_number(values[-1])} since step {step}")
+            else:
+                lines.append(f"{name} was {describe_number(value)} at step {step} (finite again at step {steps[-1]})")
+        if self.bad_steps:
+            lines.append(f"{len(self.bad_steps)} step number(s) were not finite ({self.bad_steps[0]!r}); "
+                         "counted on from the previous step")
+        return lines
 
     def gauge(self) -> dict:
         """Return the memory gauge: ``used_gib``, ``budget_gib``, ``fraction``, ``level``, ``colour``, ``label``."""
@@ -310,7 +357,7 @@ class LiveDashboard(TrainerCallback):
             self._html_payload = f'<div class="labkit-dashboard">{card}{self._last_charts}</div>'
         if not self._shown and self.autoshow:
             self.show()
-        elif self._handle is not None:
+        elif self._handle is not None and self.frontend == "html":
             from IPython.display import HTML
 
             self._handle.update(HTML(self._html_payload))
@@ -351,7 +398,7 @@ class LiveDashboard(TrainerCallback):
             from IPython.display import display
 
             self._ensure_widgets()
-            display(self._widgets["box"])
+            self._handle = display(self._widgets["box"], display_id=True)  # close() swaps in the static figure
         elif self.frontend == "html":
             from IPython.display import HTML, display
 
@@ -361,13 +408,26 @@ class LiveDashboard(TrainerCallback):
         elif self.frontend == "text":
             self._update_text(card=True)
 
+    def static_output(self, dpi: int | None = None) -> dict:
+        """Return the mime bundle that replaces the live view at :meth:`close`: the figure (PNG) and the summary (text).
+
+        Images and text are saved with the notebook and render when it is reopened; widget views do not.
+        """
+        return {"image/png": base64.b64encode(self._png(dpi)).decode("ascii"), "text/plain": self.text_summary()}
+
     def close(self) -> None:
-        """Draw the final state (charts included) and close the progress bar; safe to call twice."""
+        """Draw the final state and leave it as a static figure (:meth:`static_output`); in a terminal, print the summary."""
         if self._closed:
             return
         self._closed = True
         if self.frontend in ("widgets", "html") and self.step is not None:
             self.render()
+            if self._handle is not None:
+                self._handle.update(self.static_output(), raw=True)
+                if self._widgets is not None:
+                    for widget in self._widgets.values():
+                        widget.close()  # the view is gone; free the models in the kernel
+                    self._widgets = None
         elif self.frontend == "text" and self._bar is not None:
             self._update_text(card=True)
             self._bar.refresh()
@@ -403,80 +463,28 @@ class LiveDashboard(TrainerCallback):
         for label, key, fmt in _TILES[:4] if short else _TILES:
             value = self.latest(key)
             if value is not None:
-                parts.append(f"{label}={fmt.format(value)}")
+                parts.append(f"{label}={_format(fmt, value)}")
         g = self.gauge()
         where = "GPU" if g["gpu"] else "no CUDA GPU, RSS"
         parts.append(f"mem({where})={g['used_gib']:.1f}/{g['budget_gib']:.1f}GiB[{g['level']}]")
-        return " ".join(parts) if short else f"{self.title}: {self._progress()} | " + " ".join(parts)
+        if short:
+            return " ".join(parts)
+        return f"{self.title}: {self._progress()} | " + " ".join(parts) + "".join(f" | {a}" for a in self.alerts())
 
     def html(self) -> str:
         """Return the card: progress, the latest numbers and the memory gauge, as HTML."""
-        tiles = []
-        for label, key, fmt in _TILES:
-            value = self.latest(key)
-            shown = fmt.format(value) if value is not None else "—"
-            tiles.append(
-                f'<div class="labkit-tile" data-key="{html.escape(key)}" style="min-width:88px;padding:4px 8px;'
-                f'border-radius:6px;background:#f3f4f6"><div style="font-size:11px;color:#555">{html.escape(label)}'
-                f'</div><div style="font-size:16px;font-weight:600;font-variant-numeric:tabular-nums">{shown}</div></div>')
-        return (
-            '<div class="labkit-card" style="font-family:system-ui,sans-serif;color:#111;background:#fff;'
-            'border:1px solid #ddd;border-radius:8px;padding:8px 10px;max-width:1040px">'
-            f'<div class="labkit-progress" style="font-size:14px;margin-bottom:6px"><b>{html.escape(self.title)}</b>'
-            f' · {html.escape(self._progress())}</div>'
-            f'<div style="display:flex;flex-wrap:wrap;gap:6px;margin-bottom:8px">{"".join(tiles)}</div>'
-            f"{self._gauge_html()}</div>")
-
-    def _gauge_html(self) -> str:
-        g = self.gauge()
-        snap = self.snapshot or memory_snapshot(self.device)
-        budget = g["budget_gib"] * GIB
-        colour = g["colour"]
-        if snap.kind == "cuda":
-            # stacked: live tensors, the rest of PyTorch's cache, then everything else on the GPU
-            allocated = snap.allocated or 0
-            reserved = max(snap.reserved or 0, allocated)
-            rest = max(snap.used - reserved, 0)
-            parts = [(allocated, 1.0, "torch allocated"), (reserved - allocated, 0.6, "torch cached"),
-                     (rest, 0.3, "outside torch (CUDA context, vLLM, other processes)")]
-            detail = (f"torch allocated {gib(snap.allocated):.2f} · reserved {gib(snap.reserved):.2f} · "
-                      f"peak {gib(snap.peak):.2f} GiB")
-            if snap.device_used is not None:
-                detail += f" · whole GPU {gib(snap.device_used):.2f} / {gib(snap.device_total):.1f} GiB (NVML)"
-            elif snap.device_total:
-                detail += f" · GPU total {gib(snap.device_total):.1f} GiB (NVML unavailable)"
-        else:
-            parts = [(snap.process_rss, 1.0, "process RSS")]
-            detail = f"no CUDA GPU in use · machine RAM {gib(snap.host_total):.1f} GiB"
-        segments, filled = [], 0.0
-        for size, opacity, label in parts:
-            width = max(min(size / budget, 1.0 - filled), 0.0)
-            filled += width
-            segments.append(f'<div title="{html.escape(label)}" style="width:{width:.2%};background:{colour};'
-                            f'opacity:{opacity}"></div>')
-        phases = ""
-        if self.monitor is not None and self.monitor.phases:
-            last = self.monitor.last_step_peaks()
-            peaks = " · ".join(f"{name} {value / GIB:.2f}" for name, value in last.items())
-            phases = (f'<div class="labkit-phases" style="font-size:12px;color:#444">last step\'s peak by phase '
-                      f'({self.monitor.label}, GiB): {html.escape(peaks)}</div>')
-        over = " · over budget" if g["fraction"] > 1 else ""
-        amber, red = self.thresholds
-        return (
-            f'<div class="labkit-gauge labkit-gauge--{g["level"]}" data-level="{g["level"]}" '
-            f'data-fraction="{g["fraction"]:.4f}">'
-            f'<div class="labkit-gauge-label" style="font-size:13px;margin-bottom:3px">'
-            f'<b>{html.escape(g["label"])}</b>: {g["used_gib"]:.2f} / {g["budget_gib"]:.1f} GiB budget '
-            f'(<span style="color:{colour};font-weight:700">{g["fraction"]:.0%}{over}</span>)</div>'
-            f'<div class="labkit-gauge-track" style="position:relative;display:flex;height:14px;background:#e5e7eb;'
-            f'border-radius:7px;overflow:hidden">{"".join(segments)}'
-            f'<div style="position:absolute;left:{amber:.0%};top:0;bottom:0;border-left:1px dashed #888"></div>'
-            f'<div style="position:absolute;left:{red:.0%};top:0;bottom:0;border-left:1px dashed #888"></div></div>'
-            f'<div class="labkit-gauge-detail" style="font-size:12px;color:#444;margin-top:3px">{html.escape(detail)}'
-            f"</div>{phases}</div>")
+        tiles = [(label, key, None if self.latest(key) is None else _format(fmt, self.latest(key)),
+                  self.latest(key) is None or math.isfinite(self.latest(key))) for label, key, fmt in _TILES]
+        gauge = gauge_html(self.snapshot or memory_snapshot(self.device), self.gauge(), self.thresholds,
+                           self.monitor, GAUGE_COLOURS["red"])
+        return card_html(self.title, self._progress(), tiles, self.alerts(), gauge, GAUGE_COLOURS["red"])
 
     def _repr_html_(self) -> str:
         return self.html()
+
+    def _note(self, panel: Panel) -> str:
+        """What an empty panel says: still waiting, or the run does not log this metric."""
+        return panel.empty_note if self.step is None else panel.absent_note
 
     def _panel_series(self, panel: Panel) -> list[str]:
         return [n for n in self.history if any(fnmatch.fnmatchcase(n, p) for p in panel.patterns)]
@@ -505,7 +513,7 @@ class LiveDashboard(TrainerCallback):
                                   (red * budget, budget, GAUGE_COLOURS["red"]))
                 extra["hline"] = (budget, GAUGE_COLOURS["red"])
                 extra["ylim"] = (0, max([budget * 1.08] + [max(line[3]) * 1.1 for line in lines]))
-            charts.append(svg_chart(panel.key, panel.title, lines, note=panel.empty_note, **extra))
+            charts.append(svg_chart(panel.key, panel.title, lines, note=self._note(panel), **extra))
         return ('<div class="labkit-charts" style="display:flex;flex-wrap:wrap;gap:4px;max-width:1060px">'
                 + "".join(charts) + "</div>")
 
@@ -530,9 +538,10 @@ class LiveDashboard(TrainerCallback):
         fig = Figure(figsize=self.figsize, dpi=self.dpi)
         FigureCanvasAgg(fig)
         grid = fig.subplots(2, 4)
-        fig.subplots_adjust(left=0.045, right=0.99, top=0.87, bottom=0.09, wspace=0.3, hspace=0.5)
+        fig.subplots_adjust(left=0.045, right=0.99, top=0.83, bottom=0.08, wspace=0.3, hspace=0.6)
         for panel, ax in zip(PANELS, grid.flat):
-            ax.set_title(panel.title, fontsize=10)
+            ax.set_title(panel.title, fontsize=10, pad=4)
+            ax.set_xlabel("step", fontsize=8, labelpad=1)
             ax.tick_params(labelsize=8)
             ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
             ax.yaxis.set_major_locator(MaxNLocator(5))
@@ -541,9 +550,9 @@ class LiveDashboard(TrainerCallback):
                            fontsize=9, color="#777")
             self._extras[f"note:{panel.key}"] = note
             self._axes[panel.key] = ax
-        for ax in grid[1]:
-            ax.set_xlabel("step", fontsize=9)
-        self._extras["suptitle"] = fig.suptitle("", x=0.01, ha="left", fontsize=11)
+        self._extras["suptitle"] = fig.suptitle("", x=0.01, y=0.99, ha="left", va="top", fontsize=11)
+        self._extras["alerts"] = fig.text(0.01, 0.99, "", ha="left", va="top", fontsize=11, fontweight="bold",
+                                          color=GAUGE_COLOURS["red"])
         self._figure = fig
 
     def draw(self):
@@ -564,14 +573,21 @@ class LiveDashboard(TrainerCallback):
                     self._lines[(panel.key, name)] = line
                     added = True
                 steps, values = self.history[name]
-                line.set_data(steps, values)
+                line.set_data(steps, [v if math.isfinite(v) else math.nan for v in values])  # NaN: a gap
+            self._draw_nonfinite(ax, panel, names)
             if panel.key == "reward":
                 self._draw_reward_band(ax)
             if panel.key == "memory":
                 self._draw_budget(ax)
-            self._extras[f"note:{panel.key}"].set_visible(not names)
+            note = self._extras[f"note:{panel.key}"]
+            note.set_text(self._note(panel))
+            note.set_visible(not names)
+            ax.tick_params(labelbottom=bool(names), labelleft=bool(names))  # no axis numbers without data
             if added and len(names) > 1:
-                ax.legend(fontsize=7, loc="best", framealpha=0.6)
+                # above the plot, under the title: a legend inside the axes covers the lines
+                ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=min(len(names), 3),
+                          frameon=False, borderaxespad=0.1, handlelength=1.6, columnspacing=0.8)
+                ax.set_title(panel.title, fontsize=10, pad=4 + 10 * math.ceil(len(names) / 3))
             ax.relim()
             band = self._extras.get("band") if panel.key == "reward" else None
             if band is not None:  # relim() only looks at lines: make room for the band too
@@ -581,23 +597,28 @@ class LiveDashboard(TrainerCallback):
                 top = max([self._budget_gib() * 1.08] + [max(v) * 1.1 for n, (_, v) in self.history.items()
                                                          if n.startswith("memory/") and v])
                 ax.set_ylim(0, top)
-        progress = self._progress()
-        self._extras["suptitle"].set_text(f"{self.title} · {progress}")
+        numbers = [f"{label} {_format(fmt, self.latest(key))}" for label, key, fmt in _TILES
+                   if self.latest(key) is not None]
+        self._extras["suptitle"].set_text(f"{self.title} · {self._progress()}\nlast step: " + " · ".join(numbers))
+        alerts = self.alerts()
+        line = 0.27 / self._figure.get_figheight()  # one 11-point line, as a fraction of the height
+        self._extras["alerts"].set_text("\n".join(alerts))
+        self._extras["alerts"].set_y(0.99 - 2 * line)
+        self._figure.subplots_adjust(top=0.99 - (2 + len(alerts)) * line - 0.06)
         return self._figure
+
+    def _draw_nonfinite(self, ax, panel: Panel, names: list[str]) -> None:
+        for artist in self._extras.pop(f"bad:{panel.key}", []):
+            artist.remove()
+        self._extras[f"bad:{panel.key}"] = mark_nonfinite(
+            ax, {short_label(name): self.history[name] for name in names}, GAUGE_COLOURS["red"])
 
     def _draw_reward_band(self, ax) -> None:
         old = self._extras.pop("band", None)
         if old is not None:
             old.remove()
-        if "reward" not in self.history or "reward_std" not in self.history:
-            return
-        std = dict(zip(*self.history["reward_std"]))
-        points = [(s, v, std[s]) for s, v in zip(*self.history["reward"]) if s in std]
-        if points:
-            steps, mean, spread = zip(*points)
-            self._extras["band"] = ax.fill_between(steps, [m - d for m, d in zip(mean, spread)],
-                                                   [m + d for m, d in zip(mean, spread)], color="black",
-                                                   alpha=0.1, lw=0)
+        if "reward" in self.history and "reward_std" in self.history:
+            self._extras["band"] = reward_band(ax, self.history["reward"], self.history["reward_std"])
 
     def _budget_gib(self) -> float:
         if self.budget_gib is not None:
@@ -606,16 +627,11 @@ class LiveDashboard(TrainerCallback):
 
     def _draw_budget(self, ax) -> None:
         budget = self._budget_gib()
-        if self._extras.get("budget_value") == budget:
-            return
-        for key in ("zone_green", "zone_amber", "zone_red", "budget_line"):
-            if key in self._extras:
-                self._extras.pop(key).remove()
-        amber, red = self.thresholds
-        for key, low, high in (("zone_green", 0, amber), ("zone_amber", amber, red), ("zone_red", red, 1.0)):
-            self._extras[key] = ax.axhspan(low * budget, high * budget, color=GAUGE_COLOURS[key[5:]], alpha=0.08, lw=0)
-        self._extras["budget_line"] = ax.axhline(budget, color=GAUGE_COLOURS["red"], lw=1, ls=":")
-        self._extras["budget_value"] = budget
+        if self._extras.get("budget_value") != budget:
+            for artist in self._extras.pop("budget", []):
+                artist.remove()
+            self._extras["budget"] = budget_zones(ax, budget, self.thresholds, GAUGE_COLOURS)
+            self._extras["budget_value"] = budget
 
     def _png(self, dpi: int | None = None) -> bytes:
         fig = self.draw()
@@ -643,9 +659,6 @@ class LiveDashboard(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if getattr(state, "is_world_process_zero", True):
             self.close()
-
-
-# ----------------------------------------------------------------------------- the memory timeline
 
 
 # ----------------------------------------------------------------------------- a simulated run
@@ -685,8 +698,3 @@ def simulated_run(steps: int = 60, *, seed: int = 0, reward_funcs: tuple[str, ..
         if step % 7 == 0:  # a batch where a reward function scored nothing: TRL logs None
             logs[f"rewards/{reward_funcs[0]}/mean"] = None
         yield step, logs
-
-
-# ----------------------------------------------------------------------------- benchmark
-
-

@@ -106,7 +106,7 @@ def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = No
     them as JSON lines (question index, gold, completion, the answers read, the scores).
     The model is put in eval mode and back afterwards.
     """
-    from tqdm.auto import tqdm
+    from labkit.dashboard import progress_bar  # text, not a widget: it survives saving the notebook
 
     from labkit.data import load_gsm8k
 
@@ -129,7 +129,7 @@ def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = No
     completions: dict[int, tuple[str, int]] = {}
     start = time.perf_counter()
     try:
-        with torch.inference_mode(), tqdm(total=len(order), desc=desc, disable=not progress) as bar:
+        with torch.inference_mode(), progress_bar(total=len(order), desc=desc, enabled=progress) as bar:
             for first in range(0, len(order), batch_size):
                 batch = order[first:first + batch_size]
                 enc = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,

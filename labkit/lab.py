@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from importlib import metadata
 
-__all__ = ["Lab", "setup", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES",
+__all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES",
            "repo_root", "results_dir", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
            "notebook_time_label", "T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist",
            "hf_cache_has_weights", "COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
@@ -128,14 +128,40 @@ class Lab:
         return self.summary()
 
 
+def quiet_library_noise() -> None:
+    """Silence the libraries' messages that are not the learner's business (each filter says why).
+
+    Only these messages, matched by logger or by text: every other warning still shows. In a
+    notebook they would sit in red stderr boxes that look like errors, or, for progress bars,
+    in widgets that read "Error displaying widget: model not found" once the notebook is saved.
+    """
+    import logging
+    import warnings
+
+    # tokenizers warns, in every forked process, that it turns its parallelism off after a fork.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # bitsandbytes (imported by TRL and PEFT) logs at import time, on CPUs with AVX512-BF16, "Failed to
+    # load CPU gemm_4bit_forward from kernels-community ... pip install kernels": an optional kernel for
+    # 4-bit matrix products on a CPU, which the lab never runs (QLoRA needs a GPU). Installing it is pointless.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # transformers 5 deprecated `model.is_gradient_checkpointing`, which TRL and PEFT still read; the
+    # FutureWarning points at a line in site-packages, not at anything the learner wrote or can change.
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    from transformers.utils import logging as transformers_logging
+
+    # transformers' "Loading weights" / "Writing model shards" bars: the lab loads and saves small models
+    # many times (seconds each), and in a notebook each bar is a widget that does not survive a save.
+    transformers_logging.disable_progress_bar()
+
+
 def setup(seed: int = 0, mode: str = "auto", *, verbose: bool = True) -> Lab:
     """Return a :class:`Lab` after seeding everything and choosing the mode.
 
-    Also quietens the warnings that only distract in a lesson (tokenizers' fork warning).
+    Also silences the library messages that only distract in a lesson (:func:`quiet_library_noise`).
     """
     from labkit.device import choose_precision, detect_device
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    quiet_library_noise()
     device = detect_device("cpu" if (mode == "cpu" or os.environ.get("LABKIT_MODE") == "cpu") else None)
     resolved = resolve_mode(mode, device)
     seed_everything(seed)

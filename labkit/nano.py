@@ -196,9 +196,9 @@ def build_policy(config: NanoConfig):
 
 
 def _progress(iterable, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from labkit.dashboard import progress_bar  # text, not a widget: it survives saving the notebook
 
-    return tqdm(iterable, desc=desc, disable=not enabled, leave=True, dynamic_ncols=True)
+    return progress_bar(iterable, desc=desc, enabled=enabled)
 
 
 def warm_up(model, tokenizer, task: AdditionTask, *, steps: int, batch_size: int = 64, learning_rate: float = 3e-3,

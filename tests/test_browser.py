@@ -1,10 +1,16 @@
-"""The live dashboard in a real browser: JupyterLab, headless Debian Chromium, driven by Playwright.
+"""The live dashboard and notebook 05's estimator in a real browser: JupyterLab, headless Debian Chromium, Playwright.
 
-Starts JupyterLab on 127.0.0.1 (free port, random token) in a temporary folder holding a notebook,
-runs a cell that feeds a LiveDashboard a simulated run, and checks in the DOM that the widgets
-render (the card, the gauge, the eight SVG charts), that they update while the cell runs, and that
-no "Error displaying widget" appears. Screenshots go to $LABKIT_ARTIFACTS (or the test's tmp folder);
-with LABKIT_DOCS_SCREENSHOT=path the mid-run dashboard is also copied there (docs/dashboard.png).
+Starts JupyterLab on 127.0.0.1 (free port, random token) in a temporary folder holding two notebooks.
+The first feeds a LiveDashboard a simulated run and checks in the DOM that the widgets render (the
+card, the gauge, the eight SVG charts), that they update while the cell runs, and that closing the
+dashboard leaves a picture; then a tiny nano GRPO run (real metrics, CPU) with its dashboard and
+progress bar. It saves the notebook, shuts the kernel down, reopens it (the learner coming back the
+next day) and checks that the pictures and the bars are still there and that no "Error displaying
+widget" appears. The second notebook is built from notebook 05's own cells up to the estimator and
+checks that every control is labelled and that moving one redraws the figure.
+
+Screenshots go to $LABKIT_ARTIFACTS (or the test's tmp folder); with LABKIT_SCREENSHOTS=docs the live
+nano dashboard and the estimator are also written to docs/dashboard.png and docs/estimator.png.
 
 Needs /usr/bin/chromium (Debian: ``apt-get install -y chromium``) and the playwright package;
 Playwright never downloads a browser here. Skipped, with the reason, when either is missing.
@@ -35,6 +41,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 SERVER_START_TIMEOUT_S = 60
 CELL_TIMEOUT_MS = 75_000
+NANO_TIMEOUT_MS = 420_000  # a cold warm-up (400 SFT steps) on a busy 2-core machine, then 10 GRPO steps
+NOTEBOOK_05 = REPO / "notebooks" / "05_full_vs_lora.ipynb"
 
 # Two cells: the first creates the dashboard and feeds 36 of 60 simulated steps (mid-run), the
 # second finishes the run. Updates are made frequent here so the test sees several of them.
@@ -56,8 +64,22 @@ print("LABKIT_MIDRUN", board.frontend, board.plot_renders)
 FINISH_CELL = """\
 for step, logs in stream:
     board.log(step, logs)
-board.close()
+board.close()  # the live view becomes a picture, which the saved notebook keeps
 print("LABKIT_DONE", board.step)
+"""
+# A tiny real run: the nano GRPO loop of notebook 03 on a CPU (its cached warm-up when there is one).
+NANO_CELL = """\
+import labkit
+from labkit.nano import NanoConfig, nano_grpo, warmed_up_policy
+
+lab = labkit.setup(seed=0, mode="cpu")
+config = NanoConfig(seed=0, sft_steps=400, max_steps=10, device="cpu")
+model, tokenizer, _ = warmed_up_policy(config)
+nano_board = LiveDashboard(title="nano GRPO: two-digit addition · CPU, 430k-parameter model", total_steps=10,
+                           min_interval_s=0.25, max_overhead=0.5)
+history, _ = nano_grpo(model, tokenizer, config.task(), config, callback=nano_board.log)
+nano_board.close()
+print("LABKIT_NANO_DONE", len(history))
 """
 
 
@@ -80,12 +102,24 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _write_notebook(path: Path) -> None:
+def _estimator_cells() -> list[str]:
+    """Notebook 05's own cells up to its interactive estimator: parameters, setup, imports, the estimator."""
+    cells = [c for c in json.loads(NOTEBOOK_05.read_text())["cells"] if c["cell_type"] == "code"]
+    sources = ["".join(c["source"]) for c in cells]
+    wanted = [next(s for c, s in zip(cells, sources) if "parameters" in c["metadata"].get("tags", [])),
+              next(s for s in sources if "labkit.setup(" in s),
+              next(s for s in sources if "from labkit.memory import" in s),
+              next(s for s in sources if "import ipywidgets" in s)]
+    wanted[0] += '\nMODE = "cpu"\nRESULTS = "%s"' % (REPO / "results")
+    return wanted + ['print("LABKIT_ESTIMATOR_DONE")']
+
+
+def _write_notebook(path: Path, sources: list[str]) -> None:
     def cell(source):
         return {"cell_type": "code", "execution_count": None, "id": secrets.token_hex(4), "metadata": {},
                 "outputs": [], "source": source.splitlines(keepends=True)}
 
-    notebook = {"cells": [cell(MIDRUN_CELL), cell(FINISH_CELL)],
+    notebook = {"cells": [cell(source) for source in sources],
                 "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
                                             "name": "python3"}},
                 "nbformat": 4, "nbformat_minor": 5}
@@ -110,7 +144,8 @@ def jupyterlab(tmp_path):
         "@jupyterlab/apputils-extension:announcements": True, "@jupyterlab/extensionmanager-extension": True}}))
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    _write_notebook(notebooks / "dashboard.ipynb")
+    _write_notebook(notebooks / "dashboard.ipynb", [MIDRUN_CELL, FINISH_CELL, NANO_CELL])
+    _write_notebook(notebooks / "estimator.ipynb", _estimator_cells())
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     env.update(
@@ -144,7 +179,8 @@ def jupyterlab(tmp_path):
             why = f"exited with code {server.returncode}" if server.poll() is not None else \
                 f"did not answer in {SERVER_START_TIMEOUT_S} s"
             pytest.fail(f"JupyterLab {why}:\n{log_path.read_text()[-3000:]}")
-        yield {"base": base, "token": token, "notebook": "dashboard.ipynb", "log": log_path, "pid": server.pid}
+        yield {"base": base, "token": token, "notebook": "dashboard.ipynb", "log": log_path, "pid": server.pid,
+               "root": notebooks}
     finally:
         # Kernels run in their own sessions: remember every process the server started, by id.
         try:
@@ -177,7 +213,7 @@ def jupyterlab(tmp_path):
 
 def _dashboard_state(page) -> dict:
     """Read what the browser shows of the dashboard."""
-    return page.evaluate("""() => {
+    return page.evaluate(r"""() => {
         const card = document.querySelector('.labkit-dashboard .labkit-progress');
         const gauge = document.querySelector('.labkit-dashboard .labkit-gauge');
         const panels = document.querySelectorAll('.labkit-dashboard .labkit-dashboard-plot svg.labkit-panel');
@@ -264,15 +300,115 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
             dashboard.scroll_into_view_if_needed()
             dashboard.screenshot(path=str(artifacts / "dashboard_midrun.png"))
             page.screenshot(path=str(artifacts / "jupyterlab_midrun.png"))
-            if os.environ.get("LABKIT_DOCS_SCREENSHOT"):
-                shutil.copy(artifacts / "dashboard_midrun.png", os.environ["LABKIT_DOCS_SCREENSHOT"])
 
             page.keyboard.press("Shift+Enter")  # the second cell: finish the run
             _wait_for_output(page, "LABKIT_DONE 60", CELL_TIMEOUT_MS)
             page.wait_for_timeout(500)
-            final = _dashboard_state(page)
-            assert "step 60 / 60" in final["progress"] and final["rewardPoints"] == 60, final
+            # closed: the live widgets gave way to a picture of the whole run (60 steps) and its numbers
+            assert page.locator(".jp-Cell").nth(0).locator(".jp-OutputArea-output img").count() == 1
+            assert page.locator(".labkit-dashboard").count() == 0
             assert "Error displaying widget" not in page.content()
             page.screenshot(path=str(artifacts / "jupyterlab_done.png"))
+
+            # the third cell: a tiny real run, its live dashboard photographed mid-run for the README
+            page.keyboard.press("Shift+Enter")
+            shot = {}
+
+            def photograph_midrun():
+                if shot:
+                    return
+                state = _dashboard_state(page)
+                match = re.search(r"step (\d+) / 10", state["progress"] or "")
+                if match and int(match.group(1)) >= 6 and state["panels"] == 8:
+                    board = page.locator(".labkit-dashboard").first
+                    board.scroll_into_view_if_needed()
+                    page.wait_for_timeout(300)
+                    board.screenshot(path=str(artifacts / "dashboard_nano.png"))
+                    shot["state"] = state
+
+            _wait_for_output(page, "LABKIT_NANO_DONE 10", NANO_TIMEOUT_MS, on_poll=photograph_midrun)
+            assert shot, "never saw the nano run's dashboard mid-run"
+            if os.environ.get("LABKIT_SCREENSHOTS"):
+                docs = REPO / os.environ["LABKIT_SCREENSHOTS"]
+                shutil.copy(artifacts / "dashboard_nano.png", docs / "dashboard.png")
+            nano_output = _output_text(page)
+            assert re.search(r"GRPO: 100%.*10/10", nano_output), nano_output[-2000:]  # the text progress bar
+
+            # save, stop the kernel (widget models die with it), reopen: what a learner finds the next day
+            page.keyboard.press("Control+s")
+            _wait_saved(jupyterlab, 3)
+            _shutdown_kernels(jupyterlab)
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector(".jp-Notebook .jp-Cell .jp-OutputArea-output", timeout=45_000)
+            page.wait_for_timeout(3000)  # give the widget manager time to fail, if it is going to
+            images = page.locator(".jp-OutputArea-output img")
+            assert images.count() == 2, f"expected the two dashboards' pictures, found {images.count()} images"
+            for i in range(2):
+                assert images.nth(i).evaluate("img => img.naturalWidth") > 600
+            assert "Error displaying widget" not in page.content()
+            assert re.search(r"GRPO: 100%.*10/10", _output_text(page))
+            page.screenshot(path=str(artifacts / "jupyterlab_reopened.png"))
+        finally:
+            browser.close()
+
+
+def _wait_saved(server: dict, cells_with_outputs: int, timeout_s: float = 30) -> dict:
+    """Wait until the notebook on disk holds outputs in ``cells_with_outputs`` cells; return it."""
+    path = server["root"] / server["notebook"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        notebook = json.loads(path.read_text())
+        if sum(bool(c.get("outputs")) for c in notebook["cells"]) >= cells_with_outputs:
+            return notebook
+        time.sleep(0.5)
+    pytest.fail(f"{path.name} was not saved with outputs within {timeout_s} s")
+
+
+def _shutdown_kernels(server: dict) -> None:
+    status, body = _request(f"{server['base']}/api/sessions", server["token"])
+    for session in json.loads(body):
+        _request(f"{server['base']}/api/sessions/{session['id']}", server["token"], method="DELETE")
+
+
+def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    artifacts = Path(os.environ.get("LABKIT_ARTIFACTS") or tmp_path)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    url = f"{jupyterlab['base']}/lab/tree/estimator.ipynb?token={jupyterlab['token']}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+                                             timeout=30_000)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400}, device_scale_factor=2)
+            page.set_default_timeout(30_000)
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=45_000)
+            page.wait_for_function("() => /\\|\\s*Idle/.test(document.body.innerText)", timeout=45_000)
+            page.locator(".jp-Notebook .jp-Cell").first.click()
+            page.keyboard.press("Escape")
+            for _ in range(5):
+                page.keyboard.press("Shift+Enter")
+            _wait_for_output(page, "LABKIT_ESTIMATOR_DONE", 180_000)
+            cell = page.locator(".jp-Cell").nth(3)
+            image = cell.locator(".jp-OutputArea-output img")
+            image.wait_for()
+            labels = [text.strip() for text in cell.locator(".widget-label").all_inner_texts() if text.strip()]
+            for expected in ("model", "method", "num_generations (completions per prompt)",
+                             "completion length (tokens)", "beta (KL coefficient; > 0 loads a reference model)"):
+                assert expected in labels, labels
+            assert image.count() == 1  # drawn once
+            before = image.get_attribute("src")
+            cell.locator("select").nth(1).select_option("full")  # method: full fine-tuning
+            page.wait_for_function("(src) => { const img = document.querySelectorAll('.jp-Cell')[3]"
+                                   ".querySelector('.jp-OutputArea-output img'); return img && img.src !== src; }",
+                                   arg=before, timeout=30_000)
+            assert cell.locator(".jp-OutputArea-output img").count() == 1  # redrawn in place, not added
+            cell.locator(".jp-OutputArea").scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            cell.locator(".jp-OutputArea").screenshot(path=str(artifacts / "estimator.png"))
+            if os.environ.get("LABKIT_SCREENSHOTS"):
+                shutil.copy(artifacts / "estimator.png", REPO / os.environ["LABKIT_SCREENSHOTS"] / "estimator.png")
+            assert "Error displaying widget" not in page.content()
         finally:
             browser.close()

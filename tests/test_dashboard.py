@@ -98,9 +98,84 @@ def test_missing_keys_none_nan_and_tensors_are_handled():
     board.log(29, {"reward": torch.tensor(1.5), "kl": float("nan"), "entropy": float("inf"), "note": "text",
                    "flag": True})
     assert board.latest("reward") == 1.5
-    assert len(board.series("kl")[0]) == 28 and "note" not in board.history and "flag" not in board.history
+    assert "note" not in board.history and "flag" not in board.history
+    # NaN and inf are kept (issue 14, item 8: a diverging run must not look healthy)
+    assert len(board.series("kl")[0]) == 29 and math.isnan(board.latest("kl"))
+    assert board.latest("entropy") == math.inf
     board.log(metrics={"loss": 0.1})  # no step given: continues from the last one
     assert board.series("loss")[0][-1] == 30
+
+
+def test_a_diverging_run_shows_nan_and_inf_and_says_since_when():
+    board = LiveDashboard(frontend="none", budget_gib=4)
+    for step, logs in simulated_run(20):
+        if step >= 12:
+            logs["loss"] = float("nan")
+        if step == 15:
+            logs["entropy"] = 10**400  # too large for a float: OverflowError before
+        board.log(step, logs)
+    # the last value is NaN, not the last finite one
+    assert math.isnan(board.latest("loss")) and len(board.series("loss")[0]) == 20
+    assert board.latest("entropy") != math.inf  # finite again after step 15
+    assert board.series("entropy")[1][14] == math.inf
+    assert board.alerts() == ["loss is NaN since step 12", "entropy was +inf at step 15 (finite again at step 20)"]
+    card = board.html()
+    assert re.search(r'data-key="loss" data-finite="false"[^>]*>.*?>NaN</div>', card)
+    assert "loss is NaN since step 12" in card and 'class="labkit-alert"' in card
+    assert "loss=NaN" in board.text_summary() and "loss is NaN since step 12" in board.text_summary()
+    loss_svg = svg_panel(board.charts_html(), "loss")
+    assert 'data-series="loss" data-points="11" data-nonfinite="9"' in loss_svg
+    assert loss_svg.count('class="labkit-nonfinite"') == 9 and "loss NaN at step 12" in loss_svg
+    # the figure: NaN leaves a gap, the panel and the title say so
+    board.draw()
+    loss_line = next(line for line in board.axes["loss"].lines if line.get_label() == "loss")
+    assert len(board.axes["loss"].lines) == 1 + 9  # the series and a red mark per non-finite step
+    assert np.isnan(loss_line.get_ydata()[11:]).all() and np.isfinite(loss_line.get_ydata()[:11]).all()
+    texts = [t.get_text() for t in board.axes["loss"].texts if t.get_visible()]
+    assert "loss NaN at step 12" in texts
+    assert "loss is NaN since step 12" in board.figure.texts[-1].get_text()
+
+
+def test_a_nan_or_infinite_step_counts_on_instead_of_raising():
+    board = LiveDashboard(frontend="none")
+    board.log(1, {"reward": 0.5})
+    board.log(float("nan"), {"reward": 0.6})  # ValueError before
+    board.log(10**400, {"reward": 0.7})  # OverflowError before
+    assert board.series("reward") == ([1, 2, 3], [0.5, 0.6, 0.7])
+    assert any("not finite" in line for line in board.alerts())
+
+
+def test_empty_panels_say_whether_they_wait_or_the_run_does_not_log_them():
+    board = LiveDashboard(frontend="none")
+    assert "waiting for data" in svg_panel(board.charts_html(), "entropy")
+    for step, logs in simulated_run(5, beta=0.0):
+        logs.pop("entropy")
+        board.log(step, logs)
+    entropy = svg_panel(board.charts_html(), "entropy")
+    assert "not logged by this run" in entropy and "waiting" not in entropy
+    notes = [t.get_text() for t in board.axes["entropy"].texts if t.get_visible()]
+    assert notes == ["not logged by this run"]
+
+
+def test_every_panel_labels_its_x_axis_and_keeps_its_legend_off_the_lines():
+    board = replay(LiveDashboard(frontend="none"))
+    charts = board.charts_html()
+    for panel in PANELS:
+        svg = svg_panel(charts, panel.key)
+        assert '<text class="labkit-xlabel"' in svg and ">step</text>" in svg
+        assert board.axes[panel.key].get_xlabel() == "step"
+    reward = svg_panel(charts, "reward")
+    plot_top = float(re.search(r'<rect x="44" y="([\d.]+)"', reward).group(1))
+    legend_ys = [float(y) for y in re.findall(r'<text class="labkit-legend" x="[\d.]+" y="([\d.]+)"', reward)]
+    assert legend_ys and max(legend_ys) < plot_top  # the legend sits above the plot area
+    for key in ("reward", "spread"):
+        ax = board.axes[key]
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        board.figure.canvas.draw()
+        renderer = board.figure.canvas.get_renderer()
+        assert legend.get_window_extent(renderer).y0 >= ax.get_window_extent(renderer).y1 - 1
 
 
 def test_only_the_main_process_records():
@@ -159,7 +234,7 @@ def test_save_writes_a_png_of_the_figure(tmp_path):
     import matplotlib.image
 
     height, width, _ = matplotlib.image.imread(path).shape
-    assert (width, height) == (13 * 60, int(5.6 * 60))
+    assert (width, height) == (13 * 60, int(6.4 * 60))
 
 
 def svg_panel(charts: str, key: str) -> str:
@@ -167,7 +242,7 @@ def svg_panel(charts: str, key: str) -> str:
 
 
 def polyline_points(svg: str, name: str) -> list[tuple[float, float]]:
-    points = re.search(rf'data-series="{re.escape(name)}" data-points="\d+" points="([^"]*)"', svg).group(1)
+    points = re.search(rf'data-series="{re.escape(name)}" data-points="\d+" data-nonfinite="\d+" points="([^"]*)"', svg).group(1)
     return [tuple(map(float, p.split(","))) for p in points.split()]
 
 
@@ -380,8 +455,8 @@ def test_html_frontend_updates_a_single_display_handle(monkeypatch):
     shown, updates = [], []
 
     class Handle:
-        def update(self, obj):
-            updates.append(obj.data)
+        def update(self, obj, raw=False):
+            updates.append(obj if raw else obj.data)
 
     def fake_display(obj, display_id=False):
         shown.append((obj.data, display_id))
@@ -393,8 +468,49 @@ def test_html_frontend_updates_a_single_display_handle(monkeypatch):
         board.log(step, logs)
     board.close()
     assert len(shown) == 1 and shown[0][1] is True
-    assert len(updates) == board.card_updates - 1 >= 3
-    assert updates[-1].count("<svg") == len(PANELS) and "labkit-gauge" in updates[-1]
+    *live, final = updates
+    assert len(live) == board.card_updates - 1 >= 3
+    assert live[-1].count("<svg") == len(PANELS) and "labkit-gauge" in live[-1]
+    assert_static_picture(final, board)
+
+
+def assert_static_picture(bundle, board):
+    """The output a closed dashboard leaves: a PNG of the figure and the final numbers, nothing that needs a kernel."""
+    import base64
+
+    assert set(bundle) == {"image/png", "text/plain"}
+    assert base64.b64decode(bundle["image/png"])[:8] == PNG_SIGNATURE
+    assert f"step {board.step}" in bundle["text/plain"] and "reward=" in bundle["text/plain"]
+
+
+def test_widgets_frontend_leaves_a_static_picture_that_survives_a_save(monkeypatch):
+    """Widget views read "Error displaying widget: model not found" after a save: close() replaces the view."""
+    import IPython.display
+
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj, raw=False):
+            updates.append((obj, raw))
+
+    def fake_display(obj, display_id=False):
+        shown.append((obj, display_id))
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    board = LiveDashboard(frontend="widgets", total_steps=5, min_interval_s=0, max_overhead=1)
+    for step, logs in simulated_run(5):
+        board.log(step, logs)
+    assert updates == []  # live: the widgets update themselves, the display is never replaced
+    box = board._widgets["box"]
+    board.close()
+    assert len(shown) == 1 and shown[0][0] is box and shown[0][1] is True
+    (bundle, raw), = updates
+    assert raw
+    assert_static_picture(bundle, board)
+    assert box.comm is None and board._widgets is None  # the widget models are closed
+    board.close()  # twice is fine
+    assert len(updates) == 1
 
 
 def test_text_frontend_shows_a_progress_bar_and_a_summary(capsys):
@@ -528,3 +644,22 @@ def test_dashboard_follows_a_real_grpo_trainer_run(tiny_model_path, tmp_path):
                 "completions/mean_length", "loss", "memory/process_rss"):
         assert board.series(key)[0] == [1, 2], key
     assert board._closed
+
+
+def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_path):
+    """Executed in a real kernel (widgets front end) and saved: a PNG output, no widget view that needs a kernel."""
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from labkit.dashboard import LiveDashboard, simulated_run\n"
+        "board = LiveDashboard(title='simulated', total_steps=20, budget_gib=1.0)\n"
+        "for step, logs in simulated_run(20):\n    board.log(step, logs)\n"
+        "print(board.frontend)\nboard.close()")])
+    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = notebook.cells[0].outputs
+    assert any(o.get("text", "").strip() == "widgets" for o in outputs if o.output_type == "stream"), outputs
+    shown = [set(o.data) for o in outputs if o.output_type == "display_data"]
+    assert shown == [{"image/png", "text/plain"}], shown
+    assert "step 20 / 20" in [o for o in outputs if o.output_type == "display_data"][0].data["text/plain"]
