@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from labkit.device import DeviceInfo
 from labkit.lab import (CheckItem, hf_cache_has_weights, repo_root, results_dir, workshop_checklist,
