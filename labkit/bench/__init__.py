@@ -28,6 +28,9 @@ BENCHMARKS = {
     "demo": ("demo", "the main job over several seeds -> results/"),
     "full-vs-lora": ("full_vs_lora",
                      "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),
+    "reward-hacking": ("reward_hacking",
+                       "a reward with a loophole vs the strict reward on the CPU nano task (3 seeds) "
+                       "-> results/reward_hacking.json"),
 }
 
 
