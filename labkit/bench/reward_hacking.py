@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit bench reward-hacking", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps per run")
+    parser.add_argument("--steps", type=int, default=20, help="GRPO steps per run (the reward saturates in about 10)")
     parser.add_argument("--sft-steps", type=int, default=400, help="warm-up steps (400: notebook 03's CPU warm-up)")
     parser.add_argument("--eval-problems", type=int, default=100, help="held-out problems")
     parser.add_argument("--eval-every", type=int, default=5, help="GRPO steps between held-out evaluations")
