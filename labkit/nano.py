@@ -8,7 +8,8 @@ scored by :mod:`labkit.rewards`; every step of the algorithm is a line you can p
 2. score every completion with the reward functions (TRL's calling convention);
 3. turn rewards into group-relative advantages, ``(r - mean_group) / (std_group + 1e-4)``;
 4. score the sampled tokens under the policy (with gradient) and the frozen reference (if
-   ``beta > 0``), then take the clipped surrogate loss and one optimiser step.
+   ``beta > 0``), then take the clipped surrogate loss and one optimiser step (``num_iterations``
+   steps on the same batch, as TRL's option of that name: then the ratio leaves 1 and clipping bites).
 
 The task (:class:`labkit.tasks.AdditionTask`) is two-digit addition with a carry. A short
 supervised warm-up (:func:`warm_up`) on a *sloppy teacher*, who forgets the carry in
@@ -57,6 +58,7 @@ __all__ = [
     "warm_up_path",
     "sample_completions",
     "calculate_rewards",
+    "rollout_logps",
     "rollout_loss",
     "nano_grpo",
     "evaluate_held_out",
@@ -103,6 +105,7 @@ class NanoConfig:
     temperature: float = 1.0
     max_completion_length: int = 24
     max_grad_norm: float = 1.0
+    num_iterations: int = 1  # optimiser steps per sampled batch (TRL's name); > 1: the ratio leaves 1, clipping bites
     method: str = "full"  # or "lora": the warmed-up weights frozen, LoRA adapters train
     lora_rank: int = 8
     # evaluation on held-out problems
@@ -359,24 +362,39 @@ def calculate_rewards(completions: list, answers: list[str], reward_funcs=REWARD
     return rewards, per_function
 
 
-def rollout_loss(model, rollout: Rollout, advantages: torch.Tensor, *, ref_model=None, beta: float = 0.0,
-                 epsilon: float = 0.2, loss_type: str = "dapo", temperature: float = 1.0):
-    """Return :func:`labkit.objective.grpo_loss` of a rollout: log-probs under ``model`` (and ``ref_model``).
-
-    On-policy, one optimiser step per batch (TRL's ``num_iterations=1``): the old log-probs
-    are the current ones, detached, so the ratio is exactly 1 and clipping never bites;
-    the gradient is that of ``-A * log pi`` per token.
-    """
+def rollout_logps(model, rollout: Rollout, temperature: float = 1.0) -> torch.Tensor:
+    """Return the log-probability of every sampled token of ``rollout`` under ``model``, ``(B, T)``."""
     input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)  # (B, P + T)
     attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)  # (B, P + T)
-    num_tokens = rollout.completion_ids.size(1)
-    logps = per_token_logps(model, input_ids, attention_mask, num_tokens, temperature)  # (B, T)
+    return per_token_logps(model, input_ids, attention_mask, rollout.completion_ids.size(1), temperature)  # (B, T)
+
+
+def rollout_loss(model, rollout: Rollout, advantages: torch.Tensor, *, ref_model=None, beta: float = 0.0,
+                 epsilon: float = 0.2, loss_type: str = "dapo", temperature: float = 1.0,
+                 old_logps: torch.Tensor | None = None):
+    """Return :func:`labkit.objective.grpo_loss` of a rollout: log-probs under ``model`` (and ``ref_model``).
+
+    ``old_logps=None``: on-policy, one optimiser step per batch (TRL's ``num_iterations=1``): the
+    old log-probs are the current ones, detached, so the ratio is exactly 1 and clipping never
+    bites; the gradient is that of ``-A * log pi`` per token. Pass the log-probs of the policy
+    that sampled (:func:`rollout_logps` before the first step, ``(B, T)``) to reuse a batch.
+    """
+    logps = rollout_logps(model, rollout, temperature)  # (B, T)
     ref_logps = None
     if ref_model is not None:
         with torch.no_grad():
-            ref_logps = per_token_logps(ref_model, input_ids, attention_mask, num_tokens, temperature)  # (B, T)
-    return grpo_loss(logps, None, advantages, rollout.completion_mask, ref_logps=ref_logps, beta=beta,
+            ref_logps = rollout_logps(ref_model, rollout, temperature)  # (B, T)
+    return grpo_loss(logps, old_logps, advantages, rollout.completion_mask, ref_logps=ref_logps, beta=beta,
                      epsilon=epsilon, loss_type=loss_type)
+
+
+def _mean_metrics(passes: list[dict]) -> dict:
+    # One row per sampled batch: the mean over its optimiser steps (the extremes for *_min and *_max).
+    out = {}
+    for key in passes[0]:
+        values = [p[key] for p in passes]
+        out[key] = min(values) if key.endswith("min") else max(values) if key.endswith("max") else sum(values) / len(values)
+    return out
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -391,11 +409,16 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
     from ``reward_funcs`` (default :data:`REWARD_FUNCS`, summed with ``reward_weights``), group
     advantages, the clipped loss (plus ``beta`` times the k3 KL to a frozen copy of the
     starting policy) and one AdamW step, gradients clipped at ``max_grad_norm`` as TRL does.
-    ``callback(step, metrics)``
+    With ``num_iterations > 1`` the batch is reused for that many AdamW steps against the
+    log-probs it was sampled with (TRL's ``num_iterations``); the loss metrics are then the
+    mean over those steps (the first is on-policy: ratio 1, nothing clipped). ``callback(step, metrics)``
     is called after every step (a :class:`labkit.dashboard.LiveDashboard`'s ``log`` fits);
     ``evaluate_every(step)`` returns a held-out evaluation to record, or ``None``.
     The metric names are TRL's, so a nano run and a TRL run plot the same way.
     """
+    if config.num_iterations < 1:
+        raise ValueError(f"num_iterations is the number of optimiser steps per sampled batch: at least 1, "
+                         f"not {config.num_iterations}")
     G = config.num_generations
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
@@ -415,18 +438,25 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
         # 3. Score every completion; 4. compare it with its group.
         rewards, per_function = calculate_rewards(rollout.completions, answers, reward_funcs, reward_weights)  # (B,)
         advantages = group_advantages(rewards, G).to(model.device)  # (B,) zero mean within each group
-        # 5. The clipped surrogate loss (+ beta * KL), then one step of the optimiser.
+        # 5. The clipped surrogate loss (+ beta * KL), then one step of the optimiser (num_iterations
+        # steps on this batch, each measured against the policy that sampled it: the ratio's denominator).
         model.train()
-        out = rollout_loss(model, rollout, advantages, ref_model=ref_model, beta=config.beta,
-                           epsilon=config.epsilon, loss_type=config.loss_type, temperature=config.temperature)
-        optimizer.zero_grad()
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-        optimizer.step()
+        old_logps = None
+        if config.num_iterations > 1:
+            with torch.no_grad():
+                old_logps = rollout_logps(model, rollout, config.temperature)  # (B, T)
+        passes = []
+        for _ in range(config.num_iterations):
+            out = rollout_loss(model, rollout, advantages, ref_model=ref_model, beta=config.beta, old_logps=old_logps,
+                               epsilon=config.epsilon, loss_type=config.loss_type, temperature=config.temperature)
+            optimizer.zero_grad()
+            out.loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
+            optimizer.step()
+            passes.append({"loss": out.loss.item(), "grad_norm": grad_norm.item(), **out.metrics})
 
         lengths = rollout.completion_mask.sum(1).float()  # (B,)
         metrics = {
-            "loss": out.loss.item(),
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item(),
             "frac_reward_zero_std": frac_reward_zero_std(rewards, G),
@@ -434,8 +464,7 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
                for name, rs in per_function.items()},
             "completions/mean_length": lengths.mean().item(),
             "carry_rate": sum(map(carries, rollout.completions)) / len(rollout.completions),
-            "grad_norm": grad_norm.item(),
-            **out.metrics,
+            **_mean_metrics(passes),
             "step_time": time.perf_counter() - started,
         }
         history.append(metrics)
@@ -499,7 +528,7 @@ def _add_lora(model, rank: int):
 
 
 def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: bool = True, callback=None,
-                  progress: bool = True) -> NanoResult:
+                  reward_funcs=REWARD_FUNCS, reward_weights=REWARD_WEIGHTS, progress: bool = True) -> NanoResult:
     """Return a :class:`NanoResult`: warm up (or reuse the cached warm-up), evaluate, GRPO, evaluate.
 
     ``config`` is a :class:`NanoConfig` or a dict of its fields, e.g.
@@ -508,7 +537,8 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
     on every attention and MLP projection. The result holds the per-step curves
     (``result.curve("reward")``), held-out accuracy before and after GRPO
     (``result.accuracy_before``, ``result.accuracy_after``), the seconds per GRPO step and the
-    trainable parameter count (``result.parameters``).
+    trainable parameter count (``result.parameters``). ``reward_funcs`` and ``reward_weights``
+    replace the training reward (held-out accuracy is always the strict ``accuracy_reward``).
     """
     from labkit.lab import seed_everything
     from labkit.models import count_parameters
@@ -519,6 +549,7 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
         config = NanoConfig(**config)
     if config.method not in ("full", "lora"):
         raise ValueError(f"method must be 'full' or 'lora', not {config.method!r}")
+
     started = time.perf_counter()
     model, tokenizer, losses = warmed_up_policy(config, reuse=reuse_warm_up, progress=progress)
     warm_up_seconds = time.perf_counter() - started
@@ -542,7 +573,7 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
     eval_before = eval_seconds[0]
     grpo_started = time.perf_counter()
     history, evals = nano_grpo(model, tokenizer, task, config, callback=callback, evaluate_every=held_out,
-                               progress=progress)
+                               reward_funcs=reward_funcs, reward_weights=reward_weights, progress=progress)
     grpo_seconds = time.perf_counter() - grpo_started - (eval_seconds[0] - eval_before)  # without evaluations
     after = held_out()
     evals.append({"step": config.max_steps, **after})

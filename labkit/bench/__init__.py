@@ -29,6 +29,9 @@ BENCHMARKS = {
     "smollm2-demo": ("real_demo", "GRPO on SmolLM2-135M-Instruct on CPU: 3 seeds and a learning-rate-0 control -> results/"),
     "full-vs-lora": ("full_vs_lora",
                      "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),
+    "reward-hacking": ("reward_hacking",
+                       "a reward with a loophole vs the strict reward on the CPU nano task (3 seeds) "
+                       "-> results/reward_hacking.json"),
 }
 
 
