@@ -230,6 +230,10 @@ def model_context_length(model: str) -> int | None:
         return None
 
 
+# Real models small enough to train on a CPU in minutes (labkit.models.LOCAL_MODELS).
+_CPU_SIZED_MODELS = ("smollm2-135m",)
+
+
 def _num_processes(num_processes: int | None) -> int:
     return num_processes or int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -284,7 +288,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
       completions land in one batch (``trl.GRPOConfig.__post_init__``); and G >= 2.
     - ``max_prompt_length + max_completion_length`` within the model's context.
     - the precision against the card (bf16 on a T4 or a CPU fails, via :mod:`labkit.device`).
-    - QLoRA and 8-bit optimisers (bitsandbytes) need CUDA.
+    - QLoRA and 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS.
     """
     from labkit.device import detect_device, precision_flags
 
@@ -349,15 +353,13 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
         precision_flags(device, p.precision)
     except ValueError as exc:
         errors.append(f"{exc} (preset field: precision)")
-    if device.kind != "cuda":
-        if p.method == "qlora":
-            errors.append(f"QLoRA stores the frozen weights in 4-bit with bitsandbytes, which needs a CUDA GPU; "
-                          f"this machine has {device}. Set method='lora' (or use the 'cpu-tiny' preset here).")
-        if p.optim in EIGHT_BIT_OPTIMS:
-            errors.append(f"optim={p.optim!r} is a bitsandbytes 8-bit optimiser, which needs a CUDA GPU; this "
-                          f"machine has {device}. Set optim='adamw_torch'.")
-        if not p.model.startswith("tiny:"):
-            warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-tiny' preset is the CPU mode.")
+    if device.kind == "mps" and (p.method == "qlora" or p.optim in EIGHT_BIT_OPTIMS):
+        # bitsandbytes 0.50 runs its 4-bit weights and 8-bit optimisers on CUDA and on the CPU, not on MPS.
+        what = "QLoRA's 4-bit weights" if p.method == "qlora" else f"optim={p.optim!r} (8-bit)"
+        errors.append(f"{what} need bitsandbytes, which runs on CUDA and on the CPU, not on {device}. "
+                      f"Set method='lora' and optim='adamw_torch'.")
+    if device.kind != "cuda" and not p.model.startswith("tiny:") and p.model not in _CPU_SIZED_MODELS:
+        warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-tiny' preset is the CPU mode.")
     if p.save_steps is not None and p.save_steps > p.max_steps:
         warnings.append(f"save_steps ({p.save_steps}) > max_steps ({p.max_steps}): no checkpoint before the end, "
                         "so an interrupted run starts again from step 0.")

@@ -11,6 +11,7 @@ from labkit.run import build_run, reward_functions, training_prompts
 LAPTOP = dev.DeviceInfo("cuda", "NVIDIA GeForce RTX 3080 Laptop GPU", 16.0, (8, 6), bf16=True, fp16=True)
 T4 = dev.DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+MPS = dev.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
 CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU}
 
 
@@ -54,9 +55,9 @@ def test_a_preset_round_trips_through_json():
     # precision the card cannot do
     (dict(precision="bf16"), T4, r"no bf16 support.*precision='fp16'"),
     (dict(precision="fp16"), CPU, r"cannot train in fp16"),
-    # bitsandbytes needs CUDA
-    (dict(), CPU, r"QLoRA .* needs a CUDA GPU.*method='lora'"),
-    (dict(method="lora"), CPU, r"8-bit optimiser, which needs a CUDA GPU.*optim='adamw_torch'"),
+    # bitsandbytes runs on CUDA and the CPU, not on Apple's MPS
+    (dict(), MPS, r"QLoRA's 4-bit weights need bitsandbytes.*not on mps.*method='lora'"),
+    (dict(method="lora"), MPS, r"optim='paged_adamw_8bit' \(8-bit\) need bitsandbytes.*optim='adamw_torch'"),
     (dict(method="dora"), LAPTOP, r"'full', 'lora' or 'qlora'"),
     (dict(optim="sgd"), LAPTOP, r"optim must be one of"),
     (dict(rewards=("accuracy", "vibes")), LAPTOP, r"unknown reward 'vibes'"),
@@ -267,3 +268,37 @@ def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
     assert record["peak_allocated_gib"] is None and "no CUDA" in record["note"]
     assert record["provenance"]["versions"]["trl"]
     assert (tmp_path / "presets.csv").read_text().count("\n") == 2
+
+
+# ----------------------------------------------------------------------------- bitsandbytes on CPU, QLoRA dtypes
+
+
+def test_qlora_and_8bit_adamw_are_accepted_on_cpu():
+    # bitsandbytes 0.50 runs NF4 weights and 8-bit AdamW on a CPU: the real presets' recipes validate there.
+    assert validate(get_preset("qlora-3b"), CPU) is not None
+    assert validate(get_preset("laptop-16gb"), CPU) is not None
+    assert validate(get_preset("colab-t4", model="smollm2-135m"), CPU) == []
+
+
+def test_qlora_adapters_train_in_a_dtype_the_precision_supports(tmp_path):
+    """TRL 1.16 casts a 4-bit model's adapters to bf16; under fp16 AMP (a T4) the grad scaler then fails."""
+    import torch
+
+    from labkit.models import adapter_dtype, match_adapter_dtype
+
+    assert adapter_dtype("fp16") == torch.float32 and adapter_dtype("fp32") == torch.float32
+    assert adapter_dtype("bf16") == torch.bfloat16
+    preset = get_preset("cpu-tiny", method="qlora", optim="adamw_bnb_8bit", train_limit=8, max_steps=1,
+                        save_steps=None)
+    run = build_run(preset, tmp_path, device=CPU, disable_tqdm=True)
+    assert run.model.is_loaded_in_4bit
+    trainable = {name: p.dtype for name, p in run.model.named_parameters() if p.requires_grad}
+    assert trainable and set(trainable.values()) == {torch.float32}, trainable
+    # What TRL does on its own (the reason for the cast), and what a T4 needs:
+    for p in run.model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(torch.bfloat16)
+    assert match_adapter_dtype(run.model, "fp16") == len(trainable)
+    assert {p.dtype for p in run.model.parameters() if p.requires_grad} == {torch.float32}
+    run.train()  # a real step: 4-bit base, fp32 adapters, bitsandbytes' 8-bit AdamW, all on the CPU
+    assert run.trainer.state.global_step == 1

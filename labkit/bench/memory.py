@@ -60,7 +60,7 @@ def measure_grpo(spec: dict) -> dict:
 
     from labkit.dashboard import process_rss
     from labkit.device import detect_device
-    from labkit.models import load_policy
+    from labkit.models import load_policy, match_adapter_dtype
     from labkit.training import build_trainer, grpo_config
 
     device = detect_device(spec["device"])
@@ -102,6 +102,7 @@ def measure_grpo(spec: dict) -> dict:
                                        lora_rank=spec["lora_rank"],
                                        gradient_checkpointing=spec["gradient_checkpointing"])
         trainer = build_trainer(model, [random_reward], dataset, args, tokenizer=tokenizer)
+        match_adapter_dtype(trainer.model, spec["precision"])  # TRL's bf16 adapters break fp16's grad scaler
         # Loading reads the weights through a memory map, which counts twice for a moment; the peak
         # that matters is the training step's, with the weights resident.
         import gc
