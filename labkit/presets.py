@@ -87,7 +87,11 @@ class Preset:
     reward_weights: tuple[float, ...] | None = None  # None: gsm8k's own weights, 1.0 for named rewards
     train_limit: int | None = None  # None: the whole GSM8K train split
     eval_batch_size: int = 32
-    card_gib: float | None = 16.0  # the card the recipe is made for (None: no GPU)
+    # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.get_device_properties:
+    # total_memory), None for no GPU. A "16 GB" card reports 15.7-15.99 GiB (16 GiB of chips less what the
+    # driver keeps back), so 15.7 fits every one of them; a T4's "15 GB" report 14.74-14.75 GiB
+    # (15,095-15,102 MiB, by driver), so colab-t4 says 14.7. Caps and preflight use these figures.
+    card_gib: float | None = 15.7
     # Any other GRPOConfig field, passed to TRL as given ({"loss_type": "grpo", "num_iterations": 2}).
     # Fields the preset itself sets are refused here: change them through the preset's own field.
     trl_options: dict = field(default_factory=dict)
@@ -147,11 +151,11 @@ PRESETS: dict[str, Preset] = {
             name="colab-t4",
             model="Qwen/Qwen2.5-1.5B-Instruct",
             method="lora",
-            description="Free Colab T4 (15 GB, no bf16: fp16 is chosen): the laptop recipe with shorter "
+            description="Free Colab T4 (15 GB: 14.7 GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
                         "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes.",
             max_completion_length=512,
             optim="paged_adamw_8bit",
-            card_gib=15.0,
+            card_gib=14.7,
         ),
         Preset(
             name="qlora-3b",

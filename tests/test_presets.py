@@ -302,3 +302,50 @@ def test_qlora_adapters_train_in_a_dtype_the_precision_supports(tmp_path):
     assert {p.dtype for p in run.model.parameters() if p.requires_grad} == {torch.float32}
     run.train()  # a real step: 4-bit base, fp32 adapters, bitsandbytes' 8-bit AdamW, all on the CPU
     assert run.trainer.state.global_step == 1
+
+
+# ----------------------------------------------------------------------------- caps and card sizes
+
+GIB = 1024**3
+# total_memory as PyTorch reports it: a Linux 16 GB card, a Windows 16 GB laptop card, a T4 (two drivers).
+REPORTED = {"16 GB (Linux)": 16_374 * 1024**2, "16 GB laptop (Windows)": 16_077 * 1024**2,
+            "T4": 15_102 * 1024**2, "T4 (older driver)": 15_095 * 1024**2,
+            "16 GB, a little less": 16_000 * 1024**2}  # below card_gib: the default cap falls back to the card
+
+
+@pytest.mark.parametrize("card", REPORTED)
+def test_every_gpu_presets_card_and_default_cap_fit_the_card_it_names(card, monkeypatch):
+    import torch
+
+    from labkit.bench import preset as bench
+
+    total = REPORTED[card]
+    names = ["colab-t4"] if card.startswith("T4") else ["laptop-16gb", "qlora-3b"]
+    for name in names:
+        if "less" not in card:
+            assert PRESETS[name].card_gib * GIB <= total, (name, card)
+            assert 0 < bench.card_cap_fraction(PRESETS[name].card_gib, total) <= 1
+    # The command's default cap on a mocked card of that size: the preset's card, applied without an error.
+    applied = []
+
+    class Props:
+        total_memory = total
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: applied.append(f))
+    monkeypatch.setattr(bench, "_random_weights_model", stop)  # stop before anything loads
+    device = T4 if card.startswith("T4") else LAPTOP
+    for name in names:
+        with pytest.raises(Stop):
+            bench.bench_preset(name, device=device)
+    assert len(applied) == len(names) and all(0 < f <= 1 for f in applied)
+    # An explicit 16 GiB cap on a card that reports less is refused, naming the card's figure.
+    with pytest.raises(ValueError, match=r"more than this card's .* GiB .*leave --cap-gib out"):
+        bench.card_cap_fraction(16.0, total)
