@@ -181,7 +181,7 @@ def train_cli(argv: list[str] | None = None) -> int:
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import PRESETS, PresetError, get_preset, preflight, validate
+    from labkit.presets import PRESETS, PresetError, card_device, get_preset, preflight, validate
     from labkit.run import ResumeMismatchError, build_run, is_main_process, resume_checkpoint
 
     args = train_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -204,6 +204,10 @@ def train_cli(argv: list[str] | None = None) -> int:
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = detect_device()
+        if args.dry_run and device.kind != "cuda" and card_device(preset) is not None:
+            # Planning a GPU run from a machine without one: validate and plan for the preset's card.
+            device = card_device(preset)
+            print(f"no CUDA GPU here: validating and planning for the preset's card, {device}") if main else None
         for warning in validate(preset, device):
             print("warning:", warning, file=sys.stderr) if main else None
         if main:

@@ -39,7 +39,7 @@ from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
 from labkit.models import METHODS, check_method
 from labkit.rewards import named_rewards
 
-__all__ = ["Preset", "PRESETS", "PresetError", "get_preset", "validate", "model_context_length", "Preflight",
+__all__ = ["Preset", "PRESETS", "PresetError", "get_preset", "card_device", "validate", "model_context_length", "Preflight",
            "preflight", "resolve_model", "METHODS", "EIGHT_BIT_OPTIMS"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
@@ -187,6 +187,30 @@ PRESETS: dict[str, Preset] = {
         ),
     ]
 }
+
+
+# The cards the GPU presets are made for, as labkit.device.detect_device would describe them.
+_CARDS = {
+    "colab-t4": ("Tesla T4", (7, 5)),  # Turing: fp16 only
+    "laptop-16gb": ("NVIDIA GeForce RTX 3080 Laptop GPU", (8, 6)),  # Ampere: bf16
+    "qlora-3b": ("NVIDIA GeForce RTX 3080 Laptop GPU", (8, 6)),
+}
+
+
+def card_device(preset: Preset | str):
+    """Return a :class:`labkit.device.DeviceInfo` describing the card ``preset`` is made for (None: a CPU preset).
+
+    What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
+    card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
+    Presets without a named card get an Ampere (bf16) card of ``card_gib``.
+    """
+    from labkit.device import DeviceInfo
+
+    preset = get_preset(preset)
+    if preset.card_gib is None:
+        return None
+    name, capability = _CARDS.get(preset.name, (f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)))
+    return DeviceInfo("cuda", name, preset.card_gib, capability, bf16=capability >= (8, 0), fp16=True)
 
 
 def get_preset(name: str | Preset, **overrides) -> Preset:

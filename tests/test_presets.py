@@ -349,3 +349,59 @@ def test_every_gpu_presets_card_and_default_cap_fit_the_card_it_names(card, monk
     # An explicit 16 GiB cap on a card that reports less is refused, naming the card's figure.
     with pytest.raises(ValueError, match=r"more than this card's .* GiB .*leave --cap-gib out"):
         bench.card_cap_fraction(16.0, total)
+
+
+# ----------------------------------------------------------------------------- planning a GPU run without a GPU
+
+
+@pytest.mark.parametrize("name, card, precision", [("laptop-16gb", "RTX 3080 Laptop", "bf16"),
+                                                   ("colab-t4", "Tesla T4", "fp16"),
+                                                   ("qlora-3b", "RTX 3080 Laptop", "bf16")])
+def test_dry_run_of_a_gpu_preset_without_a_gpu_plans_for_the_presets_card(name, card, precision, capsys,
+                                                                          monkeypatch):
+    from labkit import cli
+    from labkit.presets import card_device
+
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    device = card_device(name)
+    assert device.kind == "cuda" and card in device.name and device.total_memory_gib == PRESETS[name].card_gib
+    assert dev.choose_precision(device) == precision
+    assert cli.train_cli(["--preset", name, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"planning for the preset's card, cuda: {device.name}" in out
+    assert f"{device.name}, {PRESETS[name].card_gib:.1f} GiB" in out and "fits" in out
+    # and what cannot work on that card still fails, as it would there
+    assert cli.train_cli(["--preset", name, "--dry-run", "--set", "precision=bf16"]) == (2 if precision == "fp16" else 0)
+
+
+def _gpu_commands(repo_root):
+    """Every ``python -m labkit train|bench memory`` command line in the README and notebooks 04-07."""
+    import json as _json
+    import re as _re
+    import shlex
+
+    texts = [(repo_root / "README.md").read_text()]
+    for path in sorted((repo_root / "notebooks").glob("0[4-7]_*.ipynb")):
+        texts += ["".join(c["source"]) for c in _json.loads(path.read_text())["cells"]]
+    found = []
+    for text in texts:
+        for line in _re.findall(r"(?:accelerate launch[^`\n]*?-m labkit|python -m labkit) (train[^`\n#\"]*|bench memory[^`\n#\"]*)",
+                                text):
+            found.append(shlex.split(line.replace("\\n", " ")))
+    return found
+
+
+def test_the_gpu_commands_of_the_readme_and_notebooks_dry_run_here(repo_root, capsys, monkeypatch):
+    from labkit import cli
+    from labkit.bench import memory as bench_memory
+
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    commands = _gpu_commands(repo_root)
+    trains = [c for c in commands if c[0] == "train" and "--preset" in c]
+    assert len(trains) >= 3 and any(c[0:2] == ["bench", "memory"] for c in commands)
+    for command in commands:
+        if command[0] == "train" and "--preset" in command:
+            assert cli.train_cli([*command[1:], "--dry-run"]) == 0, command
+        elif command[0:2] == ["bench", "memory"]:
+            assert bench_memory.main([*command[2:], "--dry-run"]) == 0, command
+    capsys.readouterr()

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     cap = args.cap_gib
     if args.memory_fraction and device.kind == "cuda":
         cap = args.memory_fraction * device.total_memory_gib
-    if (cap or args.memory_fraction) and on_cpu:
+    if (cap or args.memory_fraction) and on_cpu and not args.dry_run:  # a dry run plans a GPU's grid from anywhere
         print("error: --cap-gib / --memory-fraction limit GPU memory; there is no CUDA GPU here", file=sys.stderr)
         return 2
     if args.steps < 2:
