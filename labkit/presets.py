@@ -305,7 +305,12 @@ def _trl_option_errors(options: dict) -> list[str]:
     return errors
 
 
-def validate(preset: Preset, device=None, *, num_processes: int | None = None) -> list[str]:
+def _under_fsdp() -> bool:
+    """True inside ``accelerate launch`` with an FSDP config (accelerate sets ``ACCELERATE_USE_FSDP``)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
     Every error message says what to change. Checked before anything is loaded:
@@ -317,6 +322,10 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
     - ``max_prompt_length + max_completion_length`` within the model's context.
     - the precision against the card (bf16 on a T4 or a CPU fails, via :mod:`labkit.device`).
     - QLoRA and 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS.
+    - under FSDP (``fsdp=True``, or ``accelerate launch --config_file labkit/configs/fsdp.yaml``):
+      no bitsandbytes 8-bit optimiser (it does not support FSDP's sharded parameters, bitsandbytes
+      issue 1633) and no QLoRA (FSDP needs ``bnb_4bit_quant_storage`` equal to the compute dtype to
+      shard 4-bit weights, which labkit's loader does not set): refused, saying what to set.
     """
     from labkit.device import detect_device, precision_flags
 
@@ -386,6 +395,15 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
         what = "QLoRA's 4-bit weights" if p.method == "qlora" else f"optim={p.optim!r} (8-bit)"
         errors.append(f"{what} need bitsandbytes, which runs on CUDA and on the CPU, not on {device}. "
                       f"Set method='lora' and optim='adamw_torch'.")
+    if fsdp if fsdp is not None else _under_fsdp():
+        if p.optim in EIGHT_BIT_OPTIMS:
+            errors.append(f"optim={p.optim!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "
+                          "(bitsandbytes issue 1633). Under FSDP set optim='adamw_torch' (--set optim=adamw_torch), "
+                          "or launch with DDP (labkit/configs/multi_gpu.yaml) to keep the 8-bit optimiser.")
+        if p.method == "qlora":
+            errors.append("QLoRA under FSDP needs bnb_4bit_quant_storage set to the compute dtype so that the 4-bit "
+                          "weights can be sharded; labkit's loader does not set it. Set method='lora' under FSDP, or "
+                          "launch QLoRA with DDP (labkit/configs/multi_gpu.yaml).")
     if device.kind != "cuda" and not p.model.startswith("tiny:") and p.model not in _CPU_SIZED_MODELS:
         warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-tiny' preset is the CPU mode.")
     if p.save_steps is not None and p.save_steps > p.max_steps:

@@ -16,8 +16,10 @@ from labkit.device import DeviceInfo
 
 CPU = DeviceInfo("cpu", "x86_64 CPU", None, None, bf16=False, fp16=False)
 # A GPU preset with only the sizes changed for a CPU.
-CPU_SIZES = dict(model="smollm2-135m", max_completion_length=32, max_steps=2, save_steps=1, train_limit=8,
-                 eval_batch_size=4)
+# Generation under gradient checkpointing runs without a KV cache (transformers turns use_cache off in
+# training mode), so every completion token re-reads the whole sequence: short completions keep it minutes.
+CPU_SIZES = dict(model="smollm2-135m", max_prompt_length=160, max_completion_length=16, max_steps=2, save_steps=1,
+                 train_limit=8, eval_batch_size=4)
 
 
 @pytest.fixture(scope="module")
