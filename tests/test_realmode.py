@@ -167,3 +167,34 @@ def test_nan_logits_during_generation_stop_the_first_step_with_what_to_change(tm
     with pytest.raises(NonFiniteTraining, match=r"step 0, in generation(.|\n)*learning_rate") as info:
         run.train(resume=False)
     assert "Traceback" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------- MIG: the gauge reads the slice
+
+
+def test_vram_gauge_on_a_mig_slice_reads_the_slice_not_the_parent_gpu(monkeypatch):
+    import types
+
+    import torch
+
+    from labkit.monitor import _NVML
+
+    GIB = 1024**3
+    slices = {"MIG-1111": (3 * GIB, 10 * GIB), "GPU-parent": (60 * GIB, 80 * GIB)}
+    fake = types.SimpleNamespace(
+        nvmlDeviceGetHandleByUUID=lambda uuid: (uuid.decode() if isinstance(uuid, bytes) else uuid),
+        nvmlDeviceGetHandleByPciBusId=lambda address: "GPU-parent",  # a slice shares its parent's bus address
+        nvmlDeviceGetHandleByIndex=lambda index: "GPU-parent",
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=slices[handle][0], total=slices[handle][1]),
+    )
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: types.SimpleNamespace(pci_bus_id=0x3B, pci_domain_id=0, pci_device_id=0))
+    nvml = _NVML()
+    nvml._module = fake
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1111")
+    assert nvml.memory(0) == (3 * GIB, 10 * GIB)
+    nvml = _NVML()
+    nvml._module = fake
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert nvml.memory(0) == (60 * GIB, 80 * GIB)  # a whole GPU: the bus lookup, as before
