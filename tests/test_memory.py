@@ -336,3 +336,47 @@ def test_qlora_hidden_states_are_fp32_as_the_estimator_counts_them(tiny_model_pa
     kv_only = {m: est[m].bytes["kv_cache"] for m in est}
     assert kv_only["qlora"] / kv_only["lora"] == pytest.approx(ratio, rel=0.35)
     assert adapter_bytes("qlora", "bf16") == 2 and adapter_bytes("qlora", "fp16") == 4 == adapter_bytes("lora", "bf16")
+
+
+def test_bench_memory_refuses_a_card_that_other_processes_fill(monkeypatch, capsys):
+    from labkit.bench import memory as bench_memory
+
+    t4 = dict(kind="cuda", name="Tesla T4", total_memory_gib=14.7, compute_capability=[7, 5], bf16=False, fp16=True)
+    kinds = []
+
+    def fake_run(kind, spec, timeout=None):  # the workers: a probe that finds a T4; anything else stops the run
+        kinds.append(kind)
+        if kind == "probe":
+            return {"status": "ok", "device": t4}
+        raise KeyboardInterrupt("stop before measuring")
+
+    monkeypatch.setattr(bench_memory.worker, "run", fake_run)
+    monkeypatch.setattr(bench_memory, "card_busy_gib", lambda index=0: 6.2)  # e.g. a notebook kernel's model
+    assert bench_memory.main(["--preset", "gpu"]) == 2
+    assert "already holds 6.2 GiB" in capsys.readouterr().err and kinds == ["probe"]
+    monkeypatch.setattr(bench_memory, "card_busy_gib", lambda index=0: 0.4)  # an idle kernel's CUDA context
+    with pytest.raises(KeyboardInterrupt):
+        bench_memory.main(["--preset", "gpu"])
+    assert kinds[-1] != "probe"  # a free card: it went on to build and measure
+
+
+def test_notebook_05s_count_by_hand_holds_on_a_t4(repo_root):
+    """Notebook 05's by-hand cell, run with a T4's precision: fp16 full fine-tuning keeps fp32 weights."""
+    import json as _json
+
+    import pandas as pd
+
+    import labkit
+    from labkit.device import DeviceInfo, choose_precision
+
+    t4 = DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
+    precision = choose_precision(t4)
+    assert precision == "fp16"
+    policy = "Qwen/Qwen2.5-0.5B-Instruct"
+    est = estimate(policy, "full", precision=precision)  # what load_policy holds there (fp32 masters)
+    exact = pd.DataFrame([dict(method="full", term=t, measured_bytes=est.bytes[t])
+                          for t in ("weights", "gradients", "optimizer")])
+    cells = _json.loads((repo_root / "notebooks/05_full_vs_lora.ipynb").read_text())["cells"]
+    by_hand = next("".join(c["source"]) for c in cells if "by_hand = " in "".join(c["source"]))
+    exec(by_hand, {"labkit": labkit, "model_shape": model_shape, "policy": policy, "precision": precision,
+                   "exact": exact, "print": lambda *a: None})
