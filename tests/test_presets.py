@@ -387,7 +387,9 @@ def _gpu_commands(repo_root):
     for text in texts:
         for line in _re.findall(r"(?:accelerate launch[^`\n]*?-m labkit|python -m labkit) (train[^`\n#\"]*|bench memory[^`\n#\"]*)",
                                 text):
-            found.append(shlex.split(line.replace("\\n", " ")))
+            words = shlex.split(line.replace("\\n", " "))
+            if not any(w.isupper() and w.isalpha() for w in words):  # "--preset NAME": a placeholder, not a command
+                found.append(words)
     return found
 
 
