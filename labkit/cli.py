@@ -194,7 +194,8 @@ def train_cli(argv: list[str] | None = None) -> int:
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, get_preset, preflight, validate
+    from labkit.presets import (PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, card_device, get_preset, preflight,
+                                validate)
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)
     from labkit.training import last_checkpoint
@@ -229,6 +230,10 @@ def train_cli(argv: list[str] | None = None) -> int:
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = detect_device()
+        if args.dry_run and device.kind != "cuda" and card_device(preset) is not None:
+            # Planning a GPU run from a machine without one: validate and plan for the preset's card.
+            device = card_device(preset)
+            print(f"no CUDA GPU here: validating and planning for the preset's card, {device}") if main else None
         for warning in validate(preset, device):
             print("warning:", warning, file=sys.stderr) if main else None
         output_dir = _output_dir(args.output_dir, preset)

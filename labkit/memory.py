@@ -39,6 +39,8 @@ __all__ = [
     "MemoryEstimate",
     "model_shape",
     "estimate",
+    "hidden_state_bytes",
+    "adapter_bytes",
     "plot_breakdown",
     "state_bytes",
     "saved_activation_bytes",
@@ -240,15 +242,34 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
+def hidden_state_bytes(method: str, precision: str) -> int:
+    """Return the bytes of one element of the hidden states (residual stream, checkpointed inputs, KV cache).
+
+    The precision's size (bf16/fp16 2, fp32 4) for full and LoRA; 4 for QLoRA in every precision:
+    ``prepare_model_for_kbit_training`` turns the embeddings and norms into fp32, and a bitsandbytes
+    4-bit linear layer returns its input's dtype, so the whole residual stream, what checkpointing
+    keeps and the KV cache are fp32 (checked on a real 4-bit model in the tests).
+    """
+    check_method(method)
+    return 4 if method == "qlora" else PRECISION_BYTES[precision]
+
+
+def adapter_bytes(method: str, precision: str) -> int:
+    """Return the bytes of a trainable adapter weight: fp32 (PEFT) for LoRA; for QLoRA the dtype
+    :func:`labkit.models.adapter_dtype` gives (bf16 under bf16, as TRL casts them; fp32 otherwise)."""
+    return 2 if method == "qlora" and precision == "bf16" else 4
+
+
 def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, autocast_adapters: bool,
                             device: str, lora_rank: int, lora_targets, lora_dropout: float, padded: bool,
-                            seq_len: int) -> tuple[float, float]:
+                            seq_len: int, hidden_bytes: int | None = None) -> tuple[float, float]:
     """Return ``(bytes per token, bytes per layer)`` that autograd keeps for one decoder layer.
 
     Counted from what each operation saves for its backward (checked against
     :func:`saved_activation_bytes` on CPU in the tests). ``b`` is the activation dtype's size.
     """
     b = act_bytes
+    hb = b if hidden_bytes is None else hidden_bytes  # QLoRA: fp32 outputs of the 4-bit projections
     h, i = shape.hidden_size, shape.intermediate_size
     q = shape.num_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
@@ -275,7 +296,7 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
         per_token += b * seq_len
     # SwiGLU: the gate projection's output (for SiLU), SiLU's output and the up projection's
     # output (for the product).
-    per_token += 3 * b * i
+    per_token += 3 * hb * i
     per_layer = 0.0
     if method in ("lora", "qlora"):
         targets = shape.lora_targets(lora_targets)
@@ -288,6 +309,8 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
             if lora_dropout > 0:
                 mask = 1 if device == "cuda" else 4
                 per_token += (mask + adapter_input) * in_f
+                if hb > b and autocast_adapters:  # QLoRA: dropout's own output is fp32, autocast copies it
+                    per_token += hb * in_f
             else:
                 per_token += adapter_input * in_f if autocast_adapters else 0
             per_token += b * lora_rank  # lora_A's output, kept by lora_B
@@ -319,7 +342,10 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
     - **weights** ``= P w`` (full, LoRA base); LoRA adds ``P_lora x 4`` (PEFT keeps adapters in
       fp32); QLoRA stores the ``nn.Linear`` weights in NF4, ``0.5 + 1/64 + 1/4096`` bytes each
       (4-bit codes, double-quantised absmax), and ``prepare_model_for_kbit_training`` turns every
-      other weight (embeddings, norms) into fp32: 4 bytes.
+      other weight (embeddings, norms) into fp32: 4 bytes. Its adapters are bf16 under bf16 (TRL's
+      cast) and fp32 otherwise (:func:`labkit.models.match_adapter_dtype`). Its hidden states are
+      fp32 in every precision (:func:`hidden_state_bytes`): the checkpointed inputs, the SwiGLU
+      tensors, the LM head's input and the KV cache below count 4 bytes an element for QLoRA.
     - **reference** ``= P w`` when ``beta > 0`` and ``method == "full"``; 0 with ``beta = 0`` (TRL's
       default: no reference model) and with PEFT (the reference is the base with adapters disabled).
     - **gradients** ``= P_t x (bytes of a trainable weight)``.
@@ -360,8 +386,6 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         raise ValueError(f"logits must be 'fused' (TRL 1.16) or 'full', not {logits!r}")
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    if method == "qlora" and precision == "fp32":
-        raise ValueError("QLoRA computes in half precision: use precision='bf16' (or 'fp16' on a T4)")
     for knob, value in dict(num_generations=num_generations, per_device_batch=per_device_batch,
                             completion_len=completion_len, lora_rank=lora_rank,
                             gradient_accumulation_steps=gradient_accumulation_steps).items():
@@ -404,12 +428,13 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         adapters = sum(trainable_numels)
         if not trainable_numels:
             raise ValueError(f"no Linear layer of {shape.name} is called any of {targets}")
-        trainable_bytes = 4
+        trainable_bytes = adapter_bytes(method, precision)
         if method == "lora":
             weights = shape.params * w + adapters * 4
         else:
             other = shape.params - shape.quantisable_params
-            weights = math.ceil(shape.quantisable_params * QLORA_BYTES_PER_PARAM) + other * 4 + adapters * 4
+            weights = (math.ceil(shape.quantisable_params * QLORA_BYTES_PER_PARAM) + other * 4
+                       + adapters * trainable_bytes)
     trainable = sum(trainable_numels)
     gradients = trainable * trainable_bytes
     if optimizer == "adamw":
@@ -425,16 +450,18 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
 
     # --- activations of one forward/backward over micro_batch x seq tokens
     tokens = micro_batch * seq
+    hb = hidden_state_bytes(method, precision)
     autocast_adapters = method != "full" and b < 4
     per_token, per_layer = _layer_activation_bytes(
         shape, method=method, act_bytes=b, autocast_adapters=autocast_adapters, device=device,
-        lora_rank=lora_rank, lora_targets=targets, lora_dropout=lora_dropout, padded=padded, seq_len=seq)
+        lora_rank=lora_rank, lora_targets=targets, lora_dropout=lora_dropout, padded=padded, seq_len=seq,
+        hidden_bytes=hb)
     layer = per_token * tokens + per_layer
     final_norm = (4 * h + 4 + (b * h if method == "full" else 0)) * tokens
     input_ids = 8 * tokens if method == "full" else 0  # the embedding's gradient needs the token ids
     rotary = 2 * seq * shape.head_dim * b  # RoPE's cos and sin, shared by the batch and the layers
     if gradient_checkpointing:
-        activations = L * b * h * tokens + layer + final_norm + input_ids
+        activations = L * hb * h * tokens + layer + final_norm + input_ids
     else:
         activations = L * layer + final_norm + input_ids + rotary
     if precision == "fp16" and method == "full":
@@ -447,7 +474,7 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * b
         if device == "cpu":  # without Triton, TRL folds each tile with torch ops: fp32 temporaries of its size
             tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * 4 * _CPU_TILE_COPIES
-        logits_bytes = scored * h * b + scored * 16 + tile + scored * h * (4 + b)
+        logits_bytes = scored * h * hb + scored * 16 + tile + scored * h * (4 + hb)
         if head_trains:
             logits_bytes += V * h * 4
     else:
@@ -455,8 +482,8 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         logits_bytes = 3 * scored * V * b
 
     # --- generation
-    kv_cache = 2 * L * kv * b * generation_batch * seq
-    kv_cache += generation_batch * prompt_len * (3 * shape.intermediate_size + 2 * h) * b
+    kv_cache = 2 * L * kv * hb * generation_batch * seq
+    kv_cache += generation_batch * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
     kv_cache += generation_batch * V * (b + 3 * 4)  # last-position logits, their fp32 copy, sampling buffers
 
     persistent = weights + reference + optimizer_bytes

@@ -39,6 +39,8 @@ __all__ = [
     "lora_config",
     "load_tokenizer",
     "load_policy",
+    "adapter_dtype",
+    "match_adapter_dtype",
     "count_parameters",
     "enable_checkpointing",
     "DEFAULT_LORA_TARGETS",
@@ -172,7 +174,10 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
         raise KeyError(f"unknown local model {name!r}; choose from {', '.join(LOCAL_MODELS)}")
     spec = LOCAL_MODELS[name]
     path = cache_dir() / "local-models" / name
-    if (path / "config.json").exists() and not rebuild:
+    config_file = path / "config.json"
+    # A folder built before the GGUF marker was dropped says "quantization_config: gguf", which makes
+    # transformers refuse any other quantisation (QLoRA's 4-bit) on it: rebuild that one.
+    if config_file.exists() and not rebuild and "quantization_config" not in json.loads(config_file.read_text()):
         return path
     import importlib.util
 
@@ -188,7 +193,12 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec["gguf_file"])
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=spec["gguf_file"], dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    # The weights are dequantised to float32 here: the saved folder is an ordinary float model, so
+    # it must not carry the GGUF loader's quantization_config (QLoRA's 4-bit config would clash with it).
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -389,6 +399,34 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     return tokenizer
 
 
+def adapter_dtype(precision: str) -> torch.dtype:
+    """Return the dtype a QLoRA run's trainable adapters must have under ``precision``.
+
+    bf16: bf16 (what TRL 1.16 gives them, as the QLoRA paper does). fp16: fp32, because fp16
+    mixed precision keeps fp32 master weights and its grad scaler cannot unscale bf16 (or fp16)
+    gradients (pytorch issue 127176, TRL issue 4901). fp32: fp32.
+    """
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def match_adapter_dtype(model, precision: str) -> int:
+    """Cast a 4-bit model's trainable parameters to :func:`adapter_dtype` and return how many were cast.
+
+    ``GRPOTrainer.__init__`` (TRL 1.16) turns every trainable parameter of a 4-bit model into bf16.
+    Under fp16 (a T4) the first optimiser step then fails: the grad scaler meets bf16 gradients.
+    Call this after the trainer is built and before it trains (the optimiser is created in
+    ``train()``); models that are not quantised are left alone.
+    """
+    if not (getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)):
+        return 0
+    dtype, cast = adapter_dtype(precision), 0
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+            cast += 1
+    return cast
+
+
 def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precision: str | None = None,
                 lora_rank: int = 16, lora_alpha: int | None = None, target_modules: list[str] | None = None,
                 gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False):
@@ -397,7 +435,8 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
     - ``full``: every weight trains; weights in the dtype :func:`labkit.device.torch_dtype` picks.
     - ``lora``: the base is frozen in that dtype; PEFT adds rank-``lora_rank`` adapters.
     - ``qlora``: the base is stored in 4-bit NF4 (bitsandbytes; about 0.5 byte a parameter)
-      with double quantisation; computation runs in the training precision. Needs CUDA.
+      with double quantisation; computation runs in the training precision. CUDA or CPU
+      (bitsandbytes 0.50 runs NF4 on a CPU, with ``device_map={"": "cpu"}``).
 
     With ``gradient_checkpointing`` and a PEFT method, the input embeddings are made to
     require grad: otherwise no tensor entering a checkpointed block requires grad and the
@@ -416,19 +455,20 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
     if device_map is not None:
         kwargs["device_map"] = device_map
     if method == "qlora":
-        if info.kind != "cuda":
+        if info.kind == "mps":
             raise RuntimeError(
-                "QLoRA stores weights in 4-bit with bitsandbytes, which needs a CUDA GPU; "
-                f"this machine has {info}. Use method='lora' here."
+                "QLoRA stores weights in 4-bit with bitsandbytes, which runs on CUDA and on the CPU, not on "
+                f"{info}. Use method='lora' here."
             )
         from transformers import BitsAndBytesConfig
 
-        compute = torch.bfloat16 if precision == "bf16" else torch.float16
+        # The 4-bit matmuls compute in the training precision (fp32 on a CPU: bitsandbytes 0.50 runs there).
+        compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=compute,
         )
-        kwargs.setdefault("device_map", {"": torch.cuda.current_device()})
+        kwargs.setdefault("device_map", {"": torch.cuda.current_device()} if info.kind == "cuda" else {"": "cpu"})
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
     checkpointing_kwargs = {"use_reentrant": False}
     if device_map is None and method != "qlora" and info.kind != "cpu":

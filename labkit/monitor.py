@@ -34,6 +34,15 @@ class _NVML:
 
     def _handle(self, index: int):
         nvml = self._module
+        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+        # A MIG slice (MIG-<uuid>) shares its parent GPU's bus address, so the bus lookup below would read
+        # the whole card: look a UUID (MIG-... or GPU-...) up by UUID, which names the slice itself.
+        if index < len(visible) and visible[index].startswith(("MIG-", "GPU-")):
+            uuid = visible[index]
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+            except Exception:  # noqa: BLE001 - older drivers want a str
+                return nvml.nvmlDeviceGetHandleByUUID(uuid)
         # torch numbers the devices it sees (CUDA_VISIBLE_DEVICES, fastest first); NVML numbers
         # every device on the bus. The PCI address is the one name both agree on.
         if torch.cuda.is_initialized():
@@ -45,8 +54,7 @@ class _NVML:
                     return nvml.nvmlDeviceGetHandleByPciBusId(address.encode())
                 except Exception:  # noqa: BLE001 - fall back to the index below
                     pass
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-        if index < len(visible) and visible[index].strip().isdigit():
+        if index < len(visible) and visible[index].isdigit():
             index = int(visible[index])
         return nvml.nvmlDeviceGetHandleByIndex(index)
 

@@ -17,6 +17,10 @@ sequences of prompt + completion tokens; the loss's forward and backward passes 
 activations and, in the LM head, logits for every scored token (Qwen's vocabulary is 151,936; TRL 1.16
 computes them in chunks of 4,096 tokens x 32,768 entries, so a tile rather than a full ``(B, T, V)`` tensor);
 the optimiser step allocates the AdamW states on the first step. Each has its own cure.
+
+NaN. The same wrapper installs :class:`NaNGuard` and turns NaN logits met by sampling into
+:class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow, QLoRA or fp32),
+at the step where it first happens rather than as a sampling traceback.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB
 from labkit.training import last_checkpoint
@@ -44,6 +49,9 @@ __all__ = [
     "explain_oom",
     "settings_from_trainer",
     "train_with_oom_doctor",
+    "NonFiniteTraining",
+    "NaNGuard",
+    "non_finite_advice",
 ]
 
 PHASES = {
@@ -316,6 +324,70 @@ def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, 
     return report
 
 
+class NonFiniteTraining(RuntimeError):
+    """NaN or inf in generation or in the loss's diagnostics; the message says what to change."""
+
+
+# What torch.multinomial says when sampling meets NaN / inf probabilities (NaN logits).
+_NAN_SAMPLING = "probability tensor contains either"
+
+
+def non_finite_advice(where: str, *, precision: str | None, step: int, checkpoint=None) -> str:
+    """Return the message of :class:`NonFiniteTraining`: where NaN/inf appeared and what to change.
+
+    Under fp16 (a T4) the usual cause is overflow: Qwen2.5 in pure fp16 is known to overflow to NaN
+    or print "!!!!" (Qwen issues 761, 826, 868). QLoRA keeps the norms, embeddings and hidden states
+    in fp32 (only the 4-bit matmuls compute in fp16), so it is the cheapest way out on a T4.
+    """
+    lines = [f"NaN/inf at step {step}, in {where}."]
+    if precision == "fp16":
+        lines.append("Under fp16 (a T4) this is overflow: Qwen2.5 in pure fp16 is known to overflow (Qwen issues "
+                     "761, 826, 868). Change: method='qlora' (norms, embeddings and hidden states stay fp32; "
+                     "--set method=qlora), or precision='fp32' (slower), or a model that is stable in fp16.")
+    else:
+        lines.append("Change: a lower learning_rate (--set learning_rate=...), or check the reward functions for "
+                     "NaN; with beta > 0, a smaller beta.")
+    if checkpoint is not None:
+        lines.append(f"The last checkpoint before it is {checkpoint}; a changed recipe needs a new output_dir.")
+    return "\n".join(lines)
+
+
+def _trainer_precision(args) -> str:
+    return "fp16" if getattr(args, "fp16", False) else "bf16" if getattr(args, "bf16", False) else "fp32"
+
+
+class NaNGuard(TrainerCallback):
+    """Stops training at the first NaN/inf in the logged loss diagnostics, with :class:`NonFiniteTraining`.
+
+    ``entropy`` and ``kl`` (TRL's logs) NaN mean NaN logits: raised at once. The loss itself is
+    filtered by transformers (``logging_nan_inf_filter``), so it is not relied on. ``grad_norm``
+    may be inf for a few steps under fp16 while the grad scaler finds its scale (those steps are
+    skipped, which is harmless): raised after ``patience`` non-finite norms in a row.
+    """
+
+    def __init__(self, patience: int = 5):
+        self.patience, self.bad_norms = patience, 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        import math
+
+        logs = logs or {}
+        where = None
+        for key in ("loss", "entropy", "kl", "reward"):
+            value = logs.get(key)
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                where = f"the logged {key}"
+                break
+        norm = logs.get("grad_norm")
+        if isinstance(norm, (int, float)):
+            self.bad_norms = 0 if math.isfinite(norm) else self.bad_norms + 1
+            if self.bad_norms >= self.patience:
+                where = f"the gradients ({self.bad_norms} steps in a row with grad_norm {norm})"
+        if where:
+            raise NonFiniteTraining(non_finite_advice(where, precision=_trainer_precision(args), step=state.global_step,
+                                                      checkpoint=last_checkpoint(args.output_dir)))
+
+
 def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dict | None = None):
     """Return ``trainer.train(...)``'s ``TrainOutput``; an OOM becomes :class:`TrainingOutOfMemory`.
 
@@ -324,10 +396,18 @@ def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dic
     notebook's kernel gets its memory back; its message is the report, not a traceback.
     """
     tracker = PhaseTracker().install(trainer)
+    if not any(isinstance(c, NaNGuard) for c in trainer.callback_handler.callbacks):
+        trainer.add_callback(NaNGuard())
     report = None
     try:
         return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     except BaseException as error:
+        if isinstance(error, RuntimeError) and _NAN_SAMPLING in str(error):
+            # NaN logits reached torch.multinomial: say what to change instead of a sampling traceback.
+            raise NonFiniteTraining(non_finite_advice(
+                "generation (sampling met NaN/inf probabilities: the logits were NaN)",
+                precision=_trainer_precision(trainer.args), step=tracker.step,
+                checkpoint=last_checkpoint(trainer.args.output_dir))) from None
         if not is_oom(error):
             raise
         output_dir = trainer.args.output_dir

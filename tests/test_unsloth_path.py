@@ -236,8 +236,36 @@ def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch):
     assert load["load_in_4bit"] is False and load["use_exact_model_name"] is True
     assert str(load["dtype"]) == "torch.float32"  # the trainer's precision on a CPU
     assert peft["r"] == preset.lora_rank and peft["lora_alpha"] == 2 * preset.lora_rank
-    assert peft["target_modules"] == list(preset.target_modules) and peft["lora_dropout"] == 0.0
+    # Both arms on all seven projections, where Unsloth's fused QKV and MLP kernels apply (not the recipe's five)
+    assert peft["target_modules"] == list(up.COMPARISON_TARGETS) and peft["lora_dropout"] == 0.0
+    assert {"gate_proj", "up_proj", "down_proj", "q_proj", "k_proj", "v_proj"} <= set(peft["target_modules"])
+    assert record["target_modules"] == ",".join(up.COMPARISON_TARGETS)
     assert peft["use_gradient_checkpointing"] == "unsloth"
     assert inference == "for_inference"
     assert record["backend"] == "unsloth" and record["unsloth"] == "0+fake" and record["steps_done"] == 2
     assert record["lora_dropout"] == 0.0 and record["eval_n"] == 4
+
+
+def test_caps_declared_under_an_extra_are_conflicts_too():
+    """Unsloth puts its trl / transformers / datasets caps under an extra: skipping extras found nothing."""
+    from labkit.unsloth_path import requirement_conflicts
+
+    requirements = [
+        "unsloth_zoo>=2026.10.1",
+        "torch>=2.4.0",
+        'trl!=0.19.0,<=1.15.0,>=0.18.2; extra == "huggingface"',
+        'transformers<=5.17.0,>=4.52.4; extra == "huggingface"',
+        'datasets<5.0.0,>=3.4.1; extra == "huggingface"',
+        'unsloth[huggingface]; extra == "colab"',
+        'torch==2.4.0; extra == "cu121-torch240"',  # an install variant nobody asked for: not checked
+        'triton>=3.0.0; "linux" in sys_platform and extra == "huggingface"',
+    ]
+    main = {"trl": "1.16.0", "transformers": "5.23.0", "datasets": "5.2.0", "torch": "2.13.0"}
+    clashes = " ".join(requirement_conflicts(requirements, main))
+    assert "trl 1.16.0" in clashes and "transformers 5.23.0" in clashes and "datasets 5.2.0" in clashes
+    assert "torch" not in clashes
+    assert requirement_conflicts(requirements, {"trl": "1.15.0", "transformers": "5.17.0", "datasets": "4.3.0",
+                                                "torch": "2.13.0"}) == []
+    # extras pulled in through unsloth[...]: asking for "colab" brings "huggingface"'s caps
+    assert requirement_conflicts(requirements, main, extras=("colab",)) != []
+    assert requirement_conflicts(requirements, main, extras=()) == []  # the old behaviour, for contrast

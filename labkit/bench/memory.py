@@ -60,7 +60,7 @@ def measure_grpo(spec: dict) -> dict:
 
     from labkit.dashboard import process_rss
     from labkit.device import detect_device
-    from labkit.models import load_policy
+    from labkit.models import load_policy, match_adapter_dtype
     from labkit.training import build_trainer, grpo_config
 
     device = detect_device(spec["device"])
@@ -102,6 +102,7 @@ def measure_grpo(spec: dict) -> dict:
                                        lora_rank=spec["lora_rank"],
                                        gradient_checkpointing=spec["gradient_checkpointing"])
         trainer = build_trainer(model, [random_reward], dataset, args, tokenizer=tokenizer)
+        match_adapter_dtype(trainer.model, spec["precision"])  # TRL's bf16 adapters break fp16's grad scaler
         # Loading reads the weights through a memory map, which counts twice for a moment; the peak
         # that matters is the training step's, with the weights resident.
         import gc
@@ -120,6 +121,17 @@ def measure_grpo(spec: dict) -> dict:
         peak, measure = peak_rss_bytes() - baseline, "CPU: peak RSS during training minus RSS before loading"
     return dict(status=status, error=error, peak=peak, measure=measure, seconds_per_step=seconds,
                 device=str(device), device_kind=device.kind, **measured_states)
+
+
+def card_busy_gib(index: int = 0) -> float | None:
+    """Return the GiB other processes hold on CUDA device ``index`` (NVML, every process), or None without NVML.
+
+    Read through NVML, which opens no CUDA context: the parent process of the benchmark stays off the card.
+    """
+    from labkit.monitor import _nvml
+
+    found = _nvml.memory(index)
+    return None if found is None else found[0] / GIB
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="CSV to append to (default results/memory.csv)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
     parser.add_argument("--dry-run", action="store_true", help="print the configurations and predictions only")
+    parser.add_argument("--max-busy-gib", type=float, default=1.0,
+                        help="refuse to measure when other processes hold more than this on the card (NVML)")
     args = parser.parse_args(argv)
 
     # The parent never touches CUDA (a CUDA context here would take GPU memory from the measured
@@ -180,8 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     cap = args.cap_gib
     if args.memory_fraction and device.kind == "cuda":
         cap = args.memory_fraction * device.total_memory_gib
-    if (cap or args.memory_fraction) and on_cpu:
+    if (cap or args.memory_fraction) and on_cpu and not args.dry_run:  # a dry run plans a GPU's grid from anywhere
         print("error: --cap-gib / --memory-fraction limit GPU memory; there is no CUDA GPU here", file=sys.stderr)
+        return 2
+    busy = card_busy_gib() if device.kind == "cuda" and not args.dry_run else None
+    if busy is not None and busy > args.max_busy_gib:
+        print(f"error: the card already holds {busy:.1f} GiB (another process, or a notebook kernel that still keeps a "
+              f"model): measured peaks would be wrong. Free it (del model; gc.collect(); torch.cuda.empty_cache()) "
+              f"or raise --max-busy-gib (now {args.max_busy_gib:g}).", file=sys.stderr)
         return 2
     if args.steps < 2:
         print("error: --steps must be at least 2: AdamW creates its states in the first step", file=sys.stderr)

@@ -15,7 +15,7 @@ from labkit.presets import PRESETS, Preset, get_preset, resolve_model
 from labkit.run import build_run
 from labkit.training import LogRecorder
 
-__all__ = ["main", "bench_preset"]
+__all__ = ["main", "bench_preset", "card_cap_fraction"]
 
 
 def _random_weights_model(preset: Preset, folder: Path, precision: str) -> str:
@@ -57,14 +57,31 @@ def _fixed_length_prompts(tokenizer, n: int, length: int):
     return Dataset.from_dict({"prompt": prompts, "answer": answers})
 
 
-def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None = 16.0, min_spare_gib: float = 1.0,
+def card_cap_fraction(cap_gib: float, total_bytes: int) -> float:
+    """Return the fraction of a card's memory that ``cap_gib`` is (for ``set_per_process_memory_fraction``).
+
+    GiB as PyTorch reports them: a "16 GB" card reports 15.7-15.99 GiB and a T4 14.75 GiB, so a cap
+    above what the card reports is refused with the card's own figure (presets' ``card_gib`` is
+    already given that way).
+    """
+    total_gib = total_bytes / GIB
+    if cap_gib <= 0:
+        raise ValueError(f"cap_gib must be positive, not {cap_gib}")
+    if cap_gib > total_gib:
+        raise ValueError(f"cap_gib={cap_gib:g} is more than this card's {total_gib:.2f} GiB (as PyTorch reports it): "
+                         f"leave --cap-gib out (the preset's card_gib) or set --cap-gib {math.floor(total_gib * 100) / 100:g}")
+    return cap_gib * GIB / total_bytes
+
+
+def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None = None, min_spare_gib: float = 1.0,
                  device=None, workdir: str | os.PathLike | None = None) -> dict:
     """Return the figures of ``steps`` GRPO steps of ``preset`` on its architecture with random weights.
 
     Worst case on purpose: every prompt is exactly ``max_prompt_length`` tokens and every
     completion runs to ``max_completion_length`` (``min_new_tokens`` forbids an early stop).
-    On CUDA the process is capped at ``cap_gib`` (``torch.cuda.set_per_process_memory_fraction``)
-    and the record says whether the peak reserved memory left ``min_spare_gib`` to spare.
+    On CUDA the process is capped at ``cap_gib`` (``torch.cuda.set_per_process_memory_fraction``;
+    default: the preset's ``card_gib``, the memory its card reports to PyTorch) and the record says
+    whether the peak reserved memory left ``min_spare_gib`` to spare.
     Seconds per step and tokens per second leave out the first step (warm-up). On a CPU the
     memory figures are None: this is a smoke test of the command, not a measurement.
     """
@@ -78,16 +95,22 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
     device = device or detect_device()
     precision = preset.precision or choose_precision(device)
     cuda = device.kind == "cuda"
-    if cuda and cap_gib is not None:
+    cap_note = None
+    if cuda and (cap_gib is not None or preset.card_gib is not None):
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        if cap_gib * GIB > total:
-            raise ValueError(f"cap_gib={cap_gib} is more than this card's {total / GIB:.1f} GiB")
-        torch.cuda.set_per_process_memory_fraction(cap_gib * GIB / total)
+        if cap_gib is None:  # the preset's card; a card that reports a little less is that card
+            cap_gib = preset.card_gib
+            if cap_gib * GIB > total:
+                cap_gib = math.floor(total / GIB * 1000) / 1000
+                cap_note = f"capped at the card's own {cap_gib:g} GiB (the preset's card_gib is {preset.card_gib:g})"
+        torch.cuda.set_per_process_memory_fraction(card_cap_fraction(cap_gib, total))
     record = {"preset": preset.name, "model": preset.model, "method": preset.method, "precision": precision,
               "steps": steps, "cap_gib": cap_gib if cuda else None, "min_spare_gib": min_spare_gib,
               "weights": "random (labkit.models.build_architecture)" if not preset.model.startswith("tiny:") else "tiny",
               "prompt_tokens": preset.max_prompt_length, "completion_tokens": preset.max_completion_length,
               "settings": preset.to_dict()}
+    if cap_note:
+        record["cap_note"] = cap_note
     recorder = LogRecorder(("num_tokens", "completions/mean_length"))
 
     owned = workdir is None
@@ -158,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     parser.add_argument("--model", help="another catalogue architecture (default: the preset's)")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--cap-gib", type=float, default=16.0, help="per-process GPU memory cap (CUDA only)")
+    parser.add_argument("--cap-gib", type=float, default=None,
+                        help="per-process GPU memory cap in GiB as PyTorch reports them (CUDA only; default: the "
+                             "preset's card_gib, e.g. 15.7 for a 16 GB card, 14.75 for a T4)")
     parser.add_argument("--min-spare-gib", type=float, default=1.0)
     parser.add_argument("--results", default="results", help="results folder")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

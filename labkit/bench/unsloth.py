@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit bench unsloth", description=main.__doc__)
     parser.add_argument("--preset", default="colab-t4", help="a labkit.presets name (default colab-t4)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="preset overrides for BOTH backends; method is qlora (4-bit weights) unless set")
+                        help="preset overrides for BOTH backends; method is qlora (4-bit weights) and LoRA targets "
+                             "are all seven projections (Unsloth's fused kernels need them) unless set")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--eval-limit", type=int, default=200, help="GSM8K test questions to score after training")
@@ -114,9 +115,12 @@ def _arm_cli(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.backend == "unsloth":
         import unsloth  # noqa: F401  (first thing in the process: it patches transformers and TRL as it loads)
-    preset = get_preset(args.preset, **parse_pairs("--set", args.set))
+    pairs = parse_pairs("--set", args.set)
+    preset = get_preset(args.preset, **pairs)
+    # Both arms on all seven projections (COMPARISON_TARGETS) unless --set target_modules=... says otherwise.
     record = comparison_run(preset, args.backend, steps=args.steps, eval_limit=args.eval_limit,
-                            fast_inference=args.fast_inference)
+                            fast_inference=args.fast_inference,
+                            target_modules=None if "target_modules" in pairs else "all")
     Path(args.out).write_text(json.dumps(record, indent=2, default=str) + "\n")
     return 0
 
