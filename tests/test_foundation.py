@@ -88,9 +88,14 @@ def test_lora_policy_trains_only_adapters(tiny_model_path):
     assert trainable and all("lora_" in n for n in trainable)
 
 
-def test_qlora_without_cuda_says_what_to_do(tiny_model_path):
+def test_qlora_where_bitsandbytes_cannot_run_says_what_to_do(tiny_model_path, monkeypatch):
+    # bitsandbytes 0.50 runs 4-bit weights on CUDA and on the CPU (tests/test_realmode.py), not on Apple's MPS.
+    import labkit.device
+
+    mps = labkit.device.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
+    monkeypatch.setattr(labkit.device, "detect_device", lambda prefer=None: mps)
     with pytest.raises(RuntimeError, match="method='lora'"):
-        load_policy(tiny_model_path, "qlora")
+        load_policy(tiny_model_path, "qlora", precision="fp32")
 
 
 def test_unknown_method_is_refused(tiny_model_path):
