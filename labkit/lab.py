@@ -142,11 +142,15 @@ def quiet_library_noise() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # bitsandbytes (imported by TRL and PEFT) logs at import time, on CPUs with AVX512-BF16, "Failed to
     # load CPU gemm_4bit_forward from kernels-community ... pip install kernels": an optional kernel for
-    # 4-bit matrix products on a CPU, which the lab never runs (QLoRA needs a GPU). Installing it is pointless.
+    # 4-bit matrix products on a CPU, an optional speed-up the lab's small CPU runs do not need. Installing it is pointless.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     # transformers 5 deprecated `model.is_gradient_checkpointing`, which TRL and PEFT still read; the
     # FutureWarning points at a line in site-packages, not at anything the learner wrote or can change.
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # The same rename, for the enable/disable calls TRL 1.16 makes when it builds a trainer on a model with
+    # gradient checkpointing (notebook 06's comparison run): again TRL's call, not the learner's.
+    warnings.filterwarnings("ignore", message=r"`gradient_checkpointing_(enable|disable)` is deprecated",
+                            category=FutureWarning)
     from transformers.utils import logging as transformers_logging
 
     # transformers' "Loading weights" / "Writing model shards" bars: the lab loads and saves small models
