@@ -27,3 +27,10 @@ def tiny_model_path():
     from labkit.models import build_tiny_model
 
     return build_tiny_model("qwen2")
+
+
+@pytest.fixture()
+def isolated_cache(tmp_path, monkeypatch):
+    """A fresh labkit cache (LABKIT_CACHE) for one test: warm-ups and models are built anew inside tmp_path."""
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path

@@ -18,12 +18,6 @@ TINY = dict(sft_steps=2, sft_batch_size=8, max_steps=2, num_prompts=2, num_gener
             eval_samples=2, eval_every=0)
 
 
-@pytest.fixture()
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 # ----------------------------------------------------------------------------- the task
 
 

@@ -161,7 +161,6 @@ def test_nan_guard_tolerates_the_fp16_scalers_first_overflows_but_not_a_run_of_t
 
 def test_nan_logits_during_generation_stop_the_first_step_with_what_to_change(tmp_path):
     """Simulated overflow: the LM head returns NaN, so sampling meets NaN probabilities at step 1."""
-    import torch
 
     from labkit.oom import NonFiniteTraining
     from labkit.presets import get_preset

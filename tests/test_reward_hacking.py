@@ -13,12 +13,6 @@ TINY = dict(sft_steps=2, sft_batch_size=8, max_steps=2, num_prompts=2, num_gener
             eval_samples=2, eval_every=0)
 
 
-@pytest.fixture()
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
-    return tmp_path
-
-
 @pytest.mark.parametrize("a,b", [(47, 38), (99, 99), (19, 91), (11, 19), (95, 15)])
 def test_short_working_reward_pays_the_forgotten_carry_and_not_the_right_answer(a, b):
     right, slip = worked_solution(a, b), worked_solution(a, b, forget_carry=True)
