@@ -258,13 +258,15 @@ def card_device(preset: Preset | str):
 
     What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
     card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
-    Presets without a named card get an Ampere (bf16) card of ``card_gib``.
+    Presets without a named card get an Ampere (bf16) card of ``card_gib``. A ``card_gib`` that
+    is not a positive number gives None: :func:`validate` then refuses it, saying what to set.
     """
     from labkit.device import DeviceInfo
 
     preset = get_preset(preset)
-    if preset.card_gib is None:
-        return None
+    gib = preset.card_gib
+    if gib is None or isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+        return None  # a CPU preset, or a card_gib that validate() refuses with a clear message
     name, capability = _CARDS.get(preset.name, (f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)))
     return DeviceInfo("cuda", name, preset.card_gib, capability, bf16=capability >= (8, 0), fp16=True)
 
@@ -384,12 +386,13 @@ def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
     return []
 
 
-def _error_message(p: Preset, device, errors: list[str]) -> str:
-    """Return one line for one error, a list for several."""
+def _error_message(p: Preset, device, errors: list[str], *, about_device: bool = True) -> str:
+    """Return one line for one error, a list for several (a bad value is not the device's fault)."""
+    head = f"preset {p.name!r} cannot run on {device}" if about_device else f"preset {p.name!r} has a value it cannot use"
     if len(errors) == 1:
-        return f"preset {p.name!r} cannot run on {device}: {errors[0]}"
+        return f"{head}: {errors[0]}"
     lines = "\n".join(f"- {e}" for e in errors)
-    return f"preset {p.name!r} cannot run on {device}:\n{lines}"
+    return f"{head}:\n{lines}"
 
 
 def _under_fsdp() -> bool:
@@ -424,7 +427,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
 
     field_errors = _field_errors(p)
     if field_errors:  # wrong types or ranges: the checks below would trip over them
-        raise PresetError(_error_message(p, device, field_errors))
+        raise PresetError(_error_message(p, device, field_errors, about_device=False))
     try:
         check_method(p.method)
     except ValueError as exc:

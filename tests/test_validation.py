@@ -112,6 +112,15 @@ _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"],
                  "top_p": ["0.9", "1"], "scale_rewards": ["none", "batch"], "mask_truncated_completions": ["true"]}
 
 
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "nan"])
+def test_a_bad_card_size_on_a_gpu_preset_is_a_value_error_not_a_crash(capsys, value):
+    # Found by the property below (CI, stop 20): the dry run planned for the preset's card before checking card_gib.
+    code = train_cli(["--preset", "laptop-16gb", "--dry-run", "--set", f"card_gib={value}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "card_gib must be a number greater than 0" in err and "has a value it cannot use" in err
+
+
 def test_every_preset_field_and_trl_range_is_covered_by_the_property():
     from labkit.presets import Preset
 
