@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.objective import frac_reward_zero_std, group_advantages, grpo_loss, per_token_logps
+from labkit.objective import frac_reward_zero_std, group_advantages, grpo_loss, per_token_logps, token_entropy
 from labkit.rewards import accuracy_reward, format_reward, score_completions, weighted_sum
 from labkit.tasks import AdditionTask, carries
 
@@ -315,25 +315,30 @@ class Rollout:
     completion_ids: torch.Tensor  # (B, T) right-padded completions
     completion_mask: torch.Tensor  # (B, T) 1 up to and including the first EOS
     completions: list[str] = field(default_factory=list)  # B decoded texts
+    entropy: float | None = None  # mean entropy (nats) of the sampling distribution over completion tokens
 
 
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: list[list[dict]], num_generations: int, *,
-                       temperature: float = 1.0, max_completion_length: int = 24, greedy: bool = False) -> Rollout:
+                       temperature: float = 1.0, max_completion_length: int = 24, greedy: bool = False,
+                       entropy: bool = False) -> Rollout:
     """Return a :class:`Rollout`: ``num_generations`` completions of each conversational prompt.
 
     Plain sampling at ``temperature`` (no top-k, no top-p: TRL's defaults), or greedy. ``B``
     is ``len(prompts) * num_generations``. The completion mask keeps the tokens up to and
-    including the first EOS, as TRL's does.
+    including the first EOS, as TRL's does. ``entropy=True`` also records the mean entropy of
+    the distributions the tokens were sampled from (TRL's ``entropy`` metric), from the logits
+    ``generate`` already computed: no extra forward pass.
     """
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     encoded = tokenizer(texts, return_tensors="pt", padding=True).to(model.device)  # left padding
     was_training = model.training
     model.eval()
     options = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    sequences = model.generate(**encoded, max_new_tokens=max_completion_length, num_return_sequences=num_generations,
-                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                               **options)  # (B, P + T)
+    out = model.generate(**encoded, max_new_tokens=max_completion_length, num_return_sequences=num_generations,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         return_dict_in_generate=True, output_logits=entropy, **options)
+    sequences = out.sequences  # (B, P + T)
     model.train(was_training)
     prompt_length = encoded["input_ids"].size(1)
     completion_ids = sequences[:, prompt_length:]  # (B, T)
@@ -341,12 +346,18 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], num_generati
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.size(1))  # (B,)
     positions = torch.arange(completion_ids.size(1), device=completion_ids.device).unsqueeze(0)  # (1, T)
     completion_mask = (positions <= first_eos.unsqueeze(1)).long()  # (B, T)
+    mean_entropy = None
+    if entropy:
+        logits = torch.stack(out.logits, 1) / temperature  # (B, T, V) the distributions sampled from
+        per_token = token_entropy(logits)  # (B, T)
+        mean_entropy = ((per_token * completion_mask).sum() / completion_mask.sum().clamp(min=1)).item()
     return Rollout(
         prompt_ids=encoded["input_ids"].repeat_interleave(num_generations, 0),  # (B, P)
         prompt_mask=encoded["attention_mask"].repeat_interleave(num_generations, 0),  # (B, P)
         completion_ids=completion_ids,
         completion_mask=completion_mask,
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
+        entropy=mean_entropy,
     )
 
 
@@ -434,7 +445,7 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
         answers = [task.answer(a, b) for a, b in pairs for _ in range(G)]  # (B,) one per completion
         # 2. Sample with the current policy (no gradient).
         rollout = sample_completions(model, tokenizer, prompts, G, temperature=config.temperature,
-                                     max_completion_length=config.max_completion_length)
+                                     max_completion_length=config.max_completion_length, entropy=True)
         # 3. Score every completion; 4. compare it with its group.
         rewards, per_function = calculate_rewards(rollout.completions, answers, reward_funcs, reward_weights)  # (B,)
         advantages = group_advantages(rewards, G).to(model.device)  # (B,) zero mean within each group
@@ -463,6 +474,7 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
             **{f"rewards/{name}/mean": sum(r for r in rs if r is not None) / len(rs)
                for name, rs in per_function.items()},
             "completions/mean_length": lengths.mean().item(),
+            "entropy": rollout.entropy,
             "carry_rate": sum(map(carries, rollout.completions)) / len(rollout.completions),
             **_mean_metrics(passes),
             "step_time": time.perf_counter() - started,

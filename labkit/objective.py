@@ -27,6 +27,7 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "SCALES",
     "group_advantages",
+    "token_entropy",
     "frac_reward_zero_std",
     "kl_k1",
     "kl_k2",
@@ -374,6 +375,19 @@ def token_logps_from_logits(logits: torch.Tensor, target_ids: torch.Tensor) -> t
     logits = logits.float()
     picked = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)  # (...)
     return picked - torch.logsumexp(logits, dim=-1)  # (...)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Return the entropy, in nats, of each position's next-token distribution ``softmax(logits)``.
+
+    ``logits`` is ``(..., V)``; the result is ``(...)`` in float32:
+    :math:`H = -\\sum_v p_v \\log p_v`. 0 means the policy is certain of its next token; a policy
+    whose entropy collapses early stops exploring, its groups stop differing and GRPO's
+    advantages go to zero. TRL logs the masked mean over completion tokens as ``entropy``
+    (``trl.trainer.utils.entropy_from_logits``).
+    """
+    logps = torch.log_softmax(logits.float(), dim=-1)  # (..., V)
+    return -(logps.exp() * logps).sum(-1)  # (...)
 
 
 def _head_logps(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target_ids: torch.Tensor,

@@ -107,6 +107,24 @@ def test_sampled_rollout_masks_after_the_first_eos(tiny_model_path):
         assert mask[:kept].all() and not mask[kept:].any()
 
 
+def test_rollout_entropy_is_the_entropy_a_forward_pass_gives(tiny_model_path):
+    from labkit.models import load_policy
+    from labkit.objective import token_entropy
+
+    model, tokenizer = load_policy(tiny_model_path, "full")
+    torch.manual_seed(0)
+    rollout = sample_completions(model, tokenizer, [AdditionTask.prompt(47, 38)] * 2, 3, max_completion_length=12,
+                                 temperature=0.7, entropy=True)
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+    mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
+    T = rollout.completion_ids.size(1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1] / 0.7  # (B, T, V)
+    expected = (token_entropy(logits) * rollout.completion_mask).sum() / rollout.completion_mask.sum()
+    assert rollout.entropy == pytest.approx(expected.item(), rel=1e-3) and rollout.entropy > 0
+    assert sample_completions(model, tokenizer, [AdditionTask.prompt(1, 2)], 2, max_completion_length=4).entropy is None
+
+
 def test_one_update_makes_right_answers_more_likely(tiny_model_path):
     """The step's direction: one update widens the log-probability margin of right over wrong completions."""
     from labkit.models import load_policy
@@ -154,7 +172,8 @@ def test_nano_grpo_updates_only_with_a_learning_rate(isolated_cache):
                                    callback=lambda step, metrics: seen.append(step))
         assert len(history) == config.max_steps and evals == [] and seen == [1, 2]
         assert {"loss", "reward", "frac_reward_zero_std", "rewards/digit_share/mean", "carry_rate",
-                "clip_ratio/region_mean", "completions/mean_length"} <= set(history[0])
+                "clip_ratio/region_mean", "completions/mean_length", "entropy"} <= set(history[0])
+        assert all(0 < row["entropy"] < 20 for row in history)  # nats: logged every step (the dashboard's panel)
         assert history[0]["frac_reward_zero_std"] < 1  # the batch has signal
         same = all(torch.equal(start[k], v) for k, v in model.state_dict().items())
         assert same == (lr == 0.0)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from labkit.objective import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, frac_reward_zero_std,
                               group_advantages, grpo_loss, kl_k1, kl_k2, kl_k3, per_token_logps,
-                              token_logps_from_hidden)
+                              token_entropy, token_logps_from_hidden)
 
 FAST = settings(max_examples=60, deadline=None)
 TRL_METRICS = ("clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max",
@@ -448,3 +448,16 @@ def test_per_token_logps_equal_trl(tmp_path_factory, tiny_model_path):
             ours = per_token_logps(model, input_ids, attention_mask, 6, temperature=0.9, chunk_size=chunk_size)
             torch.testing.assert_close(ours, trl_logps, rtol=0, atol=1e-5)
     assert not math.isclose(trainer.temperature, 1.0)
+
+
+def test_token_entropy_by_hand_and_equal_to_trl():
+    from trl.trainer.utils import entropy_from_logits
+
+    vocab = 50
+    assert token_entropy(torch.zeros(3, vocab)).allclose(torch.full((3,), math.log(vocab)))  # uniform: log V
+    certain = torch.full((vocab,), -1e4)
+    certain[7] = 0.0
+    assert token_entropy(certain).item() == pytest.approx(0.0, abs=1e-6)
+    logits = torch.randn(2, 5, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    assert token_entropy(logits).shape == (2, 5)
+    assert torch.allclose(token_entropy(logits), entropy_from_logits(logits), atol=1e-5)
