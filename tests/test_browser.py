@@ -410,5 +410,20 @@ def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
             if os.environ.get("LABKIT_SCREENSHOTS"):
                 shutil.copy(artifacts / "estimator.png", REPO / os.environ["LABKIT_SCREENSHOTS"] / "estimator.png")
             assert "Error displaying widget" not in page.content()
+
+            # save, stop the kernel, reopen: the last picture stays (a plain image, not a widget);
+            # the controls need a kernel again, and come back when the cell runs
+            after = cell.locator(".jp-OutputArea-output img").get_attribute("src")
+            page.keyboard.press("Control+s")
+            saved = _wait_saved({**jupyterlab, "notebook": "estimator.ipynb"}, 2)
+            estimator_cell = next(c for c in saved["cells"] if "explore(" in "".join(c["source"]))
+            pictures = [o for o in estimator_cell["outputs"] if "image/png" in o.get("data", {})]
+            assert len(pictures) == 1, estimator_cell["outputs"]
+            _shutdown_kernels(jupyterlab)
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector(".jp-Notebook .jp-Cell .jp-OutputArea-output img", timeout=45_000)
+            reopened = page.locator(".jp-Cell").nth(3).locator(".jp-OutputArea-output img")
+            assert reopened.count() == 1 and reopened.evaluate("img => img.naturalWidth") > 300
+            assert reopened.get_attribute("src") == after  # the picture the learner made, not the first one
         finally:
             browser.close()
