@@ -400,6 +400,16 @@ def _under_fsdp() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
 
+def _pure_bf16_warning(learning_rate: float) -> str:
+    # bf16 keeps 8 significant bits: an update smaller than half a step between neighbouring bf16
+    # numbers, |w| x 2**-9, rounds away. AdamW moves a weight by about the learning rate.
+    frozen_above = learning_rate * 2 ** 9
+    return (f"method='full' in bf16 loads the weights in bf16 (as Open-R1's recipes do): an AdamW step of about "
+            f"learning_rate ({learning_rate:g}) rounds away on every weight larger than {frozen_above:.2g} in "
+            "magnitude, most of a model's weights (notebook 05, section 11). Set precision='fp32' for fp32 master "
+            "weights (more memory), or use method='lora', whose adapters train in fp32.")
+
+
 def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
@@ -470,9 +480,12 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
         )
 
     try:
-        precision_flags(device, p.precision)
+        flags = precision_flags(device, p.precision)
     except ValueError as exc:
         errors.append(f"{exc} (preset field: precision)")
+    else:
+        if p.method == "full" and flags["bf16"] and p.learning_rate > 0:
+            warnings.append(_pure_bf16_warning(p.learning_rate))
     if device.kind == "mps" and (p.method == "qlora" or p.optim in EIGHT_BIT_OPTIMS):
         # bitsandbytes 0.50 runs its 4-bit weights and 8-bit optimisers on CUDA and on the CPU, not on MPS.
         what = "QLoRA's 4-bit weights" if p.method == "qlora" else f"optim={p.optim!r} (8-bit)"

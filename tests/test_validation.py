@@ -6,6 +6,7 @@ folder; a damaged checkpoint is skipped for the newest intact one; the demo and 
 their inputs the same way.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -352,3 +353,22 @@ def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypat
     assert code == 130 and "Traceback" not in err
     assert "interrupted" in err and "checkpoint-2" in err
     assert not (tmp_path / "labkit.lock").exists()  # the lock went with it
+
+
+@pytest.mark.parametrize("learning_rate", [1e-6, 2e-5, 1e-4])
+def test_full_fine_tuning_in_pure_bf16_warns_where_updates_round_away(learning_rate):
+    import torch
+
+    ampere = dev.DeviceInfo("cuda", "RTX 3080 Laptop", 15.7, (8, 6), bf16=True, fp16=True)
+    full = get_preset("laptop-16gb", method="full", learning_rate=learning_rate)
+    warning = next(w for w in validate(full, ampere) if "rounds away" in w)
+    bound = float(warning.split("larger than ")[1].split(" ")[0])
+    # the stated bound is true: above it, adding the learning rate to a bf16 weight changes nothing
+    weights = torch.logspace(math.log10(bound), 0, 400, dtype=torch.float64).to(torch.bfloat16)
+    weights = weights[weights.double() > bound]
+    assert len(weights) > 300 and torch.equal(weights + learning_rate, weights)
+    # and it is not vacuous: somewhat below it, some updates survive
+    small = torch.tensor([bound / 8], dtype=torch.bfloat16)
+    assert not torch.equal(small + learning_rate, small)
+    assert not any("rounds away" in w for w in validate(full.replace(precision="fp32"), ampere))
+    assert not any("rounds away" in w for w in validate(get_preset("laptop-16gb"), ampere))  # LoRA: fp32 adapters
