@@ -84,9 +84,14 @@ def check_notebook(path: str | Path) -> list[str]:
         if cell.get("execution_count") is not None:
             problems.append(f"cell {i} has an execution count (strip outputs)")
         try:
-            ast.parse(code_source(_source(cell)))
+            tree = ast.parse(code_source(_source(cell)))
         except SyntaxError as exc:
             problems.append(f"cell {i} does not parse: {exc.msg} (line {exc.lineno})")
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("../"):
+                problems.append(f"cell {i} uses the path {node.value!r}, relative to the working directory, which is "
+                                "not the notebooks folder on Colab: use labkit.lab.results_dir() or data_dir()")
 
     title = cells[0]
     if title.get("cell_type") != "markdown" or not _source(title).lstrip().startswith("# "):

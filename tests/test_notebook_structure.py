@@ -73,6 +73,14 @@ def test_bad_name_missing_badge_parameters_and_install_guard(tmp_path):
     assert any("install cell" in p for p in problems)
 
 
+def test_a_path_relative_to_the_working_directory_is_caught(tmp_path):
+    nb = _good_notebook()
+    nb["cells"][3]["source"] = 'import json\nfrom pathlib import Path\nrows = json.loads(Path("../results/x.json").read_text())\n'
+    assert any("'../results/x.json'" in p and "results_dir()" in p for p in check_notebook(_write(tmp_path, nb)))
+    nb["cells"][3]["source"] = "# a comment about ../results is fine\nlink = 'see the README'\n"
+    assert check_notebook(_write(tmp_path, nb)) == []
+
+
 def test_badge_helper_matches_the_checker(tmp_path):
     nb = _good_notebook()
     nb["cells"][0]["source"] = "# Title\n\n" + colab_badge("00_setup.ipynb")
