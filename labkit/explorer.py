@@ -70,7 +70,12 @@ def explore(draw: Callable, controls: dict, *, dpi: int = 90) -> Explorer:
         raise ValueError(f"controls {unlabelled} have no description: give each a description=... with its unit, "
                          "so the learner knows what it sets")
     explorer = Explorer(draw, controls, dpi)  # draws once before anything shows: a bad draw fails here
-    display(widgets.VBox(list(controls.values())))
+    box = widgets.VBox(list(controls.values()))
+    bundle = box._repr_mimebundle_()
+    # What a saved notebook shows where no kernel is running (a reopened notebook, GitHub): a sentence, not a repr.
+    names = ", ".join(str(control.description) for control in controls.values())
+    bundle["text/plain"] = f"[controls: {names}. They need a running kernel: run this cell to use them.]"
+    display(bundle, raw=True)
     explorer.handle = display(Image(explorer.png), display_id=True)
     for control in controls.values():
         control.observe(explorer.redraw, names="value")

@@ -48,3 +48,13 @@ def test_unlabelled_controls_and_a_broken_draw_are_refused_before_anything_shows
     with pytest.raises(TypeError):  # draw() does not take 'width': fails on the first drawing
         explore(_draw, {"width": widgets.IntSlider(value=2, description="width")})
     assert "VBox" not in capsys.readouterr().out  # nothing was displayed
+
+
+def test_the_saved_controls_say_what_they_are_without_a_kernel(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append((obj, kw)))
+    explore(_draw, {"height": widgets.IntSlider(value=2, description="height (units)")})
+    bundle, options = shown[0]
+    assert options == {"raw": True} and "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["text/plain"] == "[controls: height (units). They need a running kernel: run this cell to use them.]"
+    assert type(shown[1][0]).__name__ == "Image" and shown[1][1] == {"display_id": True}  # then the picture
