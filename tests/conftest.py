@@ -34,3 +34,10 @@ def isolated_cache(tmp_path, monkeypatch):
     """A fresh labkit cache (LABKIT_CACHE) for one test: warm-ups and models are built anew inside tmp_path."""
     monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
     return tmp_path
+
+
+@pytest.fixture()
+def tiny_nano() -> dict:
+    """NanoConfig settings for a nano run of seconds: 2 warm-up steps, 2 GRPO steps of 2 prompts x 4, 4 held-out problems."""
+    return dict(sft_steps=2, sft_batch_size=8, max_steps=2, num_prompts=2, num_generations=4, eval_problems=4,
+                eval_samples=2, eval_every=0)

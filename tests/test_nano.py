@@ -14,10 +14,6 @@ from labkit.objective import group_advantages
 from labkit.rewards import accuracy_reward, format_reward
 from labkit.tasks import AdditionTask, carries, worked_solution
 
-TINY = dict(sft_steps=2, sft_batch_size=8, max_steps=2, num_prompts=2, num_generations=4, eval_problems=4,
-            eval_samples=2, eval_every=0)
-
-
 # ----------------------------------------------------------------------------- the task
 
 
@@ -159,11 +155,11 @@ def digit_share(completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
 
-def test_nano_grpo_updates_only_with_a_learning_rate(isolated_cache):
+def test_nano_grpo_updates_only_with_a_learning_rate(isolated_cache, tiny_nano):
     from labkit.nano import build_policy
 
     for lr in (0.0, 1e-3):
-        config = NanoConfig(**{**TINY, "learning_rate": lr})
+        config = NanoConfig(**{**tiny_nano, "learning_rate": lr})
         model, tokenizer = build_policy(config)
         start = copy.deepcopy(model.state_dict())
         seen = []
@@ -243,17 +239,17 @@ def test_first_step_loss_matches_trl(tiny_model_path, tmp_path, beta):
 # ----------------------------------------------------------------------------- whole runs
 
 
-def test_run_nano_grpo_with_lora_reports_trainable_parameters(isolated_cache):
-    result = run_nano_grpo({**TINY, "method": "lora", "lora_rank": 2}, progress=False)
+def test_run_nano_grpo_with_lora_reports_trainable_parameters(isolated_cache, tiny_nano):
+    result = run_nano_grpo({**tiny_nano, "method": "lora", "lora_rank": 2}, progress=False)
     assert 0 < result.parameters["trainable"] < result.parameters["total"]
-    assert len(result.curve("reward")) == TINY["max_steps"] and result.seconds_per_step > 0
+    assert len(result.curve("reward")) == tiny_nano["max_steps"] and result.seconds_per_step > 0
     assert 0.0 <= result.accuracy_before <= 1.0 and 0.0 <= result.accuracy_after <= 1.0
-    assert [e["step"] for e in result.evals] == [0, TINY["max_steps"]]
-    again = run_nano_grpo({**TINY, "method": "full"}, progress=False)  # reuses the cached warm-up
+    assert [e["step"] for e in result.evals] == [0, tiny_nano["max_steps"]]
+    again = run_nano_grpo({**tiny_nano, "method": "full"}, progress=False)  # reuses the cached warm-up
     assert again.warm_up_losses == result.warm_up_losses
     assert again.parameters["trainable"] == again.parameters["total"]
     with pytest.raises(ValueError):
-        run_nano_grpo({**TINY, "method": "qlora"}, progress=False)
+        run_nano_grpo({**tiny_nano, "method": "qlora"}, progress=False)
 
 
 def test_demo_cli_writes_summary_and_plot(isolated_cache):

@@ -9,10 +9,6 @@ from labkit.objective import group_advantages
 from labkit.rewards import accuracy_reward, check_reward_function
 from labkit.tasks import AdditionTask, short_working_reward, worked_solution
 
-TINY = dict(sft_steps=2, sft_batch_size=8, max_steps=2, num_prompts=2, num_generations=4, eval_problems=4,
-            eval_samples=2, eval_every=0)
-
-
 @pytest.mark.parametrize("a,b", [(47, 38), (99, 99), (19, 91), (11, 19), (95, 15)])
 def test_short_working_reward_pays_the_forgotten_carry_and_not_the_right_answer(a, b):
     right, slip = worked_solution(a, b), worked_solution(a, b, forget_carry=True)
@@ -26,11 +22,11 @@ def test_short_working_reward_passes_the_reward_checker():
     assert check_reward_function(short_working_reward, time_budget_ms=None).ok
 
 
-def test_reused_batch_moves_the_ratio_and_clips(isolated_cache):
+def test_reused_batch_moves_the_ratio_and_clips(isolated_cache, tiny_nano):
     """num_iterations > 1: AdamW steps on one batch against its sampling log-probs; the ratio leaves 1."""
     seen = {}
     for iterations in (1, 3):
-        config = NanoConfig(**{**TINY, "learning_rate": 3e-2, "num_iterations": iterations})
+        config = NanoConfig(**{**tiny_nano, "learning_rate": 3e-2, "num_iterations": iterations})
         torch.manual_seed(0)
         model, tokenizer = build_policy(config)
         digits = lambda completions, **kw: [sum(c.isdigit() for c in t) / max(1, len(t)) for t in completions]
@@ -43,7 +39,7 @@ def test_reused_batch_moves_the_ratio_and_clips(isolated_cache):
         assert row["ratio/max"] > 1.0 and {"clip_ratio/low_mean", "clip_ratio/high_mean"} <= set(row)
     assert max(row["clip_ratio/region_mean"] for row in seen[3]) > 0.0
     with pytest.raises(ValueError, match="num_iterations"):
-        nano_grpo(model, tokenizer, config.task(), NanoConfig(**{**TINY, "num_iterations": 0}), progress=False)
+        nano_grpo(model, tokenizer, config.task(), NanoConfig(**{**tiny_nano, "num_iterations": 0}), progress=False)
 
 
 def test_old_logps_of_the_current_policy_give_the_on_policy_loss(tiny_model_path):
