@@ -406,8 +406,8 @@ def _pure_bf16_warning(learning_rate: float) -> str:
     frozen_above = learning_rate * 2 ** 9
     return (f"method='full' in bf16 loads the weights in bf16 (as Open-R1's recipes do): an AdamW step of about "
             f"learning_rate ({learning_rate:g}) rounds away on every weight larger than {frozen_above:.2g} in "
-            "magnitude, most of a model's weights (notebook 05, section 11). Set precision='fp32' for fp32 master "
-            "weights (more memory), or use method='lora', whose adapters train in fp32.")
+            "magnitude, most of a model's weights (notebook 05, section 11). Set precision='fp32' (fp32 weights, "
+            "gradients and AdamW states: twice the memory, slower) or use method='lora', whose adapters train in fp32.")
 
 
 def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
