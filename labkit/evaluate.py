@@ -189,8 +189,8 @@ def before_after_table(before: EvalResult, after: EvalResult):
     for label, key in (("strict accuracy", "strict_accuracy"), ("lenient accuracy", "lenient_accuracy"),
                        ("format rate", "format_rate")):
         b, a = getattr(before, key), getattr(after, key)
-        rows.append({"metric": label, "before": round(b, 4), "after": round(a, 4), "change": round(a - b, 4),
-                     "± 95% (each)": round(max(ci95(b, before.n), ci95(a, after.n)), 4)})
+        rows.append({"metric": label, "before": round(b, 3), "after": round(a, 3), "change": round(a - b, 3),
+                     "± 95% (each)": round(max(ci95(b, before.n), ci95(a, after.n)), 3)})  # one format: 3 decimals
     table = pd.DataFrame(rows).set_index("metric")
     table.attrs["n"] = before.n
     return table
