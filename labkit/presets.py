@@ -258,15 +258,14 @@ def card_device(preset: Preset | str):
 
     What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
     card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
-    Presets without a named card get an Ampere (bf16) card of ``card_gib``. A ``card_gib`` that
-    is not a positive number gives None: :func:`validate` then refuses it, saying what to set.
+    Presets without a named card get an Ampere (bf16) card of ``card_gib``. A preset with a value
+    :func:`validate` refuses (``card_gib="abc"``) gives None: validate then says what to set.
     """
     from labkit.device import DeviceInfo
 
     preset = get_preset(preset)
-    gib = preset.card_gib
-    if gib is None or isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
-        return None  # a CPU preset, or a card_gib that validate() refuses with a clear message
+    if preset.card_gib is None or _field_errors(preset):
+        return None  # a CPU preset, or values (card_gib="abc") that validate() refuses with a clear message
     name, capability = _CARDS.get(preset.name, (f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)))
     return DeviceInfo("cuda", name, preset.card_gib, capability, bf16=capability >= (8, 0), fp16=True)
 

@@ -47,7 +47,8 @@ _NUMBER_FIELDS = {
     "lora_alpha": (_FLOAT, 0.0, 100_000.0, True),  # > 0
     "card_gib": (_FLOAT, 0.0, 100_000.0, True),  # > 0
 }
-_ZERO_ALLOWED = {"beta", "seed", "learning_rate"}  # learning_rate 0: a control run (validate warns)  # float fields where the lowest value itself is allowed
+# Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
+_ZERO_ALLOWED = {"beta", "seed", "learning_rate"}
 _STRING_FIELDS = ("name", "model", "method", "description", "optim", "task")
 TASKS = ("gsm8k", "word-problems")  # labkit.run.task_dataset knows these
 
