@@ -250,6 +250,19 @@ def _wait_for_output(page, marker: str, timeout_ms: int, on_poll=None) -> None:
     pytest.fail(f"no {marker!r} in the outputs after {timeout_ms / 1000:.0f} s; outputs:\n{_output_text(page)[-2000:]}")
 
 
+def _open_notebook(browser, url: str, viewport: dict):
+    """Open ``url`` in a new page (2x pixels), wait for the kernel to be idle, select the first cell in command mode."""
+    page = browser.new_page(viewport=viewport, device_scale_factor=2)
+    page.set_default_timeout(30_000)
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=45_000)
+    # the kernel indicator in the status bar reads "... | Idle" once the kernel is up
+    page.wait_for_function("() => /\\|\\s*Idle/.test(document.body.innerText)", timeout=45_000)
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.keyboard.press("Escape")  # command mode
+    return page
+
+
 def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -261,15 +274,7 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
                                              timeout=30_000)
         try:
             # wide enough for the charts side by side; 2x pixels so the README screenshot stays sharp
-            page = browser.new_page(viewport={"width": 1600, "height": 1050}, device_scale_factor=2)
-            page.set_default_timeout(30_000)
-            page.goto(url, wait_until="domcontentloaded")
-            page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=45_000)
-            # the kernel indicator in the status bar reads "... | Idle" once the kernel is up
-            page.wait_for_function("() => /\\|\\s*Idle/.test(document.body.innerText)", timeout=45_000)
-
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.keyboard.press("Escape")  # command mode
+            page = _open_notebook(browser, url, {"width": 1600, "height": 1050})
             page.keyboard.press("Shift+Enter")  # run the first cell, move to the second
 
             seen_progress, seen_points = set(), set()
@@ -380,13 +385,7 @@ def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
                                              timeout=30_000)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400}, device_scale_factor=2)
-            page.set_default_timeout(30_000)
-            page.goto(url, wait_until="domcontentloaded")
-            page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content", timeout=45_000)
-            page.wait_for_function("() => /\\|\\s*Idle/.test(document.body.innerText)", timeout=45_000)
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.keyboard.press("Escape")
+            page = _open_notebook(browser, url, {"width": 1400, "height": 1400})
             for _ in range(5):
                 page.keyboard.press("Shift+Enter")
             _wait_for_output(page, "LABKIT_ESTIMATOR_DONE", 180_000)
