@@ -36,8 +36,8 @@ class Explorer:
 
     def __init__(self, draw: Callable, controls: dict, dpi: int):
         self.draw, self.controls, self.dpi = draw, controls, dpi
-        self.png = figure_png(draw(**self.values()), dpi)
-        self.handle = None
+        self.handle = None  # set by explore() once the picture is shown
+        self.redraw()  # the first picture: a draw that fails, fails here, before anything is shown
 
     def values(self) -> dict:
         """The controls' current values, by name: the keyword arguments ``draw`` is called with."""
@@ -69,7 +69,7 @@ def explore(draw: Callable, controls: dict, *, dpi: int = 90) -> Explorer:
     if unlabelled:
         raise ValueError(f"controls {unlabelled} have no description: give each a description=... with its unit, "
                          "so the learner knows what it sets")
-    explorer = Explorer(draw, controls, dpi)  # draws once before anything shows: a bad draw fails here
+    explorer = Explorer(draw, controls, dpi)
     box = widgets.VBox(list(controls.values()))
     bundle = box._repr_mimebundle_()
     # What a saved notebook shows where no kernel is running (a reopened notebook, GitHub): a sentence, not a repr.
