@@ -14,6 +14,17 @@ split before and after GRPO. Three rates, each over the same questions:
 Greedy decoding (``do_sample=False``) makes the figures reproducible. A rate ``p`` over ``n``
 questions has a 95 % interval of about ``1.96 sqrt(p (1 - p) / n)``: +/- 2.7 points at
 ``n = 1,319`` and ``p = 0.5``, +/- 18 points at ``n = 30`` (what some published peers report).
+
+Before/after statistics (the same problems scored twice, so the comparison is *paired*):
+
+- :func:`wilson_interval`: the Wilson score interval of one rate; unlike the normal
+  approximation it is never zero-width, also at 0 of n or n of n;
+- :func:`mcnemar_test`: the exact McNemar test on the problems whose verdict changed
+  (``gained``: wrong before, right after; ``lost``: the reverse); the problems right or wrong
+  both times carry no information about the change;
+- :func:`paired_bootstrap`: a percentile interval of the change in rate, resampling problems;
+- :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al. (2021, arXiv 2107.03374, eq. 1):
+  the chance that at least one of k samples drawn from n (c of them right) is right.
 """
 from __future__ import annotations
 
@@ -22,15 +33,119 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 
 import torch
 
-__all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95"]
+__all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95", "wilson_interval",
+           "McNemarResult", "mcnemar_test", "paired_bootstrap", "pass_at_k"]
 
 
 def ci95(rate: float, n: int) -> float:
     """Return the half-width of the normal-approximation 95 % interval of a rate over ``n`` items."""
     return 1.96 * math.sqrt(max(rate * (1 - rate), 0.0) / n) if n else float("nan")
+
+
+def _z(confidence: float) -> float:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, not {confidence}")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Return ``(low, high)``: the Wilson score interval of the rate ``successes / n``.
+
+    With ``p = successes / n`` and ``z`` the normal quantile (1.96 at 95 %):
+    ``(p + z^2/2n +/- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``.
+
+    At 0 of 24 it is (0, 0.138), not the zero-width (0, 0) of the normal approximation.
+    Defined in ``labkit.evaluate``; used by the before/after tables of 03 and 04.
+    """
+    if n < 1:
+        raise ValueError(f"a rate needs at least one item, not n={n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be between 0 and n={n}, not {successes}")
+    z = _z(confidence)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class McNemarResult:
+    """The exact McNemar test of one paired before/after comparison over ``n`` problems."""
+
+    n: int
+    gained: int  # wrong before, right after
+    lost: int  # right before, wrong after
+    p_value: float
+
+    @property
+    def change(self) -> float:
+        """Return the change in rate, ``(gained - lost) / n``."""
+        return (self.gained - self.lost) / self.n
+
+
+def _paired(before, after) -> tuple[list[bool], list[bool]]:
+    before, after = [bool(x) for x in before], [bool(x) for x in after]
+    if len(before) != len(after):
+        raise ValueError(f"a paired comparison needs one verdict per problem before and after; got {len(before)} "
+                         f"before and {len(after)} after")
+    if not before:
+        raise ValueError("a paired comparison needs at least one problem")
+    return before, after
+
+
+def mcnemar_test(before, after) -> McNemarResult:
+    """Return a :class:`McNemarResult`: the exact (binomial) McNemar test of paired verdicts.
+
+    ``before[i]`` and ``after[i]`` say whether problem ``i`` was right before and after training.
+    Under the null hypothesis (training changed nothing) each of the ``gained + lost`` changed
+    verdicts is a fair coin, so the two-sided p-value is
+    ``min(1, 2 P[Binomial(gained + lost, 1/2) <= min(gained, lost)])``; 1.0 when nothing changed.
+    """
+    before, after = _paired(before, after)
+    gained = sum(not b and a for b, a in zip(before, after))
+    lost = sum(b and not a for b, a in zip(before, after))
+    changed, low = gained + lost, min(gained, lost)
+    tail = sum(math.comb(changed, k) for k in range(low + 1)) / 2 ** changed
+    return McNemarResult(n=len(before), gained=gained, lost=lost, p_value=min(1.0, 2 * tail))
+
+
+def paired_bootstrap(before, after, *, n_resamples: int = 10_000, confidence: float = 0.95,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Return ``(change, low, high)``: the change in rate and its paired percentile-bootstrap interval.
+
+    Each resample draws ``n`` problems with replacement and takes the mean of
+    ``after[i] - before[i]`` over them, so a problem's two verdicts always travel together.
+    """
+    import numpy as np
+
+    before, after = _paired(before, after)
+    _z(confidence)  # checks the range
+    diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)  # (n,) in {-1, 0, 1}
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(n_resamples, len(diff)))].mean(axis=1)  # (n_resamples,)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    return float(diff.mean()), float(low), float(high)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Return the unbiased pass@k estimate ``1 - C(n - c, k) / C(n, k)``: k of n samples, c of them right.
+
+    Chen et al. (2021), "Evaluating Large Language Models Trained on Code", eq. 1: draw ``n >= k``
+    samples per problem, count the ``c`` right ones; averaging this over problems estimates the
+    chance that at least one of ``k`` fresh samples is right, without the bias of ``1 - (1 - c/n)^k``.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"c (right samples) must be between 0 and n={n}, not {c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n (samples drawn); got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def grade_completion(completion: str, gold: str) -> dict:
@@ -172,25 +287,54 @@ def _as_list(value) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def before_after_table(before: EvalResult, after: EvalResult):
-    """Return a pandas DataFrame: each rate before and after training, the change, and its 95 % interval.
+_METRICS = {"strict accuracy": ("strict_accuracy", "strict_correct"),
+            "lenient accuracy": ("lenient_accuracy", "lenient_correct"),
+            "format rate": ("format_rate", "format_ok")}
 
+
+def _interval(low: float, high: float) -> str:
+    return f"[{low:.3f}, {high:.3f}]"
+
+
+def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_METRICS)):
+    """Return a pandas DataFrame: each rate before and after, its Wilson interval, the change and a paired test.
+
+    Columns: ``before``, ``before 95% CI`` (Wilson), ``after``, ``after 95% CI``, ``change``,
+    ``change 95% CI`` (paired bootstrap over problems) and ``McNemar p`` (exact). The paired
+    columns need the per-problem records of both results (what :func:`gsm8k_accuracy` keeps);
+    without them they say so. ``metrics`` picks rows (``"strict accuracy"``, ``"lenient accuracy"``,
+    ``"format rate"``): show only the ones that can change in the run at hand.
     Both results must cover the same questions (same split and count), or the comparison
     would mean nothing; a mismatch raises ``ValueError``.
     """
     import pandas as pd
 
+    unknown = [m for m in metrics if m not in _METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; choose from {list(_METRICS)}")
     if before.n != after.n or before.split != after.split:
         raise ValueError(f"before ({before.split}, n={before.n}) and after ({after.split}, n={after.n}) must be "
                          "evaluated on the same questions")
-    if before.records and after.records and [r["gold"] for r in before.records] != [r["gold"] for r in after.records]:
+    paired = bool(before.records and after.records)
+    if paired and [r["gold"] for r in before.records] != [r["gold"] for r in after.records]:
         raise ValueError("before and after were evaluated on different questions")
     rows = []
-    for label, key in (("strict accuracy", "strict_accuracy"), ("lenient accuracy", "lenient_accuracy"),
-                       ("format rate", "format_rate")):
+    for label in metrics:
+        key, record_key = _METRICS[label]
         b, a = getattr(before, key), getattr(after, key)
-        rows.append({"metric": label, "before": round(b, 3), "after": round(a, 3), "change": round(a - b, 3),
-                     "± 95% (each)": round(max(ci95(b, before.n), ci95(a, after.n)), 3)})  # one format: 3 decimals
+        row = {"metric": label,
+               "before": round(b, 3), "before 95% CI": _interval(*wilson_interval(round(b * before.n), before.n)),
+               "after": round(a, 3), "after 95% CI": _interval(*wilson_interval(round(a * after.n), after.n)),
+               "change": round(a - b, 3)}
+        if paired:
+            was = [r[record_key] for r in before.records]
+            now = [r[record_key] for r in after.records]
+            _, low, high = paired_bootstrap(was, now)
+            row["change 95% CI"] = _interval(low, high)
+            row["McNemar p"] = round(mcnemar_test(was, now).p_value, 4)
+        else:
+            row["change 95% CI"] = row["McNemar p"] = "needs per-problem records"
+        rows.append(row)
     table = pd.DataFrame(rows).set_index("metric")
     table.attrs["n"] = before.n
     return table

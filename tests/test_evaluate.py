@@ -3,9 +3,11 @@ import json
 
 import pytest
 import torch
+from scipy import stats as scipy_stats
 
 from labkit.data import load_gsm8k
-from labkit.evaluate import EvalResult, before_after_table, ci95, gsm8k_accuracy, grade_completion
+from labkit.evaluate import (EvalResult, before_after_table, ci95, grade_completion, gsm8k_accuracy, mcnemar_test,
+                             paired_bootstrap, pass_at_k, wilson_interval)
 from labkit.models import build_tiny_model, load_policy, tiny_tokenizer
 
 
@@ -96,10 +98,95 @@ def test_before_after_table():
     table = before_after_table(before, after)
     assert table.loc["strict accuracy", "change"] == pytest.approx(0.15)
     assert table.loc["format rate", "after"] == pytest.approx(0.9)
-    assert table.loc["strict accuracy", "± 95% (each)"] == pytest.approx(ci95(0.35, 100), abs=1e-3)
-    assert all(round(v, 3) == v for v in table.to_numpy().ravel())  # one format (0.292 beside 0.375, not 0.2917)
+    low, high = wilson_interval(35, 100)
+    assert table.loc["strict accuracy", "after 95% CI"] == f"[{low:.3f}, {high:.3f}]"
+    assert table.loc["strict accuracy", "McNemar p"] == "needs per-problem records"  # counts alone cannot be paired
+    assert list(before_after_table(before, after, metrics=["lenient accuracy"]).index) == ["lenient accuracy"]
+    with pytest.raises(ValueError, match="unknown metric"):
+        before_after_table(before, after, metrics=["accuracy"])
     with pytest.raises(ValueError, match="same questions"):
         before_after_table(before, EvalResult(n=50, strict_accuracy=0.1, lenient_accuracy=0.1, format_rate=0.1))
+
+
+def _result(verdicts: list[bool]) -> EvalResult:
+    records = [{"gold": str(i), "strict_correct": v, "lenient_correct": v, "format_ok": True}
+               for i, v in enumerate(verdicts)]
+    rate = sum(verdicts) / len(verdicts)
+    return EvalResult(n=len(verdicts), strict_accuracy=rate, lenient_accuracy=rate, format_rate=1.0, records=records)
+
+
+def test_before_after_table_pairs_the_problems():
+    # 10 gained, 2 lost, 12 unchanged out of 24
+    before = [False] * 10 + [True] * 2 + [True] * 6 + [False] * 6
+    after = [True] * 10 + [False] * 2 + [True] * 6 + [False] * 6
+    table = before_after_table(_result(before), _result(after))
+    assert table.loc["strict accuracy", "McNemar p"] == pytest.approx(round(scipy_stats.binomtest(2, 12).pvalue, 4))
+    assert table.loc["format rate", "McNemar p"] == 1.0  # nothing changed
+    change, low, high = paired_bootstrap(before, after)
+    assert table.loc["strict accuracy", "change 95% CI"] == f"[{low:.3f}, {high:.3f}]"
+    assert low > 0 and change == pytest.approx(8 / 24)
+
+
+@pytest.mark.parametrize("k,n", [(0, 24), (24, 24), (3, 10), (50, 100), (1, 1319)])
+def test_wilson_interval_matches_scipy(k, n):
+    expected = scipy_stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    low, high = wilson_interval(k, n)
+    assert (low, high) == pytest.approx((expected.low, expected.high), abs=1e-9)
+    assert high - low > 0  # never zero-width, also at 0 of n and n of n
+
+
+def test_wilson_interval_refuses_impossible_counts():
+    with pytest.raises(ValueError, match="between 0 and n"):
+        wilson_interval(5, 4)
+    with pytest.raises(ValueError, match="at least one"):
+        wilson_interval(0, 0)
+
+
+@pytest.mark.parametrize("gained,lost,same", [(10, 2, 12), (0, 0, 5), (3, 3, 0), (0, 7, 1), (25, 11, 60)])
+def test_mcnemar_matches_scipy_binomtest(gained, lost, same):
+    before = [False] * gained + [True] * lost + [True] * same
+    after = [True] * gained + [False] * lost + [True] * same
+    result = mcnemar_test(before, after)
+    assert (result.gained, result.lost, result.n) == (gained, lost, gained + lost + same)
+    expected = 1.0 if gained + lost == 0 else scipy_stats.binomtest(gained, gained + lost, 0.5).pvalue
+    assert result.p_value == pytest.approx(expected, rel=1e-12)
+    assert result.change == pytest.approx((gained - lost) / result.n)
+
+
+def test_paired_tests_refuse_unpaired_input():
+    with pytest.raises(ValueError, match="one verdict per problem"):
+        mcnemar_test([True, False], [True])
+    with pytest.raises(ValueError, match="at least one problem"):
+        paired_bootstrap([], [])
+
+
+def test_paired_bootstrap_is_paired():
+    # Every problem flips from wrong to right: the change is exactly 1 in every resample, so the
+    # interval has no width. An unpaired bootstrap (resampling before and after apart) would not.
+    assert paired_bootstrap([False] * 30, [True] * 30) == (1.0, 1.0, 1.0)
+    # Against scipy's paired percentile bootstrap of the mean difference: the same interval within resampling noise.
+    before = [i % 3 == 0 for i in range(96)]
+    after = [i % 2 == 0 for i in range(96)]
+    change, low, high = paired_bootstrap(before, after, n_resamples=20_000)
+    diff = [float(a) - float(b) for b, a in zip(before, after)]
+    expected = scipy_stats.bootstrap((diff,), lambda d, axis: d.mean(axis=axis), n_resamples=20_000,
+                                     method="percentile", random_state=1).confidence_interval
+    assert change == pytest.approx(sum(diff) / 96)
+    assert (low, high) == pytest.approx((expected.low, expected.high), abs=0.015)
+
+
+def test_pass_at_k_against_enumeration():
+    from itertools import combinations
+
+    for n, c in [(8, 0), (8, 1), (8, 3), (8, 8), (5, 2)]:
+        samples = [True] * c + [False] * (n - c)
+        for k in range(1, n + 1):
+            draws = list(combinations(samples, k))
+            expected = sum(any(d) for d in draws) / len(draws)
+            assert pass_at_k(n, c, k) == pytest.approx(expected), (n, c, k)
+    assert pass_at_k(8, 2, 1) == pytest.approx(0.25)  # pass@1 is the plain rate
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        pass_at_k(4, 1, 5)
 
 
 def test_interval_shrinks_with_more_questions():
