@@ -33,6 +33,7 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "GRPOLossOutput",
+    "aggregate_loss",
     "grpo_loss",
     "token_logps_from_logits",
     "token_logps_from_hidden",
@@ -202,6 +203,42 @@ def _vespo_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torc
         return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, 1)
 
 
+def aggregate_loss(per_token_loss: torch.Tensor, completion_mask: torch.Tensor, loss_type: str = "dapo", *,
+                   max_completion_length: int | None = None,
+                   num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Return the scalar loss: the per-token losses averaged over the ``completion_mask`` as ``loss_type`` says.
+
+    ``per_token_loss`` and ``completion_mask`` are ``(B, T)``. By TRL 1.16's ``loss_type``:
+
+    - ``"grpo"``, ``"sapo"``: :math:`\\frac1B\\sum_i \\frac{1}{|o_i|}\\sum_t \\ell_{i,t}`, a mean per completion, then over
+      completions (a sequence mean: every completion weighs the same);
+    - ``"bnpo"``: :math:`\\sum_{i,t}\\ell_{i,t} / \\sum_i |o_i|`, a token mean over this batch;
+    - ``"dr_grpo"``: :math:`\\sum_{i,t}\\ell_{i,t} / (B \\cdot` ``max_completion_length``:math:`)`, a constant
+      (``T`` when not given);
+    - ``"dapo"``, ``"cispo"``, ``"vespo"``: :math:`\\sum_{i,t}\\ell_{i,t}` / ``num_items_in_batch`` (the token count
+      of the whole accumulated batch; this batch's when not given);
+    - ``"luspo"``: :math:`\\frac1B\\sum_i\\sum_t \\ell_{i,t}`, a sum per completion, then a mean.
+
+    Used by :func:`grpo_loss`; the exercise ``aggregate_loss`` of ``01_grpo_objective.ipynb`` checks a
+    learner's version against it.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
+    mask = completion_mask.to(per_token_loss.dtype)  # (B, T)
+    if loss_type in ("grpo", "sapo"):
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        length = per_token_loss.size(1) if max_completion_length is None else max_completion_length
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * length)
+    if loss_type == "luspo":
+        return (per_token_loss * mask).sum(-1).mean()
+    # dapo, cispo, vespo
+    n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
+    return (per_token_loss * mask).sum() / n.clamp(min=1.0)
+
+
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: torch.Tensor,
               completion_mask: torch.Tensor, *, ref_logps: torch.Tensor | None = None, beta: float = 0.0,
               epsilon: float = 0.2, epsilon_high: float | None = None, loss_type: str = "dapo",
@@ -317,18 +354,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
             per_token_loss = per_token_loss + beta * per_token_kl
     per_token_loss = per_token_loss.expand_as(mask)  # (B, T) also when the policy term is one per completion
 
-    if loss_type in ("grpo", "sapo"):
-        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        length = logps.size(1) if max_completion_length is None else max_completion_length
-        loss = (per_token_loss * mask).sum() / (logps.size(0) * length)
-    elif loss_type == "luspo":
-        loss = (per_token_loss * mask).sum(-1).mean()
-    else:  # dapo, cispo, vespo
-        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
-        loss = (per_token_loss * mask).sum() / n.clamp(min=1.0)
+    loss = aggregate_loss(per_token_loss, mask, loss_type, max_completion_length=max_completion_length,
+                          num_items_in_batch=num_items_in_batch)
 
     with torch.no_grad():
         ratio, seen = ratio.detach(), ratio_seen.detach()  # TRL counts clipping on the delta-capped ratio
