@@ -68,6 +68,13 @@ def _adv_no_epsilon(rewards, num_generations, scale_rewards="group"):
     return adv.flatten()
 
 
+def _adv_whole_batch(rewards, num_generations, scale_rewards="group"):
+    adv = rewards - rewards.mean()
+    if scale_rewards == "group":
+        adv = adv / (rewards.std() + 1e-4)
+    return adv
+
+
 def _adv_leave_one_out(rewards, num_generations, scale_rewards="group"):
     grouped = rewards.view(-1, num_generations)
     baseline = (grouped.sum(1, keepdim=True) - grouped) / (num_generations - 1)
@@ -86,6 +93,10 @@ GROUP_ADVANTAGES = register(Exercise(
             _adv_population_std,
         "the mean is the whole batch's: each completion's baseline is the mean of its own group "
         "(view the rewards as (num_prompts, num_generations) and average along dim=1)": _adv_batch_mean,
+        "both the mean and the std are the whole batch's: GRPO normalises each group of num_generations on its own "
+        "(rewards.view(-1, num_generations), then statistics along dim=1)": _adv_whole_batch,
+        "these are the rewards themselves: the advantage is the reward minus its group's mean":
+            lambda rewards, num_generations, scale_rewards="group": rewards.clone(),
         "scale_rewards='none' still divides by the std: 'none' (Dr. GRPO) only subtracts the group mean":
             _adv_always_scaled,
         "no epsilon: TRL divides by std + 1e-4, so a flat group gets advantage 0, not 0/0 = NaN": _adv_no_epsilon,
