@@ -1,6 +1,7 @@
 """The GRPO objective: group-relative advantages, KL estimators, the clipped loss, log-probs.
 
-Introduced and derived in ``01_grpo_objective.ipynb``; every training path of the lab
+Introduced and derived in ``01_grpo_objective.ipynb`` (the variants, KL gradients and chunked log-probs in
+``01b_grpo_variants.ipynb``); every training path of the lab
 (the nano loop, the dashboard's diagnostics) uses these functions, and
 ``tests/test_objective.py`` checks :func:`grpo_loss` (loss and gradient) against the loss TRL's own
 ``GRPOTrainer`` computes on the same batch, for each of TRL 1.16's eight ``loss_type`` values, at both
@@ -142,7 +143,7 @@ def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     Its value is unbiased, its gradient is not, on-policy too: with tokens sampled from pi
     (held fixed), ``E[grad k3] = grad KL(pi_ref || pi)``, the forward KL. Multiplied by the ratio
     ``pi / pi_old`` (TRL's ``use_bias_correction_kl``, what :func:`grpo_loss` does by default),
-    ``E[grad (ratio * k3)] = grad KL(pi || pi_ref)``. ``01_grpo_objective.ipynb`` section 4 checks both.
+    ``E[grad (ratio * k3)] = grad KL(pi || pi_ref)``. ``01b_grpo_variants.ipynb`` section 1 checks both.
     """
     log_ratio = ref_logps - logps  # log(pi_ref / pi)
     return torch.exp(log_ratio) - log_ratio - 1
@@ -443,7 +444,7 @@ def token_logps_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor, 
     per-position results, and the backward pass recomputes one chunk's logits at a time, so
     no more than ``k x V`` logits ever exist. Values and gradients equal the unchunked ones
     (up to floating-point summation order); the price is a second LM-head matmul in the
-    backward pass. Introduced in ``01_grpo_objective.ipynb``; measured by ``python -m labkit
+    backward pass. Introduced in ``01b_grpo_variants.ipynb`` (section 4); measured by ``python -m labkit
     bench chunked-logps``.
     """
     if hidden.shape[:-1] != target_ids.shape:
@@ -493,7 +494,7 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ``k`` positions at a time with :func:`token_logps_from_hidden`, never building the full
     ``(B, K, V)`` logits; values and gradients are the same. Works for full and PEFT models of
     the Qwen2 / Llama kind (LM head = one linear layer, no logit scaling or soft-capping).
-    Introduced in ``01_grpo_objective.ipynb``.
+    Introduced in ``01_grpo_objective.ipynb`` (section 6); chunked in ``01b_grpo_variants.ipynb`` (section 4).
     """
     targets = input_ids[:, -logits_to_keep:]  # (B, K)
     if chunk_size is None:
