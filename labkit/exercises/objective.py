@@ -106,7 +106,7 @@ GROUP_ADVANTAGES = register(Exercise(
     hint="rewards.view(-1, num_generations) puts one group per row; subtract each row's mean; with "
          "scale_rewards='group' divide by the row's std (torch.std, Bessel-corrected) + 1e-4; with 'none' do not divide.",
     solution=f"{_SOLUTIONS_01}#exercise-group_advantages",
-    reference_name="labkit.objective.group_advantages (equal to TRL's GRPOTrainer advantages)",
+    reference_name="labkit.objective.group_advantages, equal to TRL's GRPOTrainer advantages",
 ))
 
 
@@ -207,7 +207,7 @@ KL_K3 = register(Exercise(
     },
     hint="x = ref_logps - logps (per token); k3 = exp(x) - x - 1.",
     solution=f"{_SOLUTIONS_01}#exercise-kl_k3",
-    reference_name="labkit.objective.kl_k3 (TRL's per_token_kl)",
+    reference_name="labkit.objective.kl_k3, TRL's per-token KL",
 ))
 
 
@@ -264,7 +264,7 @@ AGGREGATE_LOSS = register(Exercise(
     hint="m = completion_mask.float(); grpo: ((loss * m).sum(1) / m.sum(1)).mean(); bnpo and dapo (one batch): "
          "(loss * m).sum() / m.sum(); dr_grpo: (loss * m).sum() / (B * max_completion_length).",
     solution=f"{_SOLUTIONS_01}#exercise-aggregate_loss",
-    reference_name="labkit.objective.aggregate_loss (the aggregation inside grpo_loss, equal to TRL's)",
+    reference_name="labkit.objective.aggregate_loss, the aggregation inside grpo_loss, equal to TRL's",
 ))
 
 
