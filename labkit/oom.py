@@ -113,7 +113,8 @@ class Change:
     why: str
 
     def __str__(self) -> str:
-        moves = ", ".join(f"{k} {self.before.get(k)!r} -> {v!r}" for k, v in self.updates.items())
+        moves = ", ".join(f"{k} {'(default)' if self.before.get(k) is None else repr(self.before.get(k))} -> {v!r}"
+                          for k, v in self.updates.items())
         return f"{moves}: {self.why}"
 
 
@@ -569,7 +570,8 @@ def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dic
             raise
         output_dir = trainer.args.output_dir
         # What the trainer runs with (precision, steps_per_generation), then the recipe's own fields on top.
-        known = {**settings_from_trainer(trainer), **flat_settings(settings or {})}
+        known = {**settings_from_trainer(trainer),
+                 **{k: v for k, v in flat_settings(settings or {}).items() if v is not None}}
         report = explain_oom(error, phase=tracker.phase, step=tracker.step, max_steps=trainer.state.max_steps,
                              settings=known,
                              checkpoint=last_checkpoint(output_dir), output_dir=output_dir)
