@@ -58,9 +58,9 @@ _FIGURE = re.compile(r"(?<![\w.])(?:-?\d[\d,]*\.\d+(?:\s?(?:GiB|GB|MB|%|k\b|B\b|
 
 
 def _sections(path: Path) -> list[tuple[str, str]]:
-    """Return ``(heading, body)`` for each ``## N.`` section of a solutions file."""
-    parts = re.split(r"^(## \d+\. .*)$", path.read_text(), flags=re.M)
-    return list(zip(parts[1::2], parts[2::2]))
+    """Return ``(heading, body)`` for each ``## N.`` section of a solutions file (a body ends at the next ``##``)."""
+    parts = re.split(r"^(## .*)$", path.read_text(), flags=re.M)
+    return [(heading, body) for heading, body in zip(parts[1::2], parts[2::2]) if re.match(r"## \d+\. ", heading)]
 
 
 def _prose(body: str) -> str:
