@@ -368,7 +368,8 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
       ``logits="full"`` instead counts a plain implementation: logits, their log-softmax and their
       gradient, ``3 N V b`` with ``N = B (C + 1)``.
     - **kv_cache** ``= 2 L kv b B_gen S`` (keys and values of every layer), plus the prefill's
-      largest intermediate (``B_gen x prompt_len x (3 i + 2 h) x b``) and the sampling buffers.
+      largest intermediate (``B_gen x prompt_len x (3 i + 2 h) x b``) and the sampling buffers; when the
+      LM head is fp32 under half-precision autocast (QLoRA, fp16 full fine-tuning), its ``V h b`` cast.
 
     ``peak = weights + reference + optimizer + max(kv_cache, gradients + activations + logits)``.
     Gradients and activations are added: with gradient accumulation the gradients of earlier
@@ -485,6 +486,11 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
     kv_cache = 2 * L * kv * hb * generation_batch * seq
     kv_cache += generation_batch * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
     kv_cache += generation_batch * V * (b + 3 * 4)  # last-position logits, their fp32 copy, sampling buffers
+    if b < 4 and (method == "qlora" or w == 4):
+        # The LM head is fp32 (QLoRA: prepare_model_for_kbit_training; fp16 full fine-tuning: master weights),
+        # and autocast casts it to half precision in every forward: a V x h copy alive during the projection.
+        # Found by the rehearsal (labkit.rehearsal; results/rehearsal.csv), which runs that forward.
+        kv_cache += V * h * b
 
     persistent = weights + reference + optimizer_bytes
     generation_phase = persistent + kv_cache

@@ -139,11 +139,17 @@ def resolve(preset: Preset | str, device: DeviceInfo | None = None, **overrides)
                 quantization=quantization, lora=lora, grpo=grpo, card=card)
 
 
-def estimate(plan: Plan, *, device: str = "cuda"):
-    """Return :func:`labkit.memory.estimate` for ``plan`` (its batch counted as the estimator counts it)."""
+def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None):
+    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width)."""
+    from labkit.models import architecture_config
+
     g, p = plan.grpo, plan.preset
+    model = plan.shape_name
+    if num_layers:
+        model = architecture_config(plan.shape_name, num_hidden_layers=num_layers)
+        model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
     return _estimate_memory(
-        plan.shape_name, plan.method,
+        model, plan.method,
         num_generations=g["num_generations"],
         per_device_batch=max(1, g["generation_batch_size"] // g["num_generations"]),
         gradient_accumulation_steps=g["steps_per_generation"],

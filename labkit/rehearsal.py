@@ -299,18 +299,19 @@ def _materialise(model: torch.nn.Module) -> None:
                 table[name] = made[id(old)]
 
 
-def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None):
+def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None, *, num_layers: int | None = None):
     """Return the plan's policy with fake weights, set up as ``build_run`` and TRL 1.16 set it up.
 
     The model is built on the meta device (random init needs real generators) and PEFT's LoRA applied
     there; then, inside ``fake_mode`` (and ``tracker``), every weight is materialised as a fake tensor.
+    ``num_layers`` builds a shallower model of the same width (the fast rows of the tests).
     """
     from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
     from labkit.models import architecture_config, enable_checkpointing, lora_config
 
-    config = architecture_config(plan.shape_name)
+    config = architecture_config(plan.shape_name, **({"num_hidden_layers": num_layers} if num_layers else {}))
     checkpointing = plan.grpo["activation_checkpointing"]
     load_dtype = plan.compute_dtype if plan.method == "qlora" else plan.weight_dtype
     with torch.device("meta"):
@@ -532,12 +533,13 @@ class Rehearsal:
 _ORDER = ["weights", "gradients", "optimizer", "kv_cache", "activations", "generation"]
 
 
-def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2) -> Rehearsal:
+def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_layers: int | None = None) -> Rehearsal:
     """Rehearse one GRPO step of ``plan`` (a :class:`labkit.plan.Plan`, a preset or its name) on fake tensors.
 
     Returns a :class:`Rehearsal`: phases ``generation`` (prefill + decode with the KV cache), ``training``
     (forward and backward of the micro-batches) and ``optimizer`` (clipping and the optimiser step),
-    each with its peak live bytes and the breakdown by category at that peak.
+    each with its peak live bytes and the breakdown by category at that peak. ``num_layers`` rehearses a
+    shallower model of the same width (compare it with ``labkit.plan.estimate(plan, num_layers=...)``).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -555,7 +557,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2) -> Rehe
     tracker = LiveBytes()
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with _cuda_behaviours():
-        model = fake_policy(plan, fake, tracker)
+        model = fake_policy(plan, fake, tracker, num_layers=num_layers)
     trainable = [p for p in model.parameters() if p.requires_grad]
     ctx, args = _loss_context(plan, model)
     optimizer = _optimizer(plan, trainable)
@@ -611,6 +613,6 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2) -> Rehe
                     generation_batch_size=gen_batch, num_generations=g["num_generations"],
                     max_prompt_length=prompt_len, max_completion_length=completion_len,
                     activation_checkpointing=g["activation_checkpointing"], loss_type=g["loss_type"],
-                    trainable_params=sum(p.numel() for p in trainable))
+                    trainable_params=sum(p.numel() for p in trainable), num_layers=num_layers)
     return Rehearsal(plan, phases, settings, time.perf_counter() - started, time.process_time() - cpu_started,
                      notes)
