@@ -197,7 +197,7 @@ def train_cli(argv: list[str] | None = None) -> int:
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
     from labkit.presets import (PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, card_device, get_preset, preflight,
-                                validate)
+                                resolve_plan, validate)
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)
     from labkit.training import last_checkpoint
@@ -239,9 +239,11 @@ def train_cli(argv: list[str] | None = None) -> int:
         for warning in validate(preset, device):
             print("warning:", warning, file=sys.stderr) if main else None
         output_dir = _output_dir(args.output_dir, preset)
+        plan = resolve_plan(preset, device)  # resolved once: preflight and build_run read the same plan
         if main:
             print(f"preset {preset.name}: {preset.description}")
-            print(preflight(preset, device))
+            print(f"plan: {plan.describe()}")
+            print(preflight(plan))
         if args.dry_run:
             return 0
         resume = {"auto": "auto", "yes": True, "no": False}.get(args.resume, args.resume)
@@ -251,7 +253,7 @@ def train_cli(argv: list[str] | None = None) -> int:
             if finished:
                 print(finished) if main else None
                 return 0
-            run = build_run(preset, output_dir, device=device)
+            run = build_run(plan, output_dir, device=device)
             if main and run.dropped_prompts:
                 print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
                       f"training on {len(run.train_dataset)}")
@@ -438,10 +440,11 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-generation", action="store_true", help="skip the generation phase")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        from labkit.plan import estimate, resolve
+        from labkit.plan import estimate
+        from labkit.presets import resolve_plan
 
         preset = get_preset(args.preset, **parse_pairs("--set", args.set))
-        plan = resolve(preset)
+        plan = resolve_plan(preset)
         if plan.card is None or plan.card.kind != "cuda":
             raise PresetError(f"{preset.name} is a CPU preset (card_gib=None): the rehearsal rehearses a GPU run; "
                               f"give it a card with --set card_gib=15.7")

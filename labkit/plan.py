@@ -13,8 +13,9 @@ card, into a :class:`Plan` that says everything the rest of the lab needs, decid
   ``steps_per_generation`` and ``generation_batch_size``;
 - the card: a :class:`labkit.device.DeviceInfo` (the machine's, or the one the preset is made for).
 
-``build_run``, ``preflight``, ``train --dry-run``, the estimator (:func:`estimate`) and the rehearsal
-(:mod:`labkit.rehearsal`) all read a plan, so what the rehearsal rehearses is what ``build_run``
+:func:`labkit.presets.resolve_plan` resolves a preset (by name, for the machine's card or the one it is
+made for) with :func:`resolve`. ``build_run``, ``preflight``, ``train --dry-run``, the estimator
+(:func:`estimate`) and the rehearsal (:mod:`labkit.rehearsal`) all read a plan, so what the rehearsal rehearses is what ``build_run``
 would run, by construction. Introduced in ``04_lora_grpo_16gb.ipynb``.
 """
 from __future__ import annotations
@@ -26,7 +27,6 @@ import torch
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.memory import ModelShape, estimate as _estimate_memory, model_shape
 from labkit.models import LOCAL_MODELS, adapter_dtype, resolve_model
-from labkit.presets import Preset, card_device, get_preset
 
 __all__ = ["Plan", "resolve", "estimate", "plan_precision"]
 
@@ -37,7 +37,7 @@ _COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32
 class Plan:
     """A preset resolved for one card: see the module docstring. Build it with :func:`resolve`."""
 
-    preset: Preset
+    preset: object  # the labkit.presets.Preset it was resolved from
     model: str  # the preset's model name ("Qwen/Qwen2.5-1.5B-Instruct", "smollm2-135m", "tiny:qwen2")
     model_path: str  # what from_pretrained loads (a hub id or a local folder)
     shape_name: str  # the name the shape is read from (a catalogue entry or a saved folder)
@@ -75,7 +75,7 @@ class Plan:
                 + (f" on {self.card}" if self.card else ""))
 
 
-def plan_precision(preset: Preset, card: DeviceInfo | None) -> str:
+def plan_precision(preset, card: DeviceInfo | None) -> str:
     """Return the training precision: the preset's own, else the card's (:func:`labkit.device.choose_precision`).
 
     Planning for a GPU preset from a CPU uses the card the preset is made for (a T4 preset gets fp16).
@@ -87,20 +87,19 @@ def plan_precision(preset: Preset, card: DeviceInfo | None) -> str:
     return choose_precision(card)
 
 
-def _shape_name(preset: Preset, model_path: str) -> str:
+def _shape_name(preset, model_path: str) -> str:
     if preset.model in LOCAL_MODELS:  # a packaged model has its hub twin's shape
         return LOCAL_MODELS[preset.model].get("hub_id", model_path)
     return model_path if preset.model.startswith("tiny:") else preset.model
 
 
-def resolve(preset: Preset | str, device: DeviceInfo | None = None, **overrides) -> Plan:
-    """Return the :class:`Plan` of ``preset`` (a name or a :class:`Preset`, with ``overrides``) for ``device``.
+def resolve(preset, card: DeviceInfo | None) -> Plan:
+    """Return the :class:`Plan` of ``preset`` (a :class:`labkit.presets.Preset`) on ``card``.
 
-    ``device`` is the machine's card (``labkit.device.detect_device()``); ``None`` plans for the card the
-    preset is made for (:func:`labkit.presets.card_device`; a CPU for the CPU presets).
+    ``card`` is the machine's device (``labkit.device.detect_device()``) or the card the preset is made
+    for (:func:`labkit.presets.card_device`); None or a CPU trains in fp32. Use
+    :func:`labkit.presets.resolve_plan` to resolve a preset by name.
     """
-    preset = get_preset(preset, **overrides)
-    card = device if device is not None else card_device(preset)
     precision = plan_precision(preset, card)
     model_path = resolve_model(preset.model)
     method = preset.method

@@ -543,10 +543,9 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.plan import Plan, resolve
+    from labkit.presets import resolve_plan
 
-    if not isinstance(plan, Plan):
-        plan = resolve(plan)
+    plan = resolve_plan(plan)
     if plan.card is None or plan.card.kind != "cuda":
         raise ValueError(f"{plan.preset.name} is a CPU preset: the rehearsal rehearses a GPU run "
                          f"(set card_gib, e.g. --set card_gib=15.7)")

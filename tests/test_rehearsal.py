@@ -8,8 +8,8 @@ import weakref
 import pytest
 import torch
 
-from labkit.plan import estimate, resolve
-from labkit.presets import PRESETS
+from labkit.plan import estimate
+from labkit.presets import PRESETS, resolve_plan as resolve
 from labkit.rehearsal import EMULATED, LABEL, NOT_COUNTED, LiveBytes, rehearse
 
 GPU_PRESETS = sorted(name for name, p in PRESETS.items() if p.card_gib is not None)
