@@ -25,6 +25,7 @@ Every figure is **rehearsed (fake tensors)**, never measured. Introduced in ``04
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import types
 import weakref
@@ -36,7 +37,7 @@ from torch.utils._pytree import tree_flatten
 
 from labkit.memory import GIB
 
-__all__ = ["EMULATED", "NOT_COUNTED", "LABEL", "LiveBytes", "Rehearsal", "rehearse", "fake_policy"]
+__all__ = ["EMULATED", "NOT_COUNTED", "LABEL", "LiveBytes", "Rehearsal", "rehearse", "fake_policy", "memory_columns"]
 
 LABEL = "rehearsed (fake tensors)"
 
@@ -57,8 +58,8 @@ EMULATED = (
     ("accelerate runs the forward under autocast and returns fp32 outputs",
      "accelerate/accelerator.py:1826-1835 (autocast_context, convert_outputs_to_fp32)"),
     ("fp16: GradScaler scales the loss and unscales the gradients before clipping; the step runs when no inf "
-     "was found (found_inf.item() needs a value: the rehearsal takes the no-inf branch)",
-     "torch/amp/grad_scaler.py:294, 371; accelerate/accelerator.py:2857, 3015"),
+     "was found (.item() reads 0 on fake tensors, so found_inf is 0: the no-inf branch)",
+     "torch/amp/grad_scaler.py:294, 371; accelerate/accelerator.py:2857, 3047"),
     ("paged 8-bit AdamW: states counted as resident on the card (they are paged out only under pressure)",
      "bitsandbytes/optim/optimizer.py:383 (get_state_buffer)"),
 )
@@ -339,7 +340,7 @@ def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None, *, num_layers
                 if type(module) is LoraLinear:
                     module.__class__ = LoraLinear4bit
         if checkpointing:
-            model.enable_input_require_grads()  # trl/trainer/grpo_trainer.py:532-533
+            model.enable_input_require_grads()  # trl/trainer/grpo_trainer.py:529-530
     codes = _quant_codes() if plan.method == "qlora" else None
     with fake_mode, (tracker or contextlib.nullcontext()):
         _fake_weights(model, plan, tied, codes, tracker)
@@ -584,7 +585,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
             tracker.true_count = None
             tracker.start("optimizer", "optimizer")
             if scaler is not None:
-                scaler.unscale_(optimizer)  # accelerate/accelerator.py:3015 (clip_grad_norm_ unscales first)
+                scaler.unscale_(optimizer)  # accelerate/accelerator.py:3047 (clip_grad_norm_ unscales first)
             if args.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
             if scaler is not None:  # found_inf.item() reads 0: the step runs (torch/amp/grad_scaler.py:371)
@@ -615,3 +616,35 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
                     trainable_params=sum(p.numel() for p in trainable), num_layers=num_layers)
     return Rehearsal(plan, phases, settings, time.perf_counter() - started, time.process_time() - cpu_started,
                      notes)
+
+
+def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "unsloth")):
+    """Return a table of peak memory in three columns: estimated, rehearsed (fake tensors), measured.
+
+    ``rehearsal_csv`` is what ``python -m labkit bench rehearsal`` writes; ``memory_csv`` what
+    ``python -m labkit bench memory`` writes on a GPU (a measured peak is shown only for the same model,
+    method, precision, G and completion length; otherwise the column says a GPU is needed).
+    """
+    import pandas as pd
+
+    rows = pd.read_csv(rehearsal_csv)
+    rows = rows[(rows.status == "ok") & rows.kind.isin(kinds)]
+    measured = {}
+    if memory_csv is not None and os.path.exists(memory_csv):
+        gpu = pd.read_csv(memory_csv)
+        for _, m in gpu[(gpu.get("device_kind") == "cuda") & (gpu.get("status") == "ok")].iterrows():
+            key = (m.model, m.method, m.precision, int(m.num_generations), int(m.completion_len))
+            measured[key] = round(float(m.measured_peak_gib), 2)
+    table = pd.DataFrame({
+        "row": rows.name,
+        "model": rows.model.str.split("/").str[-1],
+        "method": rows.method,
+        "precision": rows.precision,
+        "G x len": [f"{g} x {c}" for g, c in zip(rows.num_generations, rows.max_completion_length)],
+        "estimated GiB": rows.estimated_total_gib.round(2),
+        "rehearsed GiB (fake tensors, full scale)": rows.rehearsed_peak_gib.round(2),
+        "measured GiB": [measured.get((m, me, p, int(g), int(c)), "needs a GPU")
+                         for m, me, p, g, c in zip(rows.model, rows.method, rows.precision, rows.num_generations,
+                                                   rows.max_completion_length)],
+    })
+    return table.reset_index(drop=True)
