@@ -627,6 +627,8 @@ def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "uns
     """
     import pandas as pd
 
+    if not os.path.exists(rehearsal_csv):
+        return pd.DataFrame({"missing": [f"{rehearsal_csv}: run python -m labkit bench rehearsal"]})
     rows = pd.read_csv(rehearsal_csv)
     rows = rows[(rows.status == "ok") & rows.kind.isin(kinds)]
     measured = {}
