@@ -228,6 +228,7 @@ class MemoryEstimate:
             ("reference", "reference model (beta > 0, full fine-tuning only)"),
             ("optimizer", "optimizer states"),
             ("kv_cache", "generation: KV cache + prefill working set"),
+            ("transients", "generation: LoRA's fp32 input casts, autocast's copies of fp32 weights"),
             ("gradients", "gradients of the trainable parameters"),
             ("activations", "activations kept for the backward pass"),
             ("logits", "LM-head / log-prob buffers"),
@@ -235,7 +236,7 @@ class MemoryEstimate:
         lines = [f"{'term':<12} {'GiB':>8}  what"]
         lines += [f"{key:<12} {self.bytes[key] / GIB:>8.3f}  {what}" for key, what in rows]
         lines += [
-            f"{'generation':<12} {self.bytes['generation_phase'] / GIB:>8.3f}  phase 1 = weights + reference + optimizer + kv_cache",
+            f"{'generation':<12} {self.bytes['generation_phase'] / GIB:>8.3f}  phase 1 = weights + reference + optimizer + kv_cache + transients",
             f"{'training':<12} {self.bytes['training_phase'] / GIB:>8.3f}  phase 2 = weights + reference + optimizer + gradients + activations + logits",
             f"{'total':<12} {self.total:>8.3f}  peak = max(generation, training)",
         ]
@@ -368,10 +369,13 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
       ``logits="full"`` instead counts a plain implementation: logits, their log-softmax and their
       gradient, ``3 N V b`` with ``N = B (C + 1)``.
     - **kv_cache** ``= 2 L kv b B_gen S`` (keys and values of every layer), plus the prefill's
-      largest intermediate (``B_gen x prompt_len x (3 i + 2 h) x b``) and the sampling buffers; when the
-      LM head is fp32 under half-precision autocast (QLoRA, fp16 full fine-tuning), its ``V h b`` cast.
+      largest intermediate (``B_gen x prompt_len x (3 i + 2 h) x b``) and the sampling buffers.
+    - **transients** (generation, found by :mod:`labkit.rehearsal`): LoRA's fp32 cast of its input, its
+      dropout output and bool mask at the prefill (widest adapted input); when the LM head is fp32 under
+      half-precision autocast (QLoRA, fp16 full fine-tuning) its ``V h b`` copy, and under fp16 full
+      fine-tuning autocast's cached half-precision copies of every linear weight.
 
-    ``peak = weights + reference + optimizer + max(kv_cache, gradients + activations + logits)``.
+    ``peak = weights + reference + optimizer + max(kv_cache + transients, gradients + activations + logits)``.
     Gradients and activations are added: with gradient accumulation the gradients of earlier
     micro-batches are alive during the next backward; with one micro-batch it is an upper bound.
     Not counted: the CUDA context (about 0.3-0.5 GiB outside PyTorch's allocator) and allocator
@@ -486,17 +490,25 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
     kv_cache = 2 * L * kv * hb * generation_batch * seq
     kv_cache += generation_batch * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
     kv_cache += generation_batch * V * (b + 3 * 4)  # last-position logits, their fp32 copy, sampling buffers
+    transients = 0  # half-precision copies and casts alive during a generation forward
+    if method == "lora":
+        # PEFT's LoRA layer casts its input to the fp32 adapters' dtype (peft/tuners/tuners_utils.py:2220-2235)
+        # and dropout keeps its output and a bool mask: at the prefill, for the widest adapted input.
+        widest = max((i for i, _ in shape.lora_targets(targets)), default=0)
+        transients += generation_batch * prompt_len * widest * (4 + (4 + 1 if lora_dropout > 0 else 0))
     if b < 4 and (method == "qlora" or w == 4):
         # The LM head is fp32 (QLoRA: prepare_model_for_kbit_training; fp16 full fine-tuning: master weights),
         # and autocast casts it to half precision in every forward: a V x h copy alive during the projection.
         # Found by the rehearsal (labkit.rehearsal; results/rehearsal.csv), which runs that forward.
-        kv_cache += V * h * b
+        transients += V * h * b
+        if method == "full":  # autocast caches the half-precision copy of every fp32 weight for the whole forward
+            transients += shape.linear_weight_params * b
 
     persistent = weights + reference + optimizer_bytes
-    generation_phase = persistent + kv_cache
+    generation_phase = persistent + kv_cache + transients
     training_phase = persistent + gradients + activations + logits_bytes
     terms = dict(weights=weights, reference=reference, gradients=gradients, optimizer=optimizer_bytes,
-                 activations=activations, logits=logits_bytes, kv_cache=kv_cache,
+                 activations=activations, logits=logits_bytes, kv_cache=kv_cache, transients=transients,
                  generation_phase=generation_phase, training_phase=training_phase,
                  total=max(generation_phase, training_phase))
     terms = {k: int(round(v)) for k, v in terms.items()}
@@ -510,11 +522,11 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
 
 
 _STACK = {  # phase -> terms from bottom to top, with colours that stay the same in every plot
-    "generation": ("weights", "reference", "optimizer", "kv_cache"),
+    "generation": ("weights", "reference", "optimizer", "kv_cache", "transients"),
     "training": ("weights", "reference", "optimizer", "gradients", "activations", "logits"),
 }
 _COLOURS = {"weights": "#4c72b0", "reference": "#8172b3", "optimizer": "#dd8452", "kv_cache": "#937860",
-            "gradients": "#c44e52", "activations": "#55a868", "logits": "#da8bc3"}
+            "gradients": "#c44e52", "transients": "#8c8c8c", "activations": "#55a868", "logits": "#da8bc3"}
 
 
 def plot_breakdown(estimates, labels=None, *, card_gb: float = 16.0, ax=None):

@@ -579,7 +579,7 @@ def _estimate(plan):
     return estimate(plan)
 
 
-_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache")
+_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
 
 
 def _total_and_breakdown(result) -> tuple[float, dict]:

@@ -55,6 +55,9 @@ EMULATED = (
      "query's dtype, the log-sum-exp is fp32 padded to a multiple of 32",
      "torch/_meta_registrations.py:6495-6534 (_scaled_dot_product_efficient_attention); "
      "transformers/integrations/sdpa_attention.py:43-53, 130-138 (repeat_kv with a mask)"),
+    ("torch.is_autocast_enabled() without a device asks about CUDA: under the rehearsal's CPU autocast it answers "
+     "for the CPU, so PEFT's 4-bit LoRA layer skips its input cast as it does under CUDA autocast",
+     "peft/tuners/lora/bnb.py:543-546"),
     ("accelerate runs the forward under autocast and returns fp32 outputs",
      "accelerate/accelerator.py:1826-1835 (autocast_context, convert_outputs_to_fp32)"),
     ("fp16: GradScaler scales the loss and unscales the gradients before clipping; the step runs when no inf "
@@ -190,6 +193,12 @@ def _efficient_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 
 _ORIGINAL_SDPA = torch.nn.functional.scaled_dot_product_attention
+_ORIGINAL_IS_AUTOCAST_ENABLED = torch.is_autocast_enabled
+
+
+def _is_autocast_enabled(*args, **kwargs):
+    """``torch.is_autocast_enabled()`` with no device means CUDA: here the CPU autocast stands in for it."""
+    return _ORIGINAL_IS_AUTOCAST_ENABLED(*args, **kwargs) if args or kwargs else _ORIGINAL_IS_AUTOCAST_ENABLED("cpu")
 
 
 def _fused_dropout(self, x):
@@ -221,12 +230,14 @@ def _cuda_behaviours():
     saved = [(trl_utils, "_use_triton", trl_utils._use_triton), (kernels, "_forward_tile", kernels._forward_tile),
              (kernels, "_backward_tile", kernels._backward_tile), (kernels, "_addmm_fp32", kernels._addmm_fp32),
              (torch.nn.functional, "scaled_dot_product_attention", _ORIGINAL_SDPA),
-             (torch.nn.Dropout, "forward", torch.nn.Dropout.forward)]
+             (torch.nn.Dropout, "forward", torch.nn.Dropout.forward),
+             (torch, "is_autocast_enabled", _ORIGINAL_IS_AUTOCAST_ENABLED)]
     trl_utils._use_triton = lambda device: True  # compact: only completion tokens are scored
     kernels._forward_tile, kernels._backward_tile = _forward_fold_in_place, _backward_fold_in_place
     kernels._addmm_fp32 = _addmm_fp32_in_place
     torch.nn.functional.scaled_dot_product_attention = _efficient_sdpa
     torch.nn.Dropout.forward = _fused_dropout
+    torch.is_autocast_enabled = _is_autocast_enabled
     try:
         yield
     finally:
