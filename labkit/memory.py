@@ -471,6 +471,12 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         activations = L * layer + final_norm + input_ids + rotary
     if precision == "fp16" and method == "full":
         activations += shape.linear_weight_params * 2  # autocast's fp16 copies of the fp32 master weights
+    if method == "lora":
+        # PEFT's LoRA layer casts its input to the fp32 adapters' dtype (peft/tuners/lora/layer.py:1100) and
+        # dropout's output is fp32 too: two transient copies of the widest adapted input while that adapter runs
+        # (found by the rehearsal at per_device_train_batch_size=16: training was 0.85 of the rehearsed peak).
+        widest_in = max((i for i, _ in shape.lora_targets(targets)), default=0)
+        activations += tokens * widest_in * (4 + (4 if lora_dropout > 0 else 0))
 
     # --- the LM head and log-probabilities
     head_trains = method == "full"
