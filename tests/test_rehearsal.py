@@ -88,3 +88,14 @@ def test_estimator_within_10_percent_of_the_rehearsal_full_depth(name):
     assert 0.9 <= total <= 1.1, (name, total)
     assert 0.9 <= generation <= 1.1, (name, "generation", generation)
     assert 0.9 <= training <= 1.1, (name, "training", training)
+
+
+def test_rehearse_command_refuses_bad_input_before_building_anything(capsys):
+    from labkit.cli import main
+
+    assert main(["rehearse", "--preset", "no-such-preset"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+    assert main(["rehearse", "--preset", "cpu-tiny"]) == 2  # a CPU preset: nothing to rehearse on a card
+    assert "card_gib" in capsys.readouterr().err
+    assert main(["rehearse", "--preset", "laptop-16gb", "--set", "per_device_train_batch_size"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
