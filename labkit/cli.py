@@ -81,46 +81,62 @@ def on_off(text: str) -> bool:
 
 
 def add_setting_arguments(parser: argparse.ArgumentParser, *, many: bool) -> None:
-    """Add the estimator's settings (method, G, lengths, optimiser, ...) to ``parser``; ``many`` takes lists."""
-    from labkit.memory import OPTIMIZERS
+    """Add the estimator's settings, named as GRPOConfig names them, to ``parser``; ``many`` takes lists."""
+    from labkit.memory import OPTIMIZERS, OPTIMS
     from labkit.models import METHODS
 
     nargs = "+" if many else None
     parser.add_argument("--method", nargs=nargs, default=["lora"] if many else "lora", choices=METHODS)
-    parser.add_argument("--num-generations", type=int, nargs=nargs, default=[8] if many else 8)
-    parser.add_argument("--per-device-batch", type=int, default=1, help="prompts per device per step")
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--completion-len", type=int, default=512)
-    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    parser.add_argument("--num-generations", type=int, nargs=nargs, default=[8] if many else 8,
+                        help="completions per prompt (groups the generation batch; changes no memory by itself)")
+    parser.add_argument("--per-device-train-batch-size", type=int, default=None,
+                        help="completions per forward/backward pass on one device (default: num_generations, "
+                             "one prompt's group)")
+    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    parser.add_argument("--steps-per-generation", type=int, default=None,
+                        help="generation batch = per_device_train_batch_size x this (default: "
+                             "gradient_accumulation_steps, as in GRPOConfig)")
+    parser.add_argument("--max-prompt-length", type=int, default=256)
+    parser.add_argument("--max-completion-length", type=int, default=512)
+    parser.add_argument("--optim", default="adamw", choices=OPTIMIZERS + OPTIMS)
     parser.add_argument("--gradient-checkpointing", type=on_off, default=True, metavar="on|off")
     parser.add_argument("--beta", type=float, default=0.0, help="KL weight; > 0 loads a reference model (full only)")
     parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
+
+
+def batch_settings(args, num_generations: int) -> dict:
+    """Return the estimator's batch arguments (GRPOConfig's names) from :func:`add_setting_arguments`' options."""
+    return dict(per_device_train_batch_size=args.per_device_train_batch_size or num_generations,
+                gradient_accumulation_steps=args.gradient_accumulation_steps,
+                steps_per_generation=args.steps_per_generation, num_generations=num_generations)
 
 
 def estimate_cli(argv: list[str] | None = None) -> int:
     """``python -m labkit estimate``: print the memory breakdown of a GRPO run as a table or JSON."""
-    from labkit.memory import GIB, PRECISION_BYTES, estimate
+    from labkit.cards import CARDS
+    from labkit.memory import PRECISION_BYTES, estimate
 
     parser = argparse.ArgumentParser(
         prog="python -m labkit estimate",
-        description="Estimate the GPU memory of one GRPO step (TRL 1.16) for a model, a method and settings. "
-                    "The model is a catalogue name (labkit.models.ARCHITECTURES) or a saved model folder.")
+        description="Estimate the GPU memory of one GRPO step (TRL 1.16) for a model, a method and settings, "
+                    "named as in GRPOConfig. The model is a catalogue name (labkit.models.ARCHITECTURES) or a "
+                    "saved model folder.")
     parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct")
     add_setting_arguments(parser, many=False)
     parser.add_argument("--precision", default="bf16", choices=tuple(PRECISION_BYTES))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="where the run would happen")
     parser.add_argument("--padded", action="store_true", help="prompts of different lengths (a padding mask)")
     parser.add_argument("--logits", default="fused", choices=("fused", "full"))
+    parser.add_argument("--card", default="rtx3080-laptop-16gb", choices=tuple(CARDS),
+                        help="the card to compare with (labkit.cards.CARDS)")
     parser.add_argument("--json", action="store_true", help="print JSON (with total_gib) instead of a table")
     args = parser.parse_args(argv)
     try:
-        est = estimate(args.model, args.method, num_generations=args.num_generations,
-                       per_device_batch=args.per_device_batch, prompt_len=args.prompt_len,
-                       completion_len=args.completion_len, optimizer=args.optimizer,
-                       gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=args.precision,
-                       lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                       device=args.device, padded=args.padded, logits=args.logits)
+        est = estimate(args.model, args.method, **batch_settings(args, args.num_generations),
+                       max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
+                       optim=args.optim, gradient_checkpointing=args.gradient_checkpointing, beta=args.beta,
+                       precision=args.precision, lora_rank=args.lora_rank, device=args.device, padded=args.padded,
+                       logits=args.logits)
     except (KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -128,14 +144,16 @@ def estimate_cli(argv: list[str] | None = None) -> int:
         print(json.dumps(est.as_dict(), indent=2))
         return 0
     s = est.settings
-    print(f"{s['model']} | {s['method']} | G={s['num_generations']} x {s['per_device_batch']} prompt(s) | "
-          f"prompt {s['prompt_len']} + completion {s['completion_len']} tokens | {s['precision']} | "
-          f"{s['optimizer']} | checkpointing {'on' if s['gradient_checkpointing'] else 'off'} | beta {s['beta']}")
+    print(f"{s['model']} | {s['method']} | per_device_train_batch_size {s['per_device_train_batch_size']}, "
+          f"generation batch {s['generation_batch']} (G={s['num_generations']}) | "
+          f"prompt {s['max_prompt_length']} + completion {s['max_completion_length']} tokens | {s['precision']} | "
+          f"{s['optim']} | checkpointing {'on' if s['gradient_checkpointing'] else 'off'} | beta {s['beta']}")
     print(f"parameters: {est.total_params:,} total, {est.trainable_params:,} trainable "
           f"({100 * est.trainable_params / est.total_params:.2f} %)\n")
     print(est.table())
-    verdict = "fits" if est.total + 1.0 <= 16 * 1e9 / GIB else "does not fit"
-    print(f"\n{verdict} a 16 GB card (14.9 GiB) with 1 GiB headroom for the CUDA context and fragmentation")
+    card = CARDS[args.card]
+    verdict = "fits" if est.total + 1.0 <= card.gib else "does not fit"
+    print(f"\n{verdict} {card} with 1 GiB headroom for the CUDA context and fragmentation")
     return 0
 
 

@@ -2,9 +2,11 @@
 
 Introduced in ``05_full_vs_lora.ipynb``. One GRPO step has two phases that never overlap:
 
-1. **generation**: the policy samples ``num_generations`` completions for each prompt with a
-   KV cache, under ``torch.no_grad()``;
-2. **training**: forward and backward over prompt + completion tokens, then the optimizer step.
+1. **generation**: the policy samples the whole generation batch in one ``generate`` call with a
+   KV cache, under ``torch.no_grad()``: ``per_device_train_batch_size x steps_per_generation``
+   completions on each device (TRL 1.16's units; ``num_generations`` of them share a prompt);
+2. **training**: forward and backward over ``per_device_train_batch_size`` completions of prompt +
+   completion tokens at a time, then the optimizer step.
 
 Weights, the reference model and the optimizer states live through both, so
 
@@ -26,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 
 from labkit.models import METHODS, check_method
+from labkit.measure import saved_activation_bytes, state_bytes  # exact counters, re-exported
 
 __all__ = [
     "GIB",
@@ -39,6 +42,7 @@ __all__ = [
     "MemoryEstimate",
     "model_shape",
     "estimate",
+    "generation_batch",
     "hidden_state_bytes",
     "adapter_bytes",
     "plot_breakdown",
@@ -324,21 +328,83 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
     return per_token, per_layer
 
 
-def estimate(model, method: str = "lora", *, num_generations: int = 8, per_device_batch: int = 1,
-             prompt_len: int = 256, completion_len: int = 512, optimizer: str = "adamw",
-             gradient_checkpointing: bool = True, beta: float = 0.0, precision: str = "bf16",
-             lora_rank: int = 16, lora_targets=None, lora_dropout: float = 0.05,
-             gradient_accumulation_steps: int = 1, device: str = "cuda", padded: bool = False,
-             logits: str = "fused") -> MemoryEstimate:
-    """Return a :class:`MemoryEstimate`: the peak memory of one GRPO step of TRL 1.16, term by term.
+# The estimator's old argument names, renamed to TRL's (GRPOConfig's) own: what a learner reads there they type here.
+_RENAMED = {
+    "per_device_batch": "per_device_train_batch_size (it counts completions per forward/backward pass, as in "
+                        "GRPOConfig: the old per_device_batch x num_generations / gradient_accumulation_steps)",
+    "prompt_len": "max_prompt_length",
+    "completion_len": "max_completion_length",
+    "optimizer": "optim",
+}
 
-    ``per_device_batch`` prompts, each with ``num_generations`` completions, so generation runs
-    ``B_gen = per_device_batch x num_generations`` sequences at once and each forward/backward
-    ``B = B_gen / gradient_accumulation_steps`` sequences (TRL's ``per_device_train_batch_size``)
-    of ``S = prompt_len + completion_len`` tokens. ``P`` parameters (tied weights once), ``P_t``
+
+def generation_batch(per_device_train_batch_size: int = 8, gradient_accumulation_steps: int = 1,
+                     steps_per_generation: int | None = None, generation_batch_size: int | None = None,
+                     num_generations: int = 8, num_processes: int = 1) -> tuple[int, int]:
+    """Return ``(steps_per_generation, completions one device generates at once)``, as TRL 1.16 resolves them.
+
+    ``GRPOConfig.__post_init__`` (trl/trainer/grpo_config.py, lines 1097-1117): ``steps_per_generation``
+    defaults to ``gradient_accumulation_steps``; ``generation_batch_size`` (all processes) is
+    ``per_device_train_batch_size x num_processes x steps_per_generation``; giving both is an error. One
+    device generates ``per_device_train_batch_size x steps_per_generation`` completions in one
+    ``generate`` call (``GRPOTrainer.get_train_dataloader`` and ``_prepare_inputs``), then trains on them
+    ``per_device_train_batch_size`` at a time. ``num_generations`` only decides how many of them share a
+    prompt: the generation batch must hold whole groups (lines 1129-1134). Raises ``ValueError`` where
+    TRL would, saying what to set.
+    """
+    for knob, value in dict(per_device_train_batch_size=per_device_train_batch_size,
+                            gradient_accumulation_steps=gradient_accumulation_steps,
+                            num_processes=num_processes).items():
+        if value < 1:
+            raise ValueError(f"{knob} must be at least 1, not {value}")
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
+                         f"not {num_generations}")
+    per_step = per_device_train_batch_size * num_processes
+    if generation_batch_size is not None and steps_per_generation is not None:
+        raise ValueError("generation_batch_size and steps_per_generation cannot both be set (TRL refuses it): "
+                         "set one of them")
+    if generation_batch_size is not None:
+        if generation_batch_size < 1 or generation_batch_size % per_step:
+            raise ValueError(f"generation_batch_size ({generation_batch_size}) must be a positive multiple of "
+                             f"per_device_train_batch_size x num_processes ({per_step})")
+        steps_per_generation = generation_batch_size // per_step
+    steps_per_generation = gradient_accumulation_steps if steps_per_generation is None else steps_per_generation
+    if steps_per_generation < 1:
+        raise ValueError(f"steps_per_generation must be at least 1, not {steps_per_generation}")
+    total = per_step * steps_per_generation
+    if total % num_generations:
+        raise ValueError(f"the generation batch, per_device_train_batch_size ({per_device_train_batch_size}) x "
+                         f"num_processes ({num_processes}) x steps_per_generation ({steps_per_generation}) = {total} "
+                         f"completions, must be a multiple of num_generations ({num_generations}): TRL generates each "
+                         f"prompt's {num_generations} completions in one generation batch")
+    return steps_per_generation, per_device_train_batch_size * steps_per_generation
+
+
+def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 8,
+             gradient_accumulation_steps: int = 1, steps_per_generation: int | None = None,
+             generation_batch_size: int | None = None, num_generations: int = 8, num_processes: int = 1,
+             max_prompt_length: int = 256, max_completion_length: int = 512, optim: str = "adamw",
+             gradient_checkpointing: bool = True, beta: float = 0.0, precision: str = "bf16",
+             lora_rank: int = 16, lora_targets=None, lora_dropout: float = 0.05, device: str = "cuda",
+             padded: bool = False, logits: str = "fused", fp32_master_weights: bool | None = None,
+             **renamed) -> MemoryEstimate:
+    """Return a :class:`MemoryEstimate`: the peak memory of one GRPO step of TRL 1.16 on one device, term by term.
+
+    The batch arguments are ``GRPOConfig``'s, in its units. Each forward/backward pass trains on
+    ``B = per_device_train_batch_size`` completions of ``S = max_prompt_length + max_completion_length``
+    tokens; one ``generate`` call samples ``B_gen = per_device_train_batch_size x steps_per_generation``
+    completions (``steps_per_generation`` defaults to ``gradient_accumulation_steps``; or give
+    ``generation_batch_size``, counted over ``num_processes`` as in TRL: :func:`generation_batch`).
+    ``num_generations`` only says how many of them share a prompt, so with the batch and the
+    accumulation fixed it changes no term. ``P`` parameters (tied weights once), ``P_t``
     trainable ones; ``w`` the bytes of a weight and ``b`` of an activation (``precision``: bf16/fp16
-    2, fp32 4; fp16 full fine-tuning keeps fp32 master weights). Layers ``L``, hidden ``h``,
-    MLP ``i``, vocabulary ``V``, KV heads x head size ``kv``.
+    2, fp32 4). Full fine-tuning with ``fp32_master_weights`` (the default under fp16, as labkit loads
+    on a T4) keeps fp32 weights under 16-bit autocast: fp32 weights, gradients and AdamW moments, 16
+    bytes a parameter, the recipe that learns; ``fp32_master_weights=False`` under bf16 (the default
+    there) is pure bf16, 8 bytes a parameter, whose AdamW steps round away at full fine-tuning's
+    learning rates (notebook 05, section 11): a memory figure, not a recipe. Layers ``L``, hidden
+    ``h``, MLP ``i``, vocabulary ``V``, KV heads x head size ``kv``.
 
     - **weights** ``= P w`` (full, LoRA base); LoRA adds ``P_lora x 4`` (PEFT keeps adapters in
       fp32); QLoRA stores the ``nn.Linear`` weights in NF4, ``0.5 + 1/64 + 1/4096`` bytes each
@@ -369,11 +435,9 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
       ``logits="full"`` instead counts a plain implementation: logits, their log-softmax and their
       gradient, ``3 N V b`` with ``N = B (C + 1)``.
     - **kv_cache** ``= 2 L kv b B_gen S`` (keys and values of every layer), plus the prefill's
-      largest intermediate (``B_gen x prompt_len x (3 i + 2 h) x b``) and the sampling buffers.
-    - **transients** (generation, found by :mod:`labkit.rehearsal`): LoRA's fp32 cast of its input, its
-      dropout output and bool mask at the prefill (widest adapted input); when the LM head is fp32 under
-      half-precision autocast (QLoRA, fp16 full fine-tuning) its ``V h b`` copy, and under fp16 full
-      fine-tuning autocast's cached half-precision copies of every linear weight.
+      largest intermediate (``B_gen x max_prompt_length x (3 i + 2 h) x b``) and the sampling buffers.
+    - **transients** (generation; :mod:`labkit.rehearsal` found them): LoRA's fp32 input casts at the prefill,
+      autocast's ``V h b`` copy of an fp32 LM head (QLoRA, fp32 masters) and of every fp32 master weight.
 
     ``peak = weights + reference + optimizer + max(kv_cache + transients, gradients + activations + logits)``.
     Gradients and activations are added: with gradient accumulation the gradients of earlier
@@ -383,41 +447,43 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
     """
     from labkit.models import DEFAULT_LORA_TARGETS
 
+    if renamed:
+        raise TypeError("estimate() got " + "; ".join(
+            f"{old!r}: renamed {_RENAMED[old]}" if old in _RENAMED else f"an unexpected argument {old!r}"
+            for old in renamed))
     check_method(method)
-    optimizer = optimizer_layout(optimizer)
+    optimizer = optimizer_layout(optim)
     if precision not in PRECISION_BYTES:
         raise ValueError(f"precision must be one of {tuple(PRECISION_BYTES)}, not {precision!r}")
     if logits not in ("fused", "full"):
         raise ValueError(f"logits must be 'fused' (TRL 1.16) or 'full', not {logits!r}")
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', not {device!r}")
-    for knob, value in dict(num_generations=num_generations, per_device_batch=per_device_batch,
-                            completion_len=completion_len, lora_rank=lora_rank,
-                            gradient_accumulation_steps=gradient_accumulation_steps).items():
+    for knob, value in dict(max_completion_length=max_completion_length, lora_rank=lora_rank).items():
         if value < 1:
             raise ValueError(f"{knob} must be at least 1, not {value}")
-    if prompt_len < 0:
-        raise ValueError(f"prompt_len must be at least 0, not {prompt_len}")
-    if num_generations < 2:
-        raise ValueError(f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
-                         f"not {num_generations}")
+    if max_prompt_length < 0:
+        raise ValueError(f"max_prompt_length must be at least 0, not {max_prompt_length}")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise ValueError(f"beta must be a finite number >= 0, not {beta!r}")
+    steps_per_generation, generation_batch_ = generation_batch(
+        per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation, generation_batch_size,
+        num_generations, num_processes)
+    prompt_len, completion_len = max_prompt_length, max_completion_length
     context = getattr(_config_of(model)[1].get_text_config(), "max_position_embeddings", None)
     if context and prompt_len + completion_len > context:
-        raise ValueError(f"prompt_len ({prompt_len}) + completion_len ({completion_len}) = "
+        raise ValueError(f"max_prompt_length ({prompt_len}) + max_completion_length ({completion_len}) = "
                          f"{prompt_len + completion_len} tokens, more than {model}'s context of {context}; "
-                         f"set completion_len to at most {max(1, context - prompt_len)}")
-    generation_batch = per_device_batch * num_generations
-    if generation_batch % gradient_accumulation_steps:
-        raise ValueError(f"per_device_batch x num_generations ({generation_batch}) must be divisible by "
-                         f"gradient_accumulation_steps ({gradient_accumulation_steps})")
-    micro_batch = generation_batch // gradient_accumulation_steps
+                         f"set max_completion_length to at most {max(1, context - prompt_len)}")
+    micro_batch = per_device_train_batch_size
     shape = model_shape(model)
     targets = list(lora_targets or DEFAULT_LORA_TARGETS)
     b = PRECISION_BYTES[precision]
     # Weight dtype of the policy as labkit.device.torch_dtype chooses it.
-    w = 4 if precision == "fp32" or (precision == "fp16" and method == "full") else 2
+    if fp32_master_weights is None:  # what labkit.device.torch_dtype loads: fp32 masters under fp16, pure bf16
+        fp32_master_weights = precision == "fp16"
+    masters = method == "full" and precision != "fp32" and bool(fp32_master_weights)
+    w = 4 if precision == "fp32" or masters else 2
     seq = prompt_len + completion_len
     h, V, L = shape.hidden_size, shape.vocab_size, shape.num_layers
     kv = shape.num_kv_heads * shape.head_dim
@@ -469,14 +535,10 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         activations = L * hb * h * tokens + layer + final_norm + input_ids
     else:
         activations = L * layer + final_norm + input_ids + rotary
-    if precision == "fp16" and method == "full":
-        activations += shape.linear_weight_params * 2  # autocast's fp16 copies of the fp32 master weights
-    if method == "lora":
-        # PEFT's LoRA layer casts its input to the fp32 adapters' dtype (peft/tuners/lora/layer.py:1100) and
-        # dropout's output is fp32 too: two transient copies of the widest adapted input while that adapter runs
-        # (found by the rehearsal at per_device_train_batch_size=16: training was 0.85 of the rehearsed peak).
-        widest_in = max((i for i, _ in shape.lora_targets(targets)), default=0)
-        activations += tokens * widest_in * (4 + (4 if lora_dropout > 0 else 0))
+    if masters:
+        activations += shape.linear_weight_params * 2  # autocast's 16-bit copies of the fp32 master weights
+    if method == "lora":  # PEFT's fp32 cast of the widest LoRA input and dropout's fp32 output (layer.py:1100)
+        activations += tokens * max(i for i, _ in shape.lora_targets(targets)) * (4 + (4 if lora_dropout > 0 else 0))
 
     # --- the LM head and log-probabilities
     head_trains = method == "full"
@@ -492,23 +554,17 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
         scored = micro_batch * (completion_len + 1)
         logits_bytes = 3 * scored * V * b
 
-    # --- generation
-    kv_cache = 2 * L * kv * hb * generation_batch * seq
-    kv_cache += generation_batch * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
-    kv_cache += generation_batch * V * (b + 3 * 4)  # last-position logits, their fp32 copy, sampling buffers
-    transients = 0  # half-precision copies and casts alive during a generation forward
-    if method == "lora":
-        # PEFT's LoRA layer casts its input to the fp32 adapters' dtype (peft/tuners/tuners_utils.py:2220-2235)
-        # and dropout keeps its output and a bool mask: at the prefill, for the widest adapted input.
-        widest = max((i for i, _ in shape.lora_targets(targets)), default=0)
-        transients += generation_batch * prompt_len * widest * (4 + (4 + 1 if lora_dropout > 0 else 0))
-    if b < 4 and (method == "qlora" or w == 4):
-        # The LM head is fp32 (QLoRA: prepare_model_for_kbit_training; fp16 full fine-tuning: master weights),
-        # and autocast casts it to half precision in every forward: a V x h copy alive during the projection.
-        # Found by the rehearsal (labkit.rehearsal; results/rehearsal.csv), which runs that forward.
-        transients += V * h * b
-        if method == "full":  # autocast caches the half-precision copy of every fp32 weight for the whole forward
-            transients += shape.linear_weight_params * b
+    # --- generation: one generate call over the whole generation batch
+    kv_cache = 2 * L * kv * hb * generation_batch_ * seq
+    kv_cache += generation_batch_ * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
+    kv_cache += generation_batch_ * V * (b + 3 * 4)  # last-position logits, their fp32 copy, sampling buffers
+    # Generation transients the rehearsal (labkit.rehearsal) showed: PEFT casts a LoRA input to fp32 and dropout
+    # keeps an fp32 output and a mask (prefill); autocast copies an fp32 LM head (QLoRA, fp32 masters) and caches
+    # the copies of every fp32 master weight for the whole forward.
+    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if method == "lora" else 0
+    transients = generation_batch_ * prompt_len * widest * (4 + (5 if lora_dropout > 0 else 0))
+    if b < 4 and (method == "qlora" or masters):
+        transients += V * h * b + (shape.linear_weight_params * b if method == "full" else 0)
 
     persistent = weights + reference + optimizer_bytes
     generation_phase = persistent + kv_cache + transients
@@ -518,12 +574,14 @@ def estimate(model, method: str = "lora", *, num_generations: int = 8, per_devic
                  generation_phase=generation_phase, training_phase=training_phase,
                  total=max(generation_phase, training_phase))
     terms = {k: int(round(v)) for k, v in terms.items()}
-    settings = dict(model=shape.name, method=method, num_generations=num_generations,
-                    per_device_batch=per_device_batch, prompt_len=prompt_len, completion_len=completion_len,
-                    optimizer=optimizer, gradient_checkpointing=gradient_checkpointing, beta=beta,
-                    precision=precision, lora_rank=lora_rank if method != "full" else None,
-                    gradient_accumulation_steps=gradient_accumulation_steps, device=device, padded=padded,
-                    logits=logits)
+    settings = dict(model=shape.name, method=method, per_device_train_batch_size=per_device_train_batch_size,
+                    gradient_accumulation_steps=gradient_accumulation_steps,
+                    steps_per_generation=steps_per_generation, generation_batch=generation_batch_,
+                    num_generations=num_generations, num_processes=num_processes,
+                    max_prompt_length=prompt_len, max_completion_length=completion_len,
+                    optim=optimizer, gradient_checkpointing=gradient_checkpointing, beta=beta,
+                    precision=precision, fp32_master_weights=masters,
+                    lora_rank=lora_rank if method != "full" else None, device=device, padded=padded, logits=logits)
     return MemoryEstimate(bytes=terms, settings=settings, trainable_params=trainable, total_params=shape.params)
 
 
@@ -535,18 +593,23 @@ _COLOURS = {"weights": "#4c72b0", "reference": "#8172b3", "optimizer": "#dd8452"
             "gradients": "#c44e52", "transients": "#8c8c8c", "activations": "#55a868", "logits": "#da8bc3"}
 
 
-def plot_breakdown(estimates, labels=None, *, card_gb: float = 16.0, ax=None):
+def plot_breakdown(estimates, labels=None, *, card="rtx3080-laptop-16gb", ax=None):
     """Return a matplotlib ``Axes``: stacked bars of each estimate's two phases against a card's memory.
 
     ``estimates`` is one :class:`MemoryEstimate` or a list; each gets a pair of bars (generation,
-    training), stacked term by term in GiB, and a dashed line marks ``card_gb`` (a card sold as
-    16 GB holds 14.9 GiB). Used by the interactive estimator of ``05_full_vs_lora.ipynb``.
+    training), stacked term by term in GiB, and a dashed line marks what ``card`` (a key of
+    :data:`labkit.cards.CARDS`, or a :class:`labkit.cards.Card`) reports to PyTorch: a card sold as
+    16 GB reports about 15.7 GiB, not 14.9. Used by the interactive estimator of ``05_full_vs_lora.ipynb``.
     """
     import matplotlib.pyplot as plt
 
     if isinstance(estimates, MemoryEstimate):
         estimates = [estimates]
-    labels = labels or [f"{e.settings['method']} G={e.settings['num_generations']}" for e in estimates]
+    from labkit.cards import Card, card as card_named
+
+    card = card if isinstance(card, Card) else card_named(card)
+    labels = labels or [f"{e.settings['method']} {e.settings['per_device_train_batch_size']}x"
+                        f"{e.settings['steps_per_generation']}" for e in estimates]
     if ax is None:
         _, ax = plt.subplots(figsize=(4.6 + 2 * len(estimates), 4), layout="constrained")
     positions, ticks, shown = [], [], set()
@@ -564,101 +627,11 @@ def plot_breakdown(estimates, labels=None, *, card_gb: float = 16.0, ax=None):
                 bottom += height
             positions.append(x)
             ticks.append(f"{labels[k]}\n{phase}" if len(estimates) > 1 else phase)
-    limit = card_gb * 1e9 / GIB
     # the card's line is named in the legend, which sits beside the bars: a label on the plot covered a bar
-    ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"{card_gb:g} GB card ({limit:.1f} GiB)")
+    ax.axhline(card.gib, color="black", linestyle="--", linewidth=1, label=f"{card.sold_as} card ({card.gib:g} GiB)")
     ax.set_xticks(positions, ticks, fontsize=9)
     ax.set_ylabel("GiB")
     if len(estimates) == 1:
         ax.set_xlabel(labels[0], fontsize=9)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return ax
-
-
-# --------------------------------------------------------------------------- exact measurements
-
-
-def state_bytes(model, optimizer=None) -> dict:
-    """Return ``{"weights", "gradients", "optimizer"}``: bytes held by a model's tensors, measured.
-
-    Weights: every parameter once (tied weights once; bitsandbytes 4-bit weights by their packed
-    storage plus quantisation constants). Gradients: every ``.grad`` that exists. Optimizer: every
-    tensor in ``optimizer.state`` (once, however many parameters share it). The counterpart of
-    :func:`estimate`'s exact terms; ``05_full_vs_lora.ipynb`` compares the two.
-    """
-    import torch
-
-    seen, weights, gradients = set(), 0, 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        weights += p.numel() * p.element_size()
-        quant_state = getattr(p, "quant_state", None)
-        if quant_state is not None:
-            weights += sum(t.numel() * t.element_size() for t in _tensors_of(quant_state))
-        if p.grad is not None:
-            gradients += p.grad.numel() * p.grad.element_size()
-    opt, seen_state = 0, set()
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor) and id(value) not in seen_state:
-                    seen_state.add(id(value))
-                    opt += value.numel() * value.element_size()
-    return {"weights": weights, "gradients": gradients, "optimizer": opt}
-
-
-def _tensors_of(quant_state):
-    import torch
-
-    found = []
-    for value in vars(quant_state).values():
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif hasattr(value, "absmax"):  # nested state of double quantisation
-            found.extend(_tensors_of(value))
-    return found
-
-
-def saved_activation_bytes(forward, exclude=None) -> int:
-    """Return the bytes of the tensors autograd keeps for the backward pass of ``forward()``.
-
-    Every tensor saved for backward is counted once, by its storage. ``exclude`` is a model (its
-    parameters and buffers) or an iterable of tensors not to count, so that what remains is
-    activation memory (the token ids an embedding keeps included). Gradient checkpointing hides
-    what a checkpointed layer keeps from these hooks: measure without it. Used to check the
-    activation formula of :func:`estimate` (``05_full_vs_lora.ipynb``, ``tests/test_memory.py``).
-    """
-    import torch
-    from torch.autograd.graph import saved_tensors_hooks
-
-    if isinstance(exclude, torch.nn.Module):
-        exclude = [*exclude.parameters(), *exclude.buffers()]
-    owned = {t.untyped_storage().data_ptr() for t in (exclude or ())}
-    kept: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in owned and storage.nbytes():
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with saved_tensors_hooks(pack, lambda t: t):
-        out = forward()
-    del out
-    return sum(kept.values())
-
-
-# --------------------------------------------------------------------------- python -m labkit estimate
-
-
-# --------------------------------------------------------------------------- python -m labkit bench memory
-
-
-# --------------------------------------------------------------------------- python -m labkit bench chunked-logps
-
-
-# --------------------------------------------------------------------------- python -m labkit bench full-vs-lora
-
-

@@ -8,15 +8,21 @@ becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
 - which step, and which phase of it: generation, scoring (rewards, old and reference
   log-probs), the loss's forward pass, the backward pass, the optimiser step;
 - what was allocated and reserved, and what the failed allocation asked for;
-- an ordered list of settings to change, first the ones that cut that phase's memory;
+- an ordered list of settings to change, only those that cut that phase's memory;
 - the last checkpoint, which is kept (nothing is written after an OOM: the model and
   optimiser may be half updated), so the run resumes from there.
 
-Why the phase matters. Generation holds the KV cache of ``generation_batch_size``
-sequences of prompt + completion tokens; the loss's forward and backward passes hold
-activations and, in the LM head, logits for every scored token (Qwen's vocabulary is 151,936; TRL 1.16
-computes them in chunks of 4,096 tokens x 32,768 entries, so a tile rather than a full ``(B, T, V)`` tensor);
-the optimiser step allocates the AdamW states on the first step. Each has its own cure.
+Why the phase matters. Generation holds the KV cache of the generation batch: in TRL 1.16's
+units, ``per_device_train_batch_size x steps_per_generation`` sequences of prompt + completion
+tokens on each device (``steps_per_generation`` defaults to ``gradient_accumulation_steps``;
+``num_generations`` only groups them). The loss's forward and backward passes hold activations
+and, in the LM head, logits for ``per_device_train_batch_size`` sequences (Qwen's vocabulary is
+151,936; TRL 1.16 computes them in chunks of 4,096 tokens x 32,768 entries, so a tile rather than
+a full ``(B, T, V)`` tensor); the optimiser step allocates the AdamW states on the first step. Each
+has its own cure, and a cure for one can leave the other unchanged: halving the per-device batch
+at double the accumulation keeps the generation batch, so it does nothing for an OOM during
+generation. :func:`ordered_changes` offers only the changes that :func:`labkit.memory.estimate`
+says cut the memory of the phase that ran out.
 
 NaN. The same wrapper installs :class:`NaNGuard` and turns NaN logits met by sampling into
 :class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow, QLoRA or fp32),
@@ -40,7 +46,10 @@ from labkit.training import last_checkpoint
 __all__ = [
     "PHASES",
     "Change",
+    "PHASE_MEMORY",
     "candidate_changes",
+    "flat_settings",
+    "phase_memory",
     "ordered_changes",
     "OOMReport",
     "TrainingOutOfMemory",
@@ -69,16 +78,29 @@ _SMALLER = {
     "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
     "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-1B-Instruct",
 }
-# Which changes to try first, by the phase that ran out of memory.
-_ORDER = {
-    "generation": ["completion", "generations", "method", "model", "batch", "checkpointing", "optim", "beta"],
-    "scoring": ["batch", "completion", "beta", "generations", "method", "model", "checkpointing", "optim"],
-    "forward": ["checkpointing", "batch", "completion", "generations", "method", "model", "beta", "optim"],
-    "backward": ["checkpointing", "batch", "completion", "generations", "method", "model", "beta", "optim"],
-    "optimizer": ["optim", "method", "model", "checkpointing", "batch", "completion", "generations", "beta"],
-    "setup": ["method", "model", "optim", "beta", "checkpointing", "batch", "completion", "generations"],
+# Which memory of labkit.memory.estimate each phase fills: generation holds the KV cache of the whole
+# generation batch; scoring, the loss's forward and backward passes and the optimiser step hold the
+# training pass's gradients, activations and LM-head buffers; setup holds what lives through both.
+PHASE_MEMORY = {
+    "generation": "generation_phase",
+    "scoring": "training_phase",
+    "forward": "training_phase",
+    "backward": "training_phase",
+    "optimizer": "training_phase",
+    "setup": "persistent",
 }
-_DEFAULT_ORDER = ["checkpointing", "batch", "completion", "optim", "generations", "method", "model", "beta"]
+# Which changes to try first, by the phase that ran out of memory. Only changes that cut that phase's
+# memory (by labkit.memory.estimate) are offered: see ordered_changes.
+_ORDER = {
+    "generation": ["generation_batch", "generations", "completion", "optim", "method", "beta", "model"],
+    "scoring": ["batch", "completion", "checkpointing", "optim", "method", "beta", "model"],
+    "forward": ["checkpointing", "batch", "completion", "optim", "method", "beta", "model"],
+    "backward": ["checkpointing", "batch", "completion", "optim", "method", "beta", "model"],
+    "optimizer": ["optim", "method", "checkpointing", "batch", "completion", "beta", "model"],
+    "setup": ["method", "optim", "beta", "model"],
+}
+_DEFAULT_ORDER = ["checkpointing", "batch", "generation_batch", "completion", "optim", "generations", "method",
+                  "beta", "model"]
 
 
 @dataclass(frozen=True)
@@ -91,40 +113,97 @@ class Change:
     why: str
 
     def __str__(self) -> str:
-        moves = ", ".join(f"{k} {self.before.get(k)!r} -> {v!r}" for k, v in self.updates.items())
+        moves = ", ".join(f"{k} {'(default)' if self.before.get(k) is None else repr(self.before.get(k))} -> {v!r}"
+                          for k, v in self.updates.items())
         return f"{moves}: {self.why}"
 
 
-def candidate_changes(settings: dict) -> list[Change]:
-    """Return the changes that would cut memory for these settings (preset field names), unordered.
+def flat_settings(settings: dict) -> dict:
+    """Return ``settings`` (preset field names) with its ``trl_options`` lifted to the top (``steps_per_generation``)."""
+    flat = {k: v for k, v in settings.items() if k != "trl_options"}
+    options = settings.get("trl_options")
+    if isinstance(options, dict):
+        flat.update(options)
+    return flat
 
-    Each keeps the run valid: the per-device batch halves while the accumulation doubles
-    (same generation batch), ``num_generations`` halves (it still divides the batch).
-    Changes already made (checkpointing on, 8-bit AdamW, batch 1, ...) are not offered.
+
+def _smaller_generation_batch(batch: int, steps: int, processes: int, generations: int):
+    """Return ``(per_device_train_batch_size, steps_per_generation)`` for half the generation batch with whole
+    groups of ``generations``, keeping ``batch x steps`` a multiple of the groups; None when there is none."""
+    for new_batch, new_steps in ((batch, steps // 2), (batch // 2, steps)):
+        if new_batch >= 1 and new_steps >= 1 and new_batch * new_steps * 2 == batch * steps \
+                and (new_batch * processes * new_steps) % generations == 0:
+            return new_batch, new_steps
+    return None
+
+
+def candidate_changes(settings: dict) -> list[Change]:
+    """Return the changes that could cut memory for these settings (preset / GRPOConfig field names), unordered.
+
+    In TRL 1.16's units (:func:`labkit.memory.generation_batch`): one device generates
+    ``per_device_train_batch_size x steps_per_generation`` completions at once
+    (``steps_per_generation`` defaults to ``gradient_accumulation_steps``) and trains on
+    ``per_device_train_batch_size`` at a time; ``num_generations`` only groups them. So:
+
+    - ``generation_batch`` halves the generation batch (``steps_per_generation``, or the per-device
+      batch at the same ``steps_per_generation``): the KV cache halves; prompts per step fall.
+    - ``generations`` halves ``num_generations`` together with the generation batch, when the batch
+      holds one prompt's group only (a smaller group cannot cut memory on its own).
+    - ``batch`` halves ``per_device_train_batch_size`` and doubles the accumulation, keeping the
+      generation batch: the training pass's activations halve, the KV cache does not.
+    - ``completion``, ``checkpointing``, ``optim``, ``method``, ``model``, ``beta`` as named.
+
+    Each keeps the run valid for TRL. Which of them cut the memory of the phase that ran out is
+    decided by the estimator in :func:`ordered_changes`.
     """
-    s = settings
+    s = flat_settings(settings)
     out: list[Change] = []
 
     def add(kind, updates, why):
         out.append(Change(kind, updates, {k: s.get(k) for k in updates}, why))
 
+    batch, accumulation = s.get("per_device_train_batch_size"), s.get("gradient_accumulation_steps")
+    generations, processes = s.get("num_generations"), s.get("num_processes") or 1
+    explicit_steps = s.get("steps_per_generation")
+    steps = explicit_steps or accumulation
     if s.get("gradient_checkpointing") is False:
         add("checkpointing", {"gradient_checkpointing": True},
             "recompute activations in the backward pass: a large cut in activation memory for about 20-30 % speed")
-    batch, accumulation = s.get("per_device_train_batch_size"), s.get("gradient_accumulation_steps")
     if batch and accumulation and batch > 1:
-        add("batch", {"per_device_train_batch_size": max(1, batch // 2), "gradient_accumulation_steps": accumulation * 2},
-            "half the completions in each forward/backward pass; the same completions per optimiser step")
+        updates = {"per_device_train_batch_size": batch // 2, "gradient_accumulation_steps": accumulation * 2}
+        if explicit_steps:  # keep the generation batch: twice the steps of half the batch
+            updates["steps_per_generation"] = explicit_steps * 2
+        if batch % 2 == 0:
+            add("batch", updates, "half the completions in each forward/backward pass (activations, LM-head "
+                "buffers); the same generation batch and the same completions per optimiser step")
+    if batch and steps and generations:
+        smaller = _smaller_generation_batch(batch, steps, processes, generations)
+        if smaller is not None:
+            new_batch, new_steps = smaller
+            updates = {"steps_per_generation": new_steps}
+            if new_batch != batch:
+                updates = {"per_device_train_batch_size": new_batch, "gradient_accumulation_steps": accumulation * 2,
+                           "steps_per_generation": new_steps}
+            add("generation_batch", updates,
+                "generate half the completions at once (KV cache of the generation batch halves); the same "
+                f"num_generations per prompt, fewer prompts per generation batch")
+        elif generations >= 4 and generations % 2 == 0:
+            halved = _smaller_generation_batch(batch, steps, processes, generations // 2)
+            if halved is not None:
+                new_batch, new_steps = halved
+                updates = {"num_generations": generations // 2, "steps_per_generation": new_steps}
+                if new_batch != batch:
+                    updates = {"num_generations": generations // 2, "per_device_train_batch_size": new_batch,
+                               "gradient_accumulation_steps": accumulation * 2, "steps_per_generation": new_steps}
+                add("generations", updates,
+                    "the generation batch holds one prompt's group: a group half as large, generated at once, "
+                    "halves the KV cache (noisier advantages)")
     completion = s.get("max_completion_length")
     if completion and completion > 128:
         shorter = max(128, int(completion * 2 / 3) // 64 * 64)
         add("completion", {"max_completion_length": shorter},
-            "KV cache, activations and logits all grow with completion length; longer answers get cut "
+            "KV cache, activations and LM-head buffers all grow with completion length; longer answers get cut "
             "(watch completions/clipped_ratio)")
-    generations = s.get("num_generations")
-    if generations and generations >= 4 and generations % 2 == 0:
-        add("generations", {"num_generations": generations // 2},
-            "fewer completions per prompt: less memory, noisier advantages")
     optim = s.get("optim")
     if optim and optim not in EIGHT_BIT_OPTIMS:
         add("optim", {"optim": "adamw_bnb_8bit"}, "8-bit AdamW keeps about 2 bytes of state per trainable parameter, not 8")
@@ -132,7 +211,10 @@ def candidate_changes(settings: dict) -> list[Change]:
     if method == "full":
         add("method", {"method": "lora"}, "train small adapters: no gradients or AdamW states for the frozen weights")
     elif method == "lora":
-        add("method", {"method": "qlora"}, "store the frozen weights in 4 bits (about 0.5 byte per parameter instead of 2)")
+        add("method", {"method": "qlora"},
+            "store the frozen Linear weights in 4 bits (about 0.5 byte per parameter instead of 2); QLoRA keeps "
+            "embeddings and hidden states in fp32 (prepare_model_for_kbit_training), so it cuts memory only where "
+            "the weights outweigh them")
     model = s.get("model")
     if model in _SMALLER:
         add("model", {"model": _SMALLER[model]}, "a smaller model of the same family")
@@ -141,11 +223,67 @@ def candidate_changes(settings: dict) -> list[Change]:
     return out
 
 
+def phase_memory(settings: dict, phase: str | None) -> int | None:
+    """Return the bytes :func:`labkit.memory.estimate` gives the memory ``phase`` fills (:data:`PHASE_MEMORY`)
+    for ``settings`` (preset / GRPOConfig field names), or None when it cannot estimate them (an unknown model).
+
+    Phases without an entry (``between steps``, unknown) count the whole step's peak.
+    """
+    from labkit.memory import estimate
+    from labkit.models import resolve_model
+
+    s = flat_settings(settings)
+    if not s.get("model") or not s.get("method"):
+        return None
+    kwargs = dict(per_device_train_batch_size=s.get("per_device_train_batch_size"),
+                  gradient_accumulation_steps=s.get("gradient_accumulation_steps"),
+                  steps_per_generation=s.get("steps_per_generation"), num_generations=s.get("num_generations"),
+                  num_processes=s.get("num_processes"), max_prompt_length=s.get("max_prompt_length"),
+                  max_completion_length=s.get("max_completion_length"), optim=s.get("optim"),
+                  gradient_checkpointing=s.get("gradient_checkpointing"), beta=s.get("beta"),
+                  precision=s.get("precision"), lora_rank=s.get("lora_rank"), lora_targets=s.get("target_modules"))
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    kwargs["lora_targets"] = list(kwargs["lora_targets"]) if "lora_targets" in kwargs else None
+    model = s["model"]
+    try:
+        # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
+        est = estimate(resolve_model(model) if str(model).startswith("tiny:") else model, s["method"], **kwargs)
+    except (KeyError, ValueError, TypeError, OSError):
+        return None
+    term = PHASE_MEMORY.get(phase or "", "total")
+    if term == "persistent":
+        return est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
+    return est.bytes[term]
+
+
+def _applied(settings: dict, change: Change) -> dict:
+    flat = flat_settings(settings)
+    flat.update(change.updates)
+    return flat
+
+
 def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
-    """Return :func:`candidate_changes` ordered for the phase that ran out of memory (first = try first)."""
+    """Return :func:`candidate_changes` that cut the memory of ``phase``, ordered for it (first = try first).
+
+    When :func:`phase_memory` can estimate the settings, a change is offered only if the estimator
+    says it lowers that phase's memory: halving the per-device batch at double the accumulation
+    leaves the generation batch (and the KV cache) unchanged, so it is not offered for an OOM during
+    generation; LoRA -> QLoRA costs more than it saves on a small model (fp32 embeddings and hidden
+    states), so it is not offered there. Without an estimate (a model the estimator cannot read), the
+    changes are ordered but not filtered.
+    """
     order = _ORDER.get(phase or "", _DEFAULT_ORDER)
     rank = {kind: i for i, kind in enumerate(order)}
-    return sorted(candidate_changes(settings), key=lambda c: rank.get(c.kind, len(order)))
+    changes = [c for c in candidate_changes(settings) if c.kind in rank]
+    before = phase_memory(settings, phase)
+    if before is not None:
+        cutting = []
+        for change in changes:
+            after = phase_memory(_applied(settings, change), phase)
+            if after is not None and after < before:
+                cutting.append(change)
+        changes = cutting
+    return sorted(changes, key=lambda c: rank[c.kind])
 
 
 @dataclass
@@ -164,6 +302,7 @@ class OOMReport:
     changes: list = field(default_factory=list)
     checkpoint: str | None = None
     output_dir: str | None = None
+    notes: list = field(default_factory=list)  # advice the estimator cannot check (vLLM server mode)
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -183,6 +322,7 @@ class OOMReport:
         if self.changes:
             lines.append("Change, in this order (one at a time, then re-run):")
             lines += [f"  {i}. {c}" for i, c in enumerate(self.changes, 1)]
+        lines += [f"  Also: {note}" for note in self.notes]
         if self.reserved_gib is not None and self.allocated_gib is not None \
                 and self.reserved_gib - self.allocated_gib > 0.5:
             lines.append("  Reserved >> allocated (fragmentation): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
@@ -289,17 +429,30 @@ def settings_from_trainer(trainer) -> dict:
     else:
         method = "full"
     optim = getattr(args.optim, "value", args.optim)
-    return {
+    settings = {
         "model": getattr(getattr(model, "config", None), "_name_or_path", None),
         "method": method,
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        # TRL resolves the default (= gradient_accumulation_steps); only a value set on purpose is kept
+        "steps_per_generation": (args.steps_per_generation
+                                 if args.steps_per_generation != args.gradient_accumulation_steps else None),
         "num_generations": args.num_generations,
+        "num_processes": getattr(args, "world_size", 1) or 1,
         "max_completion_length": args.max_completion_length,
         "optim": optim,
         "gradient_checkpointing": bool(args.activation_checkpointing),
         "beta": args.beta,
+        "precision": _trainer_precision(args),
     }
+    peft_config = getattr(model, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        adapter = next(iter(peft_config.values()))
+        settings["lora_rank"] = getattr(adapter, "r", None)
+        targets = getattr(adapter, "target_modules", None)
+        if targets and not isinstance(targets, str):
+            settings["target_modules"] = sorted(targets)
+    return settings
 
 
 def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, max_steps: int | None = None,
@@ -309,12 +462,17 @@ def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, 
     Call it while the failed step's tensors are still alive (inside the ``except`` block)
     for the allocated figures to show what filled the card.
     """
+    import importlib.util
+
     message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     report = OOMReport(step=step, max_steps=max_steps, phase=phase, error=message[:300],
                        tried_gib=_tried_gib(str(error)),
                        changes=ordered_changes(settings or {}, phase),
                        checkpoint=str(checkpoint) if checkpoint else None,
                        output_dir=str(output_dir) if output_dir else None)
+    if phase == "generation" and importlib.util.find_spec("vllm") is not None:
+        report.notes.append("with a second GPU, TRL's vLLM server mode (use_vllm=True, vllm_mode='server', "
+                            "`trl vllm-serve` on the other card) moves generation and its KV cache off this card.")
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         index = torch.cuda.current_device()
         report.allocated_gib = torch.cuda.memory_allocated(index) / GIB
@@ -411,8 +569,11 @@ def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dic
         if not is_oom(error):
             raise
         output_dir = trainer.args.output_dir
+        # What the trainer runs with (precision, steps_per_generation), then the recipe's own fields on top.
+        known = {**settings_from_trainer(trainer),
+                 **{k: v for k, v in flat_settings(settings or {}).items() if v is not None}}
         report = explain_oom(error, phase=tracker.phase, step=tracker.step, max_steps=trainer.state.max_steps,
-                             settings=settings or settings_from_trainer(trainer),
+                             settings=known,
                              checkpoint=last_checkpoint(output_dir), output_dir=output_dir)
     finally:
         tracker.uninstall()

@@ -111,7 +111,8 @@ def resolve(preset, card: DeviceInfo | None) -> Plan:
     lora = None
     if method in ("lora", "qlora"):
         lora = dict(rank=preset.lora_rank, alpha=preset.lora_alpha, target_modules=list(preset.target_modules))
-    steps_per_generation = preset.gradient_accumulation_steps  # TRL's default (GRPOConfig.__post_init__)
+    # TRL's default: steps_per_generation = gradient_accumulation_steps (GRPOConfig.__post_init__)
+    steps_per_generation = preset.trl_options.get("steps_per_generation") or preset.gradient_accumulation_steps
     grpo = dict(
         seed=preset.seed,
         per_device_train_batch_size=preset.per_device_train_batch_size,
@@ -149,10 +150,10 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None)
         model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
     return _estimate_memory(
         model, plan.method,
-        num_generations=g["num_generations"],
-        per_device_batch=max(1, g["generation_batch_size"] // g["num_generations"]),
-        gradient_accumulation_steps=g["steps_per_generation"],
-        prompt_len=g["max_prompt_length"], completion_len=g["max_completion_length"],
-        optimizer=g["optim"], gradient_checkpointing=g["activation_checkpointing"], beta=g["beta"],
+        per_device_train_batch_size=g["per_device_train_batch_size"],
+        gradient_accumulation_steps=g["gradient_accumulation_steps"],
+        steps_per_generation=g["steps_per_generation"], num_generations=g["num_generations"],
+        max_prompt_length=g["max_prompt_length"], max_completion_length=g["max_completion_length"],
+        optim=g["optim"], gradient_checkpointing=g["activation_checkpointing"], beta=g["beta"],
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
         device=device, padded=True)

@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.cards import CARDS, card
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
 from labkit.models import METHODS, check_method
 from labkit.rewards import named_rewards
@@ -91,11 +92,10 @@ class Preset:
     # What the prompts are: "gsm8k" (labkit.data) or "word-problems" (labkit.tasks.WordProblems, the CPU mode's).
     task: str = "gsm8k"
     eval_batch_size: int = 32
-    # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.get_device_properties:
-    # total_memory), None for no GPU. A "16 GB" card reports 15.7-15.99 GiB (16 GiB of chips less what the
-    # driver keeps back), so 15.7 fits every one of them; a T4's "15 GB" report 14.74-14.75 GiB
-    # (15,095-15,102 MiB, by driver), so colab-t4 says 14.7. Caps and preflight use these figures.
-    card_gib: float | None = 15.7
+    # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.mem_get_info()'s total),
+    # None for no GPU: read from the one table of cards (labkit.cards; _PRESET_CARDS says which card each
+    # GPU preset is made for). Caps and preflight use these figures.
+    card_gib: float | None = CARDS["rtx3080-laptop-16gb"].gib
     seed: int = 0  # GRPOConfig's seed and the order (and subset) of the training prompts: part of the recipe
     # Any other GRPOConfig field, passed to TRL as given ({"loss_type": "grpo", "num_iterations": 2}).
     # Fields the preset itself sets are refused here: change them through the preset's own field.
@@ -142,9 +142,23 @@ class Preset:
         return cls(name=name, model=model).replace(**data)
 
     @property
+    def steps_per_generation(self) -> int:
+        """TRL's ``steps_per_generation``: ``trl_options``' value, or ``gradient_accumulation_steps`` (TRL's default)."""
+        return self.trl_options.get("steps_per_generation") or self.gradient_accumulation_steps
+
+    @property
     def generation_batch_size(self) -> int:
-        """Completions generated at once on one device: TRL's default ``batch x accumulation``."""
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+        """Completions generated at once on one device: ``per_device_train_batch_size x steps_per_generation``."""
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    def apply(self, updates: dict) -> "Preset":
+        """Return a copy with ``updates`` (a :class:`labkit.oom.Change`'s): GRPOConfig fields that are not preset
+        fields (``steps_per_generation``) go into ``trl_options``."""
+        fields = {k: v for k, v in updates.items() if k in self.field_names()}
+        extra = {k: v for k, v in updates.items() if k not in fields}
+        if extra:
+            fields["trl_options"] = {**self.trl_options, **extra}
+        return self.replace(**fields)
 
     @property
     def prompts_per_step(self) -> float:
@@ -165,11 +179,11 @@ PRESETS: dict[str, Preset] = {
             name="colab-t4",
             model="Qwen/Qwen2.5-1.5B-Instruct",
             method="lora",
-            description="Free Colab T4 (15 GB: 14.7 GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
+            description=f"Free Colab T4 ({CARDS['t4'].gib:g} GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
                         "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes.",
             max_completion_length=512,
             optim="paged_adamw_8bit",
-            card_gib=14.7,
+            card_gib=CARDS["t4"].gib,
         ),
         Preset(
             name="qlora-3b",
@@ -210,7 +224,7 @@ PRESETS: dict[str, Preset] = {
             method="lora",
             description="A workshop slot on a free Colab T4 (notebook 04's default on a GPU): Qwen2.5-0.5B with "
                         "LoRA, one prompt x G=8 completions of up to 256 tokens a step, 30 steps, evaluated on 100 "
-                        "test questions; about 30 min, an ESTIMATE from published T4 step times "
+                        "test questions; about 14-25 min, an ESTIMATE from published T4 step times "
                         "(labkit.lab.workshop_estimate). It shows the loop working, not a trained model.",
             per_device_train_batch_size=8,
             gradient_accumulation_steps=1,
@@ -219,7 +233,7 @@ PRESETS: dict[str, Preset] = {
             optim="paged_adamw_8bit",
             max_steps=30,
             save_steps=10,
-            card_gib=14.75,
+            card_gib=CARDS["t4"].gib,
         ),
         Preset(
             name="cpu-tiny",
@@ -245,11 +259,12 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# The cards the GPU presets are made for, as labkit.device.detect_device would describe them.
-_CARDS = {
-    "colab-t4": ("Tesla T4", (7, 5)),  # Turing: fp16 only
-    "laptop-16gb": ("NVIDIA GeForce RTX 3080 Laptop GPU", (8, 6)),  # Ampere: bf16
-    "qlora-3b": ("NVIDIA GeForce RTX 3080 Laptop GPU", (8, 6)),
+# The card each GPU preset is made for: a key of labkit.cards.CARDS (name, memory, compute capability).
+_PRESET_CARDS = {
+    "colab-t4": "t4",  # Turing: fp16 only
+    "workshop": "t4",  # notebook 04's default on a GPU: a free Colab T4
+    "laptop-16gb": "rtx3080-laptop-16gb",  # Ampere: bf16
+    "qlora-3b": "rtx3080-laptop-16gb",
 }
 
 
@@ -258,15 +273,20 @@ def card_device(preset: Preset | str):
 
     What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
     card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
-    Presets without a named card get an Ampere (bf16) card of ``card_gib``. A preset with a value
-    :func:`validate` refuses (``card_gib="abc"``) gives None: validate then says what to set.
+    The card comes from :data:`labkit.cards.CARDS` (``_PRESET_CARDS``), with the preset's own
+    ``card_gib``; presets without a named card get an Ampere (bf16) card of ``card_gib``. A preset
+    with a value :func:`validate` refuses (``card_gib="abc"``) gives None: validate then says what to set.
     """
     from labkit.device import DeviceInfo
 
     preset = get_preset(preset)
     if preset.card_gib is None or _field_errors(preset):
         return None  # a CPU preset, or values (card_gib="abc") that validate() refuses with a clear message
-    name, capability = _CARDS.get(preset.name, (f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)))
+    if preset.name in _PRESET_CARDS:
+        named = card(_PRESET_CARDS[preset.name])
+        name, capability = named.name, named.compute_capability
+    else:
+        name, capability = f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)
     return DeviceInfo("cuda", name, preset.card_gib, capability, bf16=capability >= (8, 0), fp16=True)
 
 
@@ -339,8 +359,9 @@ _SET_BY_PRESET = {
     "gradient_checkpointing_kwargs": "gradient_checkpointing",
     "activation_checkpointing_kwargs": "gradient_checkpointing",
     "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
-    "output_dir": "--output-dir", "steps_per_generation": "gradient_accumulation_steps",
-    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps",
+    "output_dir": "--output-dir",
+    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or --config "
+                             "steps_per_generation=N: generation batch = per_device_train_batch_size x N)",
 }
 
 
@@ -443,8 +464,9 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
         errors.append(f"{exc}.")
     if min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
         per_step = p.per_device_train_batch_size * procs
-        generation_batch = per_step * p.gradient_accumulation_steps
-        if generation_batch % p.num_generations:
+        generation_batch = per_step * p.steps_per_generation
+        spg = p.trl_options.get("steps_per_generation") if isinstance(p.trl_options, dict) else None
+        if spg is None and generation_batch % p.num_generations:
             g = p.num_generations
             accumulation = g // math.gcd(per_step, g)
             accumulation *= math.ceil(p.gradient_accumulation_steps / accumulation)
@@ -595,7 +617,7 @@ def _ranked_changes(plan) -> list:
     ranked = []
     for change in candidate_changes(plan.preset.to_dict()):
         try:
-            after, _ = _total_and_breakdown(_estimate(resolve(plan.preset.replace(**change.updates), plan.card)))
+            after, _ = _total_and_breakdown(_estimate(resolve(plan.preset.apply(change.updates), plan.card)))
         except (ValueError, KeyError):  # a change the estimator cannot model
             continue
         if after < total - 0.01:
@@ -609,7 +631,7 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
     ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`. On a GPU the plan is for
     ``device``; elsewhere for the card the preset is made for (:func:`card_device`: a T4 preset in fp16).
     ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
-    ``preflight("laptop-16gb", card_gib=16)``). When it does not fit, every
+    ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
     candidate change of :func:`labkit.oom.candidate_changes` is estimated alone
     (``changes``, the biggest cut first, another model last), and ``plan`` applies the
     biggest cut, re-estimates and repeats until the run fits: the settings to change first.
@@ -641,7 +663,7 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
             if not ranked:
                 break
             change, after = ranked[0]
-            current, current_total = resolve(current.preset.replace(**change.updates), current.card), after
+            current, current_total = resolve(current.preset.apply(change.updates), current.card), after
             report.plan.append((change, after))
     return report
 

@@ -34,7 +34,7 @@ micro-batch. Four corrections to the one-GPU estimate, each a documented behavio
 - **offload.** ``offload_optimizer`` moves the optimizer shards to CPU RAM (stage >= 1);
   ``offload_params`` (stage 3 only) moves the weight shards of the policy and of the reference model
   to CPU RAM, as ``configs/zero3_offload.yaml`` does; ``offload_reference`` moves only the reference
-  model's (the published 34B recipe's "reference model offload"). Offloaded bytes are reported as
+  model's (the "reference model offload" of OpenRLHF issue 193). Offloaded bytes are reported as
   ``host`` (CPU RAM per GPU process), not dropped.
 
 :func:`config_path` finds the accelerate configs shipped in ``labkit/configs/`` and
@@ -154,10 +154,11 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
                      **estimate_kwargs) -> ShardedEstimate:
     """Return a :class:`ShardedEstimate`: the memory of ONE of ``num_gpus`` GPUs in a ZeRO-``zero_stage`` run.
 
-    ``model``, ``method`` and ``estimate_kwargs`` (``num_generations``, ``per_device_batch``,
-    ``prompt_len``, ``completion_len``, ``beta``, ``precision``, ``gradient_checkpointing``,
-    ``optimizer``, ``lora_rank`` ...) go to :func:`labkit.memory.estimate` unchanged: the batch is
-    per GPU, as TRL's ``per_device_train_batch_size`` is. With ``N = num_gpus``, per GPU:
+    ``model``, ``method`` and ``estimate_kwargs`` (GRPOConfig's names: ``per_device_train_batch_size``,
+    ``gradient_accumulation_steps``, ``steps_per_generation``, ``num_generations``, ``max_prompt_length``,
+    ``max_completion_length``, ``beta``, ``optim``, ``gradient_checkpointing``; and ``precision``,
+    ``lora_rank`` ...) go to :func:`labkit.memory.estimate` unchanged: the batch is per GPU, as TRL's
+    ``per_device_train_batch_size`` is. With ``N = num_gpus``, per GPU:
 
     - weights ``W``, reference ``R``: ``/ N`` at stage 3, else whole; 0 on the GPU when offloaded;
     - gradients ``G``: ``/ N`` from stage 2; optimizer ``O``: ``/ N`` from stage 1, where stages 1-3
@@ -195,7 +196,7 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
     precision = one.settings["precision"]
     half_trainable = method == "full" and precision in ("bf16", "fp16")
     optimizer = single["optimizer"]
-    if master_weights and half_trainable and one.settings["optimizer"] == "adamw":
+    if master_weights and half_trainable and one.settings["optim"] == "adamw":
         optimizer = _MASTER_ADAM_BYTES * one.trainable_params
 
     weights = single["weights"] / n if zero_stage == 3 else single["weights"]

@@ -4,13 +4,14 @@ import math
 import pytest
 import torch
 
+from labkit.cards import CARDS
 from labkit import device as dev
 from labkit.data import GSM8K_SIZES, gold_answer, load_gsm8k
 from labkit.models import (ARCHITECTURES, build_architecture, build_tiny_model, count_parameters, load_policy,
                            tiny_tokenizer)
 
-T4 = dev.DeviceInfo("cuda", "Tesla T4", 15.0, (7, 5), bf16=False, fp16=True)
-A100 = dev.DeviceInfo("cuda", "NVIDIA A100", 80.0, (8, 0), bf16=True, fp16=True)
+T4 = CARDS["t4"].device()
+A100 = CARDS["a100-80gb"].device()
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
 
 

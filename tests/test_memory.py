@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from labkit.cards import CARDS
 from labkit.cli import estimate_cli
 from labkit.memory import GIB, estimate, model_shape, saved_activation_bytes, state_bytes
 from labkit.models import ARCHITECTURES, build_tiny_model, load_policy
@@ -48,7 +49,7 @@ def test_8bit_adamw_states_equal_the_measured_bytes(tiny_model_path, method):
     pytest.importorskip("bitsandbytes")
     model, _ = load_policy(tiny_model_path, method, lora_rank=64)  # rank 64: adapters big enough for 8-bit states
     measured = state_bytes(model, _one_adamw_step(model, "adamw_8bit"))
-    est = estimate(tiny_model_path, method, precision="fp32", device="cpu", lora_rank=64, optimizer="adamw_8bit")
+    est = estimate(tiny_model_path, method, precision="fp32", device="cpu", lora_rank=64, optim="adamw_8bit")
     assert measured["optimizer"] == est.bytes["optimizer"]
     assert est.bytes["optimizer"] < estimate(tiny_model_path, method, precision="fp32", device="cpu",
                                              lora_rank=64).bytes["optimizer"] / 2
@@ -109,8 +110,9 @@ def test_activations_of_one_layer_equal_what_autograd_keeps(model_type, method, 
                  - _saved_by_layers(model_type, 2, method, precision, padded, batch, seq))
 
     def activations(layers):
-        return estimate(_tiny_config(model_type, layers), method, num_generations=batch, prompt_len=seq - 8,
-                        completion_len=8, precision=precision, device="cpu", lora_rank=LORA_RANK,
+        return estimate(_tiny_config(model_type, layers), method, per_device_train_batch_size=batch,
+                        num_generations=batch, max_prompt_length=seq - 8, max_completion_length=8,
+                        precision=precision, device="cpu", lora_rank=LORA_RANK,
                         gradient_checkpointing=False, padded=padded).bytes["activations"]
 
     assert activations(3) - activations(2) == one_layer
@@ -122,7 +124,8 @@ def test_activations_of_the_whole_body_match_autograd(tiny_model_path):
     input_ids = torch.randint(0, 200, (4, 32))
     measured = saved_activation_bytes(
         lambda: model.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).last_hidden_state, model)
-    est = estimate(tiny_model_path, "full", num_generations=4, prompt_len=20, completion_len=12, precision="fp32",
+    est = estimate(tiny_model_path, "full", per_device_train_batch_size=4, num_generations=4, max_prompt_length=20,
+                   max_completion_length=12, precision="fp32",
                    device="cpu", gradient_checkpointing=False)
     assert est.bytes["activations"] == measured
 
@@ -161,25 +164,82 @@ def test_fp16_full_fine_tuning_keeps_fp32_master_weights():
     bf16 = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="bf16")
     assert fp16.bytes["weights"] == 2 * bf16.bytes["weights"]
     assert fp16.bytes["optimizer"] > bf16.bytes["optimizer"]
+    # the recipe that learns: fp32 weights, gradients and AdamW moments under bf16 autocast, 16 bytes a parameter
+    masters = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="bf16", fp32_master_weights=True)
+    per_param = lambda e: sum(e.bytes[k] for k in ("weights", "gradients", "optimizer")) / e.total_params
+    assert round(per_param(masters), 3) == 16.0 and round(per_param(bf16), 3) == 8.0
+    assert masters.bytes == {**fp16.bytes} and masters.settings["fp32_master_weights"] is True
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="method"):
         estimate("Qwen/Qwen2.5-0.5B-Instruct", "dora")
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(ValueError, match="multiple of num_generations"):
         estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", num_generations=3, gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="cannot both be set"):
+        estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", steps_per_generation=2, generation_batch_size=16)
+    with pytest.raises(TypeError, match="per_device_batch.*renamed per_device_train_batch_size"):
+        estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", per_device_batch=1)
     with pytest.raises(KeyError, match="catalogue"):
         estimate("gpt-5", "lora")
 
 
+# ----------------------------------------------------------------------------- TRL's batch units
+
+
+@pytest.mark.parametrize("batch, accumulation, steps, generation_batch_size, generations", [
+    (1, 4, None, None, 4), (8, 1, None, None, 8), (4, 2, None, None, 4), (4, 4, 2, None, 8), (2, 4, None, 4, 2),
+    (16, 1, None, None, 8), (2, 2, 4, None, 8),
+])
+def test_generation_batch_is_what_grpo_config_resolves(tmp_path, batch, accumulation, steps, generation_batch_size,
+                                                       generations):
+    from trl import GRPOConfig
+
+    from labkit.memory import generation_batch
+
+    config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=batch,
+                        gradient_accumulation_steps=accumulation, steps_per_generation=steps,
+                        generation_batch_size=generation_batch_size, num_generations=generations)
+    spg, per_device = generation_batch(batch, accumulation, steps, generation_batch_size, generations)
+    assert spg == config.steps_per_generation
+    assert per_device == config.generation_batch_size  # one process: the global figure is the device's
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct"])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_num_generations_changes_no_memory_at_a_fixed_batch(model, method):
+    """TRL 1.16: the generation batch is per_device_train_batch_size x steps_per_generation; G only groups it."""
+    fixed = dict(per_device_train_batch_size=8, gradient_accumulation_steps=2)
+    estimates = [estimate(model, method, num_generations=g, **fixed).bytes for g in (2, 4, 8, 16)]
+    assert all(e == estimates[0] for e in estimates)
+
+
+def test_the_batch_knobs_change_what_they_multiply():
+    model = "Qwen/Qwen2.5-1.5B-Instruct"
+    base = estimate(model, "lora", per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4)
+    # half the per-device batch, twice the accumulation: the same generation batch (KV cache), half the activations
+    halved = estimate(model, "lora", per_device_train_batch_size=2, gradient_accumulation_steps=4, num_generations=4)
+    assert halved.bytes["kv_cache"] == base.bytes["kv_cache"] and halved.settings["generation_batch"] == 8
+    assert halved.bytes["activations"] < base.bytes["activations"]
+    # fewer steps per generation: a smaller generation batch (KV cache), the same training pass
+    fewer = estimate(model, "lora", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                     steps_per_generation=1, num_generations=4)
+    assert fewer.bytes["kv_cache"] < base.bytes["kv_cache"]
+    assert fewer.bytes["activations"] == base.bytes["activations"] and fewer.bytes["logits"] == base.bytes["logits"]
+    # generation_batch_size says the same as steps_per_generation, in completions
+    assert estimate(model, "lora", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                    generation_batch_size=4, num_generations=4).bytes == fewer.bytes
+
+
 # ----------------------------------------------------------------------------- properties
 
-_BASE = dict(num_generations=4, per_device_batch=1, prompt_len=64, completion_len=128, lora_rank=8)
+_BASE = dict(num_generations=2, per_device_train_batch_size=4, max_prompt_length=64, max_completion_length=128,
+             lora_rank=8)
 _KNOBS = {
-    "num_generations": st.integers(2, 64),
-    "per_device_batch": st.integers(1, 8),
-    "prompt_len": st.integers(0, 2048),
-    "completion_len": st.integers(1, 4096),
+    "per_device_train_batch_size": st.sampled_from([2, 4, 6, 8, 16]),
+    "steps_per_generation": st.integers(1, 8),
+    "max_prompt_length": st.integers(0, 2048),
+    "max_completion_length": st.integers(1, 4096),
     "lora_rank": st.integers(1, 256),
 }
 
@@ -191,7 +251,7 @@ _KNOBS = {
        device=st.sampled_from(["cuda", "cpu"]), beta=st.sampled_from([0.0, 0.04]))
 def test_estimate_grows_with_every_size_knob(knob, data, model, method, checkpointing, optimizer, device, beta):
     small, large = sorted((data.draw(_KNOBS[knob], label="one"), data.draw(_KNOBS[knob], label="other")))
-    common = dict(_BASE, gradient_checkpointing=checkpointing, optimizer=optimizer, device=device, beta=beta)
+    common = dict(_BASE, gradient_checkpointing=checkpointing, optim=optimizer, device=device, beta=beta)
     a = estimate(model, method, **{**common, knob: small})
     b = estimate(model, method, **{**common, knob: large})
     for term in ("total", "activations", "logits", "kv_cache", "optimizer", "gradients"):
@@ -202,10 +262,11 @@ def test_estimate_grows_with_every_size_knob(knob, data, model, method, checkpoi
 @given(model=st.sampled_from(sorted(ARCHITECTURES)), method=st.sampled_from(["full", "lora", "qlora"]),
        num_generations=st.sampled_from([2, 4, 8, 16]), completion_len=st.integers(16, 2048))
 def test_memory_savers_never_cost_memory(model, method, num_generations, completion_len):
-    kwargs = dict(num_generations=num_generations, completion_len=completion_len, prompt_len=128)
-    base = estimate(model, method, gradient_checkpointing=False, optimizer="adamw", **kwargs)
+    kwargs = dict(per_device_train_batch_size=num_generations, num_generations=num_generations,
+                  max_completion_length=completion_len, max_prompt_length=128)
+    base = estimate(model, method, gradient_checkpointing=False, optim="adamw", **kwargs)
     assert estimate(model, method, gradient_checkpointing=True, **kwargs).total <= base.total
-    assert estimate(model, method, gradient_checkpointing=False, optimizer="adamw_8bit", **kwargs).total <= base.total
+    assert estimate(model, method, gradient_checkpointing=False, optim="adamw_8bit", **kwargs).total <= base.total
     if method != "full":  # a trainable head adds TRL's fp32 (V, h) accumulator, which can outweigh short logits
         assert estimate(model, method, gradient_checkpointing=False, logits="full", **kwargs).total >= base.total
     if method == "full":  # LoRA saves weights-sized terms (its activations are larger: dropout masks, adapter inputs)
@@ -341,7 +402,7 @@ def test_qlora_hidden_states_are_fp32_as_the_estimator_counts_them(tiny_model_pa
 def test_bench_memory_refuses_a_card_that_other_processes_fill(monkeypatch, capsys):
     from labkit.bench import memory as bench_memory
 
-    t4 = dict(kind="cuda", name="Tesla T4", total_memory_gib=14.7, compute_capability=[7, 5], bf16=False, fp16=True)
+    t4 = CARDS["t4"].device().as_dict()
     kinds = []
 
     def fake_run(kind, spec, timeout=None):  # the workers: a probe that finds a T4; anything else stops the run
@@ -367,9 +428,9 @@ def test_notebook_05s_count_by_hand_holds_on_a_t4(repo_root):
     import pandas as pd
 
     import labkit
-    from labkit.device import DeviceInfo, choose_precision
+    from labkit.device import choose_precision
 
-    t4 = DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
+    t4 = CARDS["t4"].device()
     precision = choose_precision(t4)
     assert precision == "fp16"
     policy = "Qwen/Qwen2.5-0.5B-Instruct"

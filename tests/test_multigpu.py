@@ -21,6 +21,8 @@ from unittest import mock
 import pytest
 import yaml
 
+from labkit.cards import CARDS
+
 CONFIGS = {
     "multi_gpu.yaml": "MULTI_GPU",
     "zero3_offload.yaml": "DEEPSPEED",
@@ -186,7 +188,9 @@ def test_fsdp_config_builds_an_fsdp2_plugin_that_wraps_decoder_layers():
 # --------------------------------------------------------------------------- sharding arithmetic (labkit.scale)
 
 SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
-SETTINGS = dict(beta=0.04, num_generations=4, per_device_batch=1, prompt_len=128, completion_len=128, precision="bf16")
+SETTINGS = dict(beta=0.04, num_generations=4, per_device_train_batch_size=4, max_prompt_length=128,
+                max_completion_length=128, precision="bf16")
+LAPTOP_GIB, RTX4090_GIB, A100_GIB = (CARDS[k].gib for k in ("rtx3080-laptop-16gb", "rtx4090-24gb", "a100-80gb"))
 
 
 def test_one_gpu_is_the_single_gpu_estimate():
@@ -263,37 +267,40 @@ def test_impossible_setups_are_refused():
 def test_smallest_setup_climbs_only_as_far_as_needed():
     from labkit.scale import smallest_setup
 
-    lora = smallest_setup(SMALL, "lora", card_gib=16, **SETTINGS)
+    lora = smallest_setup(SMALL, "lora", card_gib=LAPTOP_GIB, **SETTINGS)
     assert lora.settings["num_gpus"] == 1
     sharded_generation = dict(SETTINGS, gather_for_generation=False)
-    big = smallest_setup("Qwen/Qwen2.5-7B-Instruct", "full", card_gib=24, **sharded_generation)
-    assert big is not None and big.settings["num_gpus"] > 1 and big.fits(24)
-    no_offload = smallest_setup("Qwen/Qwen2.5-7B-Instruct", "full", card_gib=24, allow_offload=False,
+    big = smallest_setup("Qwen/Qwen2.5-7B-Instruct", "full", card_gib=RTX4090_GIB, **sharded_generation)
+    assert big is not None and big.settings["num_gpus"] > 1 and big.fits(RTX4090_GIB)
+    no_offload = smallest_setup("Qwen/Qwen2.5-7B-Instruct", "full", card_gib=RTX4090_GIB, allow_offload=False,
                                 **sharded_generation)
-    assert no_offload.fits(24) and no_offload.host == 0
+    assert no_offload.fits(RTX4090_GIB) and no_offload.host == 0
     assert no_offload.settings["num_gpus"] >= big.settings["num_gpus"]
     # TRL's default gathers the whole 7B policy on each GPU to generate: no rung without offload fits 24 GB
-    assert smallest_setup("Qwen/Qwen2.5-7B-Instruct", "full", card_gib=24, allow_offload=False, **SETTINGS) is None
+    assert smallest_setup("Qwen/Qwen2.5-7B-Instruct", "full", card_gib=RTX4090_GIB, allow_offload=False,
+                          **SETTINGS) is None
 
 
 @pytest.mark.slow
-def test_the_published_34b_recipe_is_where_the_arithmetic_says_it_is():
-    """REFERENCES.md: full-parameter 34B needs ZeRO-3 on 8 x A100 80 GB with reference-model offload.
+def test_34b_full_fine_tuning_needs_zero3_and_reference_offload_by_the_estimate():
+    """The lab's own estimate for 34B on 8 x A100 80 GB (notebook 07), not a published recipe.
 
-    With CodeLlama-34B's published shape, bf16, gradient checkpointing and beta > 0, notebook 07's
-    settings: ZeRO-2 does not fit an 80 GB card, ZeRO-3 alone misses by a few GiB, ZeRO-3 plus the
-    reference model in CPU RAM fits (with generation from the shards or a vLLM server).
+    OpenRLHF issue 193 (about DPO) only guessed that ZeRO-3 with reference offload "is OK", and the user then
+    ran out of memory. With CodeLlama-34B's published shape, bf16, gradient checkpointing and beta > 0,
+    notebook 07's settings: ZeRO-2 does not fit an A100 80 GB, ZeRO-3 alone misses by a few GiB, ZeRO-3
+    plus the reference model in CPU RAM fits (with generation from the shards or a vLLM server).
     """
     from labkit.scale import codellama_34b_config, sharded_estimate
 
     config = codellama_34b_config()
-    kw = dict(num_generations=8, per_device_batch=1, prompt_len=256, completion_len=512, beta=0.04,
+    kw = dict(num_generations=8, per_device_train_batch_size=8, max_prompt_length=256, max_completion_length=512,
+              beta=0.04,
               precision="bf16", gradient_checkpointing=True, gather_for_generation=False)
     one = sharded_estimate(config, "full", num_gpus=1, zero_stage=0, **kw)
     assert 33.0e9 < one.single.total_params < 34.5e9
-    assert not sharded_estimate(config, "full", num_gpus=8, zero_stage=2, **kw).fits(80)
-    assert not sharded_estimate(config, "full", num_gpus=8, zero_stage=3, **kw).fits(80)
-    assert sharded_estimate(config, "full", num_gpus=8, zero_stage=3, offload_reference=True, **kw).fits(80)
+    assert not sharded_estimate(config, "full", num_gpus=8, zero_stage=2, **kw).fits(A100_GIB)
+    assert not sharded_estimate(config, "full", num_gpus=8, zero_stage=3, **kw).fits(A100_GIB)
+    assert sharded_estimate(config, "full", num_gpus=8, zero_stage=3, offload_reference=True, **kw).fits(A100_GIB)
 
 
 # --------------------------------------------------------------------------- two real processes
@@ -393,7 +400,7 @@ def test_fsdp_refuses_bitsandbytes_optimisers_and_qlora_saying_what_to_set(monke
     from labkit import device as dev
     from labkit.presets import PRESETS, PresetError, get_preset, validate
 
-    laptop = dev.DeviceInfo("cuda", "NVIDIA A100", 80.0, (8, 0), bf16=True, fp16=True)
+    laptop = CARDS["a100-80gb"].device()
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what accelerate launch --config_file fsdp.yaml sets
     for name, preset in PRESETS.items():
         if preset.card_gib is None:

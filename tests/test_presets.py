@@ -5,12 +5,14 @@ import math
 import pytest
 
 from labkit import device as dev
+from labkit.cards import CARDS
 from labkit.presets import PRESETS, Preset, PresetError, get_preset, preflight, validate
 from labkit.run import build_run, reward_functions, training_prompts
 
-LAPTOP = dev.DeviceInfo("cuda", "NVIDIA GeForce RTX 3080 Laptop GPU", 16.0, (8, 6), bf16=True, fp16=True)
-T4 = dev.DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5), bf16=False, fp16=True)
+LAPTOP = CARDS["rtx3080-laptop-16gb"].device()
+T4 = CARDS["t4"].device()
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
+SMALL_CAP = 4.0  # GiB: a cap below every card of labkit.cards, so that preflight has to plan
 MPS = dev.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
 CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "workshop": T4}
 
@@ -65,7 +67,9 @@ def test_a_preset_round_trips_through_json():
     # other GRPOConfig fields: only real ones, and none that the preset itself sets
     (dict(trl_options={"loss_typ": "grpo"}), LAPTOP, r"no field 'loss_typ'.*Did you mean 'loss_type'"),
     (dict(trl_options={"learning_rate": 1e-5}), LAPTOP, r"may not set 'learning_rate'.*--set FIELD=VALUE"),
-    (dict(trl_options={"steps_per_generation": 3}), LAPTOP, r"may not set 'steps_per_generation'"),
+    (dict(trl_options={"generation_batch_size": 8}), LAPTOP, r"may not set 'generation_batch_size'.*steps_per_generation"),
+    # steps_per_generation may be set (the generation batch), but it must hold whole groups, as TRL says
+    (dict(trl_options={"steps_per_generation": 3}), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
     (dict(trl_options={"bf16": True}), T4, r"may not set 'bf16'.*from precision"),
 ])
 def test_bad_combinations_fail_with_what_to_change(overrides, device, expected):
@@ -132,8 +136,9 @@ def test_preflight_agrees_with_the_memory_estimate():
     from labkit.memory import estimate
 
     report = preflight("laptop-16gb", LAPTOP)
-    direct = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", num_generations=4, per_device_batch=1,
-                      gradient_accumulation_steps=4, prompt_len=256, completion_len=786, optimizer="adamw_8bit",
+    direct = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", num_generations=4, per_device_train_batch_size=1,
+                      gradient_accumulation_steps=4, max_prompt_length=256, max_completion_length=786,
+                      optim="adamw_bnb_8bit",
                       gradient_checkpointing=True, beta=0.0, precision="bf16", lora_rank=16,
                       lora_targets=list(PRESETS["laptop-16gb"].target_modules),
                       padded=True)  # TRL always passes a padding mask (the plan's estimate, as the rehearsal runs)
@@ -142,24 +147,40 @@ def test_preflight_agrees_with_the_memory_estimate():
     assert "fits" in str(report)
 
 
+@pytest.mark.parametrize("name", ["laptop-16gb", "colab-t4", "qlora-3b", "workshop", "cpu-tiny"])
+def test_preflight_is_unchanged_when_only_num_generations_changes(name):
+    """TRL 1.16: G groups a generation batch of per_device_train_batch_size x steps_per_generation completions."""
+    preset = get_preset(name, per_device_train_batch_size=8, gradient_accumulation_steps=2)
+    reports = [preflight(preset.replace(num_generations=g), LAPTOP) for g in (2, 4, 8, 16)]
+    assert all(r.estimate_gib == reports[0].estimate_gib and r.breakdown == reports[0].breakdown for r in reports)
+
+
+def test_steps_per_generation_sets_the_generation_batch_of_a_preset():
+    preset = get_preset("laptop-16gb", per_device_train_batch_size=4, gradient_accumulation_steps=4)
+    fewer = preset.apply({"steps_per_generation": 1})
+    assert (preset.generation_batch_size, fewer.generation_batch_size) == (16, 4)
+    assert fewer.trl_options == {"steps_per_generation": 1} and validate(fewer, LAPTOP) == []
+    assert preflight(fewer, LAPTOP).breakdown["kv_cache"] < preflight(preset, LAPTOP).breakdown["kv_cache"]
+
+
 def test_preflight_that_does_not_fit_plans_changes_until_it_fits():
     # full fine-tuning with TRL 1.16's batch defaults (8 completions of 512 tokens) and no checkpointing
     preset = get_preset("laptop-16gb", method="full", per_device_train_batch_size=8, gradient_accumulation_steps=1,
                         num_generations=8, max_completion_length=512, optim="adamw_torch",
                         gradient_checkpointing=False)
-    report = preflight(preset, LAPTOP, card_gib=4)
+    report = preflight(preset, LAPTOP, card_gib=SMALL_CAP)
     assert report.fits is False
     afters = [after for change, after in report.changes if change.kind != "model"]
     assert afters == sorted(afters) and all(after < report.estimate_gib for _, after in report.changes)
     assert report.changes[0][0].kind == "checkpointing"  # the activations dominate: the biggest cut
     plan = [after for _, after in report.plan]
-    assert plan == sorted(plan, reverse=True) and plan[-1] + report.margin_gib <= 4 < plan[-2] + report.margin_gib
+    assert plan == sorted(plan, reverse=True) and plan[-1] + report.margin_gib <= SMALL_CAP < plan[-2] + report.margin_gib
     # each plan step is the estimate of all the changes so far, applied together
     applied = preset
     for change, _ in report.plan:
-        applied = applied.replace(**change.updates)
-    assert math.isclose(preflight(applied, LAPTOP, card_gib=4).estimate_gib, plan[-1])
-    assert preflight(applied, LAPTOP, card_gib=4).fits
+        applied = applied.apply(change.updates)
+    assert math.isclose(preflight(applied, LAPTOP, card_gib=SMALL_CAP).estimate_gib, plan[-1])
+    assert preflight(applied, LAPTOP, card_gib=SMALL_CAP).fits
     text = str(report)
     assert "does NOT fit" in text and "until it fits" in text and "gradient_checkpointing False -> True" in text
 

@@ -168,7 +168,10 @@ def test_oom_during_generation_puts_completion_length_first(tmp_path, monkeypatc
         run.train()
     report = caught.value.report
     assert (report.step, report.phase, report.checkpoint) == (1, "generation", None)
-    assert report.changes[0].updates == {"max_completion_length": 128}
+    # cpu-tiny generates 4 x 2 completions at once (steps_per_generation = accumulation): first, fewer at once
+    assert report.changes[0].updates == {"steps_per_generation": 1}
+    assert {"max_completion_length": 128} in [c.updates for c in report.changes]
+    assert "batch" not in {c.kind for c in report.changes}  # half the batch, twice the steps: the same KV cache
     assert "starts again from step 0" in str(report)
 
 
@@ -190,17 +193,68 @@ def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
                     gradient_accumulation_steps=2, num_generations=8, max_completion_length=786,
                     optim="adamw_torch", gradient_checkpointing=False, beta=0.04)
     first = {phase: ordered_changes(settings, phase)[0].kind
-             for phase in ("generation", "forward", "backward", "optimizer", "scoring")}
-    assert first == {"generation": "completion", "forward": "checkpointing", "backward": "checkpointing",
-                     "optimizer": "optim", "scoring": "batch"}
+             for phase in ("generation", "forward", "backward", "optimizer", "scoring", "setup")}
+    assert first == {"generation": "generations", "forward": "checkpointing", "backward": "checkpointing",
+                     "optimizer": "optim", "scoring": "batch", "setup": "method"}
     kinds = {c.kind: c for c in candidate_changes(settings)}
     assert kinds["batch"].updates == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}
-    assert kinds["generations"].updates == {"num_generations": 4}
+    # the generation batch (4 x 2 = 8) holds one prompt's group of 8: a group of 4, generated 4 at a time
+    assert kinds["generations"].updates == {"num_generations": 4, "steps_per_generation": 1}
     assert kinds["model"].updates == {"model": "Qwen/Qwen2.5-0.5B-Instruct"}
     assert kinds["beta"].updates == {"beta": 0.0} and kinds["method"].updates == {"method": "lora"}
     done = dict(settings, method="qlora", per_device_train_batch_size=1, gradient_accumulation_steps=16,
                 optim="paged_adamw_8bit", gradient_checkpointing=True, num_generations=2, max_completion_length=128)
-    assert {c.kind for c in candidate_changes(done)} == {"model"}
+    assert {c.kind: c.updates for c in candidate_changes(done)} == {
+        "generation_batch": {"steps_per_generation": 8}, "model": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}}
+
+
+def _phase_bytes(preset, precision, phase):
+    """The memory ``phase`` fills for ``preset``, by labkit.memory.estimate (through preflight's own call)."""
+    from labkit.presets import _estimate
+
+    est = _estimate(preset, precision).bytes
+    if phase == "generation":
+        return est["generation_phase"]
+    if phase == "setup":
+        return est["weights"] + est["reference"] + est["optimizer"]
+    return est["training_phase"]
+
+
+_PHASES = ("generation", "scoring", "forward", "backward", "optimizer", "setup")
+
+
+@pytest.mark.parametrize("name", ["laptop-16gb", "colab-t4", "qlora-3b", "workshop", "cpu-smollm2", "cpu-tiny"])
+@pytest.mark.parametrize("variant", ["as is", "full, no checkpointing", "bigger batch"])
+def test_the_doctor_never_offers_a_change_that_leaves_the_phase_unchanged(name, variant):
+    """For every preset and phase, each change offered lowers that phase's memory by labkit.memory.estimate."""
+    from labkit.presets import PRESETS
+
+    preset = PRESETS[name]
+    if variant == "full, no checkpointing":
+        preset = preset.replace(method="full", optim="adamw_torch", gradient_checkpointing=False, beta=0.04)
+    elif variant == "bigger batch":
+        preset = preset.replace(per_device_train_batch_size=preset.num_generations * 2, gradient_accumulation_steps=2)
+    for precision in ("bf16", "fp16"):
+        settings = {**preset.to_dict(), "precision": precision}
+        for phase in _PHASES:
+            before = _phase_bytes(preset, precision, phase)
+            for change in ordered_changes(settings, phase):
+                after = _phase_bytes(preset.apply(change.updates), precision, phase)
+                assert after < before, (name, variant, precision, phase, str(change))
+
+
+def test_the_doctor_offers_no_batch_halving_for_generation_and_no_qlora_where_it_costs_more():
+    """The two rules the issue names: at fixed generation batch the KV cache stays; QLoRA can cost more (0.5B)."""
+    from labkit.presets import PRESETS
+
+    laptop = {**PRESETS["laptop-16gb"].to_dict(), "per_device_train_batch_size": 4, "precision": "bf16"}
+    generation = [c.kind for c in ordered_changes(laptop, "generation")]
+    assert "batch" not in generation and "generation_batch" in generation
+    assert "batch" in [c.kind for c in ordered_changes(laptop, "forward")]
+    # Qwen2.5-0.5B with LoRA (workshop, fp16 on a T4): QLoRA's fp32 hidden states outweigh its 4-bit weights
+    workshop = {**PRESETS["workshop"].to_dict(), "precision": "fp16"}
+    assert "method" not in [c.kind for c in ordered_changes(workshop, "forward")]
+    assert "method" in [c.kind for c in ordered_changes(workshop, "setup")]  # the weights alone do shrink
 
 
 def test_explain_oom_reads_the_failed_allocation():

@@ -11,6 +11,7 @@ from importlib.machinery import ModuleSpec
 
 import pytest
 
+from labkit.cards import CARDS
 from labkit.device import DeviceInfo
 
 # unsloth 2026.10.9's Requires-Dist (its wheel's METADATA), the packages the lab's path uses.
@@ -27,7 +28,7 @@ UNSLOTH_2026_10_9 = [
     'unsloth[huggingface]; extra == "colab"',
 ]
 CPU = DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
-T4 = DeviceInfo("cuda", "Tesla T4", 15.0, (7, 5), bf16=False, fp16=True)
+T4 = CARDS["t4"].device()
 
 
 def _pins(path):
@@ -96,7 +97,7 @@ def test_gpu_with_unsloth_in_the_wrong_environment_reports_the_conflicts(monkeyp
 
     monkeypatch.setattr(up, "requirement_conflicts", lambda: [])
     ok = up.unsloth_status(T4)
-    assert ok.available and ok.reason == "unsloth 2026.10.9 on cuda: Tesla T4, 15.0 GiB, sm_75"
+    assert ok.available and ok.reason == f"unsloth 2026.10.9 on cuda: Tesla T4, {T4.total_memory_gib:.1f} GiB, sm_75"
 
 
 def test_loading_through_unsloth_is_refused_here_with_the_reason():

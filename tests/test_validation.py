@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labkit import device as dev
+from labkit.cards import CARDS
 from labkit.cli import demo_cli, estimate_cli, train_cli
 from labkit.presets import PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, get_preset, validate
 from labkit.validation import _NUMBER_FIELDS
@@ -327,7 +328,7 @@ def test_demo_refuses_an_out_that_is_a_file(capsys, tmp_path):
 
 @pytest.mark.parametrize("args, expected", [
     (["--beta", "-1"], "beta"), (["--beta", "nan"], "beta"), (["--num-generations", "1"], "num_generations"),
-    (["--completion-len", "40000"], "context of 32768"),
+    (["--max-completion-length", "40000"], "context of 32768"),
 ])
 def test_estimate_refuses_bad_settings(capsys, args, expected):
     assert estimate_cli(["--model", "Qwen/Qwen2.5-0.5B-Instruct", *args]) == 2
@@ -359,7 +360,7 @@ def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypat
 def test_full_fine_tuning_in_pure_bf16_warns_where_updates_round_away(learning_rate):
     import torch
 
-    ampere = dev.DeviceInfo("cuda", "RTX 3080 Laptop", 15.7, (8, 6), bf16=True, fp16=True)
+    ampere = CARDS["rtx3080-laptop-16gb"].device()
     full = get_preset("laptop-16gb", method="full", learning_rate=learning_rate)
     warning = next(w for w in validate(full, ampere) if "rounds away" in w)
     bound = float(warning.split("larger than ")[1].split(" ")[0])

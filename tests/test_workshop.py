@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 
-from labkit.device import DeviceInfo
+from labkit.cards import CARDS
 from labkit.lab import (CheckItem, hf_cache_has_weights, repo_root, results_dir, workshop_checklist,
                         workshop_estimate)
 from labkit.presets import PRESETS, get_preset, preflight, validate
 
-# What a free Colab T4 reports to PyTorch (docs/references.md#t4-and-single-gpu-figures).
-T4 = DeviceInfo("cuda", "Tesla T4", 14.75, (7, 5), bf16=False, fp16=True)
+# What a free Colab T4 reports to PyTorch: the one table of cards.
+T4 = CARDS["t4"].device()
 
 
 def test_workshop_preset_is_small_and_short():
@@ -24,7 +24,7 @@ def test_workshop_preset_is_small_and_short():
 def test_workshop_preset_validates_and_fits_a_t4_in_fp16_with_6_gib_to_spare():
     p = get_preset("workshop")
     validate(p, T4)  # raises PresetError if anything cannot run on a T4
-    report = preflight(p, T4, card_gib=14.75)
+    report = preflight(p, T4, card_gib=CARDS["t4"].gib)
     assert report.fits
     assert report.card_gib - report.estimate_gib >= 6.0, str(report)
     # the fp16 figure is the one planned with (the T4 has no bf16)

@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from labkit.bench import worker
-from labkit.cli import add_setting_arguments
+from labkit.cli import add_setting_arguments, batch_settings
 from labkit.memory import GIB, estimate, state_bytes
 from labkit.models import METHODS
 from labkit.monitor import peak_rss_bytes, reset_peak_rss
@@ -33,8 +33,8 @@ CPU_GRID = [("tiny-qwen2", "lora", 2)] + [
 
 
 _MEMORY_CSV_FIELDS = [
-    "date", "device", "device_kind", "model", "method", "num_generations", "per_device_batch", "prompt_len",
-    "completion_len", "optimizer", "gradient_checkpointing", "beta", "precision", "lora_rank", "steps",
+    "date", "device", "device_kind", "model", "method", "num_generations", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "prompt_len", "completion_len", "optimizer", "gradient_checkpointing", "beta", "precision", "lora_rank", "steps",
     "cap_gib", "status", "measured_peak_gib", "measure", "predicted_total_gib", "error_pct",
     "measured_weights_gib", "predicted_weights_gib", "measured_optimizer_gib", "predicted_optimizer_gib",
     "predicted_activations_gib", "predicted_logits_gib", "predicted_kv_cache_gib", "seconds_per_step",
@@ -64,23 +64,24 @@ def measure_grpo(spec: dict) -> dict:
     from labkit.training import build_trainer, grpo_config
 
     device = detect_device(spec["device"])
-    prompts = _random_prompts(16 * spec["per_device_batch"], spec["prompt_len"], seed=0)
+    prompts = _random_prompts(16 * spec["per_device_train_batch_size"], spec["prompt_len"], seed=0)
     dataset = Dataset.from_dict({"prompt": prompts})
     rng = random.Random(0)
 
     def random_reward(completions, **kwargs):  # memory does not depend on what is rewarded
         return [rng.random() for _ in completions]
 
-    generation_batch = spec["per_device_batch"] * spec["num_generations"]
-    micro_batch = generation_batch // spec["gradient_accumulation_steps"]
-    optim = {"adamw_8bit": "adamw_bnb_8bit"}.get(spec["optimizer"])
-    overrides = dict(optim=optim) if optim else {}
+    optim = {"adamw_8bit": "adamw_bnb_8bit"}.get(spec["optimizer"], spec["optimizer"])
+    overrides = dict(optim=optim) if optim != "adamw" else {}
+    if spec.get("steps_per_generation"):
+        overrides["steps_per_generation"] = spec["steps_per_generation"]
     import tempfile
 
     out_dir = tempfile.mkdtemp(prefix="labkit-bench-")
     args = grpo_config(
         out_dir, device=device, precision=spec["precision"], max_steps=spec["steps"],
-        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=spec["gradient_accumulation_steps"],
+        per_device_train_batch_size=spec["per_device_train_batch_size"],
+        gradient_accumulation_steps=spec["gradient_accumulation_steps"],
         num_generations=spec["num_generations"], max_completion_length=spec["completion_len"],
         beta=spec["beta"], learning_rate=1e-6, activation_checkpointing=spec["gradient_checkpointing"],
         # Every completion runs to full length: EOS is forbidden until max_completion_length.
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                              "'none' measures only --model x --method x --num-generations")
     parser.add_argument("--model", nargs="+", default=None, help="catalogue names (with --preset none)")
     add_setting_arguments(parser, many=True)
-    parser.set_defaults(prompt_len=None, completion_len=None)
+    parser.set_defaults(max_prompt_length=None, max_completion_length=None)
     parser.add_argument("--steps", type=int, default=2, help="GRPO steps (>= 2, so optimizer states exist)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
     parser.add_argument("--cap-gib", type=float, default=None,
@@ -182,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         grid = GPU_GRID if preset == "gpu" else CPU_GRID
     on_cpu = device.kind != "cuda"
-    prompt_len = args.prompt_len or (32 if on_cpu else 128)
-    completion_len = args.completion_len or (32 if on_cpu else 256)
+    prompt_len = args.max_prompt_length or (32 if on_cpu else 128)
+    completion_len = args.max_completion_length or (32 if on_cpu else 256)
     precision = choose_precision(device)
     if any(meth == "qlora" for _, meth, _ in grid) and on_cpu:
         if preset == "none":
@@ -219,16 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     try:
         for model, method, g in grid:
-            spec = dict(model=model, method=method, num_generations=g, per_device_batch=args.per_device_batch,
-                        prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optimizer,
-                        gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=precision,
-                        lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                        steps=args.steps, device=device.kind, cap_gib=cap)
+            batch = batch_settings(args, g)  # GRPOConfig's units; default: one prompt's group per pass
+            spec = dict(model=model, method=method, **batch, prompt_len=prompt_len, completion_len=completion_len,
+                        optimizer=args.optim, gradient_checkpointing=args.gradient_checkpointing, beta=args.beta,
+                        precision=precision, lora_rank=args.lora_rank, steps=args.steps, device=device.kind,
+                        cap_gib=cap)
             est = estimate(str(build_tiny_model(model.removeprefix("tiny-"))) if model.startswith("tiny-") else model,
-                           method, num_generations=g, per_device_batch=args.per_device_batch,
-                           prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optimizer,
-                           gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=precision,
-                           lora_rank=args.lora_rank, gradient_accumulation_steps=args.gradient_accumulation_steps,
+                           method, **batch, max_prompt_length=prompt_len, max_completion_length=completion_len,
+                           optim=args.optim, gradient_checkpointing=args.gradient_checkpointing, beta=args.beta,
+                           precision=precision, lora_rank=args.lora_rank,
                            device="cuda" if device.kind == "cuda" else "cpu")
             label = f"{model} {method} G={g}"
             if args.dry_run:
@@ -252,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             peak = result.get("peak")
             row = dict(
                 date=provenance(device)["date"], device=result.get("device", str(device)), device_kind=device.kind,
-                model=model, method=method, num_generations=g, per_device_batch=args.per_device_batch,
-                prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optimizer,
+                model=model, method=method, num_generations=g,
+                per_device_train_batch_size=batch["per_device_train_batch_size"],
+                gradient_accumulation_steps=batch["gradient_accumulation_steps"],
+                prompt_len=prompt_len, completion_len=completion_len, optimizer=args.optim,
                 gradient_checkpointing=args.gradient_checkpointing, beta=args.beta, precision=precision,
                 lora_rank=args.lora_rank if method != "full" else "", steps=args.steps, cap_gib=cap or "",
                 status=result.get("status"), measured_peak_gib=round(peak / GIB, 4) if peak else "",

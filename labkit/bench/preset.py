@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from labkit.cards import CARDS
 from labkit.memory import GIB
 from labkit.presets import PRESETS, Preset, get_preset, resolve_model
 from labkit.run import build_run
@@ -60,9 +61,9 @@ def _fixed_length_prompts(tokenizer, n: int, length: int):
 def card_cap_fraction(cap_gib: float, total_bytes: int) -> float:
     """Return the fraction of a card's memory that ``cap_gib`` is (for ``set_per_process_memory_fraction``).
 
-    GiB as PyTorch reports them: a "16 GB" card reports 15.7-15.99 GiB and a T4 14.75 GiB, so a cap
-    above what the card reports is refused with the card's own figure (presets' ``card_gib`` is
-    already given that way).
+    GiB as PyTorch reports them (:data:`labkit.cards.CARDS`: a "16 GB" card reports less than 16 GiB),
+    so a cap above what the card reports is refused with the card's own figure (presets' ``card_gib``
+    is already given that way).
     """
     total_gib = total_bytes / GIB
     if cap_gib <= 0:
@@ -168,7 +169,7 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench preset --preset NAME --cap-gib 16``: GRPO steps of a preset under a memory cap.
+    """``python -m labkit bench preset --preset NAME [--cap-gib GIB]``: GRPO steps of a preset under a memory cap.
 
     Writes ``results/preset_NAME.json`` and appends a row to ``results/presets.csv``.
     Exit code 0 when it ran (and, on CUDA, fit with the spare asked for), 1 otherwise.
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--cap-gib", type=float, default=None,
                         help="per-process GPU memory cap in GiB as PyTorch reports them (CUDA only; default: the "
-                             "preset's card_gib, e.g. 15.7 for a 16 GB card, 14.75 for a T4)")
+                             "preset's card_gib, from labkit.cards: "
+                             + ", ".join(f"{c.gib:g} for {c.name}" for c in CARDS.values()) + ")")
     parser.add_argument("--min-spare-gib", type=float, default=1.0)
     parser.add_argument("--results", default="results", help="results folder")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

@@ -1,0 +1,86 @@
+"""The GPU cards the lab plans for: what each one reports to PyTorch, in GiB, and where that figure comes from.
+
+Introduced in ``04_lora_grpo_16gb.ipynb`` and ``05_full_vs_lora.ipynb``. This table is the one place in
+the repository that states a card's memory: the presets' ``card_gib``, the preflight check, the plots of
+notebook 05, the sharding tables of notebook 07, the solutions and the instructor guide read it
+(``tests/test_cards.py`` fails on any other literal card size).
+
+GPU memory is sold *and* reported in binary units. A card "with 16 GB" carries 16 GiB of memory chips;
+``torch.cuda.mem_get_info()`` (``free, total`` in bytes) reports as ``total`` what the driver leaves to
+programs: 15.7-15.99 GiB on a 16 GB card, 10.00 GiB on a 10 GB RTX 3080. Converting "16 GB" as if it
+were 16 x 10^9 bytes (14.9 GiB) is wrong. A T4 is the exception that looks like the rule: it has 16 GiB
+of chips but reports about 14.75 GiB because ECC (error-correcting memory, on by default in data centres
+and Colab) keeps part of it.
+
+Each :class:`Card` gives the name ``torch.cuda.get_device_name()`` prints, the ``total`` that
+``torch.cuda.mem_get_info()`` reports in GiB (the smallest published figure, so a plan made for it fits
+every copy of the card), its compute capability (which decides bf16 or fp16, :mod:`labkit.device`) and
+the source of the figure (docs/references.md, "What cards report to PyTorch").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Card", "CARDS", "card", "card_gib"]
+
+
+@dataclass(frozen=True)
+class Card:
+    """One GPU card: its name, what it is sold as, what it reports to PyTorch, and where that comes from."""
+
+    key: str  # the table's key: "t4", "rtx3080-laptop-16gb", ...
+    name: str  # what torch.cuda.get_device_name() prints
+    sold_as: str  # the marketing figure, in GB (binary, as for every card)
+    gib: float  # torch.cuda.mem_get_info()[1] / 2**30: the total memory PyTorch can use
+    compute_capability: tuple[int, int]  # (7, 5) Turing: fp16 only; (8, 0) and later: bf16
+    source: str  # where the figure comes from
+
+    @property
+    def bf16(self) -> bool:
+        """True from Ampere (sm_80) on: the card trains in bf16 (:func:`labkit.device.choose_precision`)."""
+        return self.compute_capability >= (8, 0)
+
+    def device(self):
+        """Return the :class:`labkit.device.DeviceInfo` that :func:`labkit.device.detect_device` gives on this card."""
+        from labkit.device import DeviceInfo
+
+        return DeviceInfo("cuda", self.name, self.gib, self.compute_capability, bf16=self.bf16,
+                          fp16=self.compute_capability >= (6, 0))
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.sold_as}: {self.gib:g} GiB to PyTorch)"
+
+
+CARDS: dict[str, Card] = {
+    c.key: c
+    for c in [
+        Card("t4", "Tesla T4", "16 GB, ECC on", 14.74, (7, 5),
+             "Colab's T4 with ECC on: 15,095-15,102 MiB (14.74-14.75 GiB) by driver; TRL's T4 notebook prints "
+             "14.74 (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb). T4s on other clouds' newer "
+             "drivers report 14.56-14.58 GiB (Zheng-Chong/CatVTON issue 133, QwenLM/Qwen3-VL issue 1046)"),
+        Card("rtx3080-laptop-16gb", "NVIDIA GeForce RTX 3080 Laptop GPU", "16 GB", 15.7, (8, 6),
+             "a 16 GB card reports 15.7-15.99 GiB (16,077 MiB on a Windows laptop; an RTX 4080 16 GB "
+             "\"15.99 GiB total capacity\", aigc-apps/sd-webui-EasyPhoto issue 281): 15.7 fits every one"),
+        Card("rtx4080-16gb", "NVIDIA GeForce RTX 4080", "16 GB", 15.99, (8, 9),
+             "\"15.99 GiB total capacity\" (aigc-apps/sd-webui-EasyPhoto issue 281)"),
+        Card("rtx3080-10gb", "NVIDIA GeForce RTX 3080", "10 GB", 10.0, (8, 6),
+             "\"10.00 GiB total capacity\" (victordibia/peacasso issue 3)"),
+        Card("rtx4090-24gb", "NVIDIA GeForce RTX 4090", "24 GB", 23.64, (8, 9),
+             "\"23.64 GiB total capacity\" (ali-vilab/VGen issue 104)"),
+        Card("a100-80gb", "NVIDIA A100-SXM4-80GB", "80 GB", 79.25, (8, 0),
+             "\"79.25 GiB total capacity\" (levihsu/OOTDiffusion issue 235)"),
+    ]
+}
+
+
+def card(key: str) -> Card:
+    """Return the :class:`Card` called ``key`` in :data:`CARDS` (an unknown key names the known ones)."""
+    try:
+        return CARDS[key]
+    except KeyError:
+        raise KeyError(f"unknown card {key!r}; the table has {', '.join(CARDS)}") from None
+
+
+def card_gib(key: str) -> float:
+    """Return the GiB the card ``key`` reports to PyTorch (``torch.cuda.mem_get_info()``'s total)."""
+    return card(key).gib
