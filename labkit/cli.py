@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 __all__ = ["COMMANDS", "main", "UsageError", "parse_value", "parse_pairs", "on_off", "add_setting_arguments",
-           "demo_cli", "estimate_cli", "train_cli", "check_cli"]
+           "demo_cli", "estimate_cli", "train_cli", "check_cli", "rehearse_cli"]
 
 # command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
 COMMANDS = {
@@ -25,6 +25,8 @@ COMMANDS = {
     "bench": ("labkit.bench:bench_cli", "run a benchmark and append its figures to results/"),
     "train": ("labkit.cli:train_cli", "train with a named preset (accelerate launch-able)"),
     "check": ("labkit.cli:check_cli", "the pre-workshop checklist: install, device, mode, free disk, model weights"),
+    "rehearse": ("labkit.cli:rehearse_cli",
+                 "rehearse a preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase"),
 }
 
 
@@ -213,7 +215,7 @@ def train_cli(argv: list[str] | None = None) -> int:
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
     from labkit.presets import (PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, card_device, get_preset, preflight,
-                                validate)
+                                resolve_plan, validate)
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)
     from labkit.training import last_checkpoint
@@ -255,9 +257,11 @@ def train_cli(argv: list[str] | None = None) -> int:
         for warning in validate(preset, device):
             print("warning:", warning, file=sys.stderr) if main else None
         output_dir = _output_dir(args.output_dir, preset)
+        plan = resolve_plan(preset, device)  # resolved once: preflight and build_run read the same plan
         if main:
             print(f"preset {preset.name}: {preset.description}")
-            print(preflight(preset, device))
+            print(f"plan: {plan.describe()}")
+            print(preflight(plan))
         if args.dry_run:
             return 0
         resume = {"auto": "auto", "yes": True, "no": False}.get(args.resume, args.resume)
@@ -267,7 +271,7 @@ def train_cli(argv: list[str] | None = None) -> int:
             if finished:
                 print(finished) if main else None
                 return 0
-            run = build_run(preset, output_dir, device=device)
+            run = build_run(plan, output_dir, device=device)
             if main and run.dropped_prompts:
                 print(f"dropped {run.dropped_prompts} prompts longer than {preset.max_prompt_length} tokens; "
                       f"training on {len(run.train_dataset)}")
@@ -434,3 +438,54 @@ def check_cli(argv: list[str] | None = None) -> int:
     else:
         print("\n".join(str(item) for item in items))
     return 0 if all(item.ok is not False for item in items) else 1
+
+
+def rehearse_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit rehearse --preset NAME [--set KEY=VALUE ...]``: :func:`labkit.rehearsal.rehearse`.
+
+    Prints the plan, the rehearsed peak of each phase with its breakdown, what is not counted and which
+    CUDA behaviours are emulated, and the estimate preflight makes for the same plan. Exit 2 on a bad preset.
+    """
+    from labkit.memory import GIB
+    from labkit.presets import PRESETS, PresetError, get_preset, validate
+
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit rehearse",
+        description="Run a GPU preset's GRPO step (TRL 1.16's own code) at full size on fake tensors and print the "
+                    "peak live memory of each phase: rehearsed, not measured.")
+    parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override any preset field")
+    parser.add_argument("--no-generation", action="store_true", help="skip the generation phase")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        from labkit.plan import estimate
+        from labkit.presets import resolve_plan
+
+        preset = get_preset(args.preset, **parse_pairs("--set", args.set))
+        plan = resolve_plan(preset)
+        if plan.card is None or plan.card.kind != "cuda":
+            raise PresetError(f"{preset.name} is a CPU preset (card_gib=None): the rehearsal rehearses a GPU run; "
+                              f"give it a card with --set card_gib=15.7")
+        for warning in validate(preset, plan.card):
+            print(f"warning: {warning}")
+    except (PresetError, UsageError, KeyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from labkit.rehearsal import LABEL, rehearse
+
+    result = rehearse(plan, generation=not args.no_generation)
+    print(result.report())
+    est = estimate(plan)
+    rows = [("generation", est.bytes["generation_phase"]), ("training", est.bytes["training_phase"]),
+            ("peak", est.bytes["total"])]
+    print(f"\npreflight's estimate (labkit.memory.estimate) vs the rehearsal, GiB:")
+    print(f"{'phase':<11}{'estimated':>10}{'rehearsed':>11}{'ratio':>8}")
+    for name, value in rows:
+        rehearsed = result.peak if name == "peak" else max(
+            result.phases[p]["peak"] for p in (("training", "optimizer") if name == "training" else (name,))
+            if p in result.phases)
+        print(f"{name:<11}{value / GIB:>10.3f}{rehearsed / GIB:>11.3f}{value / rehearsed:>8.3f}")
+    card = plan.card.total_memory_gib
+    print(f"\ncard {card:g} GiB: rehearsed peak {result.peak_gib:.2f} GiB = {100 * result.peak_gib / card:.0f} % "
+          f"of it ({LABEL}; add the CUDA context and fragmentation, about 1 GiB, before comparing with a card)")
+    return 0

@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 
 from labkit.models import METHODS, check_method
+from labkit.measure import saved_activation_bytes, state_bytes  # exact counters, re-exported
 
 __all__ = [
     "GIB",
@@ -231,6 +232,7 @@ class MemoryEstimate:
             ("reference", "reference model (beta > 0, full fine-tuning only)"),
             ("optimizer", "optimizer states"),
             ("kv_cache", "generation: KV cache + prefill working set"),
+            ("transients", "generation: LoRA's fp32 input casts, autocast's copies of fp32 weights"),
             ("gradients", "gradients of the trainable parameters"),
             ("activations", "activations kept for the backward pass"),
             ("logits", "LM-head / log-prob buffers"),
@@ -238,7 +240,7 @@ class MemoryEstimate:
         lines = [f"{'term':<12} {'GiB':>8}  what"]
         lines += [f"{key:<12} {self.bytes[key] / GIB:>8.3f}  {what}" for key, what in rows]
         lines += [
-            f"{'generation':<12} {self.bytes['generation_phase'] / GIB:>8.3f}  phase 1 = weights + reference + optimizer + kv_cache",
+            f"{'generation':<12} {self.bytes['generation_phase'] / GIB:>8.3f}  phase 1 = weights + reference + optimizer + kv_cache + transients",
             f"{'training':<12} {self.bytes['training_phase'] / GIB:>8.3f}  phase 2 = weights + reference + optimizer + gradients + activations + logits",
             f"{'total':<12} {self.total:>8.3f}  peak = max(generation, training)",
         ]
@@ -434,8 +436,10 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
       gradient, ``3 N V b`` with ``N = B (C + 1)``.
     - **kv_cache** ``= 2 L kv b B_gen S`` (keys and values of every layer), plus the prefill's
       largest intermediate (``B_gen x max_prompt_length x (3 i + 2 h) x b``) and the sampling buffers.
+    - **transients** (generation; :mod:`labkit.rehearsal` found them): LoRA's fp32 input casts at the prefill,
+      autocast's ``V h b`` copy of an fp32 LM head (QLoRA, fp32 masters) and of every fp32 master weight.
 
-    ``peak = weights + reference + optimizer + max(kv_cache, gradients + activations + logits)``.
+    ``peak = weights + reference + optimizer + max(kv_cache + transients, gradients + activations + logits)``.
     Gradients and activations are added: with gradient accumulation the gradients of earlier
     micro-batches are alive during the next backward; with one micro-batch it is an upper bound.
     Not counted: the CUDA context (about 0.3-0.5 GiB outside PyTorch's allocator) and allocator
@@ -533,6 +537,8 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         activations = L * layer + final_norm + input_ids + rotary
     if masters:
         activations += shape.linear_weight_params * 2  # autocast's 16-bit copies of the fp32 master weights
+    if method == "lora":  # PEFT's fp32 cast of the widest LoRA input and dropout's fp32 output (layer.py:1100)
+        activations += tokens * max(i for i, _ in shape.lora_targets(targets)) * (4 + (4 if lora_dropout > 0 else 0))
 
     # --- the LM head and log-probabilities
     head_trains = method == "full"
@@ -552,12 +558,19 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     kv_cache = 2 * L * kv * hb * generation_batch_ * seq
     kv_cache += generation_batch_ * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
     kv_cache += generation_batch_ * V * (b + 3 * 4)  # last-position logits, their fp32 copy, sampling buffers
+    # Generation transients the rehearsal (labkit.rehearsal) showed: PEFT casts a LoRA input to fp32 and dropout
+    # keeps an fp32 output and a mask (prefill); autocast copies an fp32 LM head (QLoRA, fp32 masters) and caches
+    # the copies of every fp32 master weight for the whole forward.
+    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if method == "lora" else 0
+    transients = generation_batch_ * prompt_len * widest * (4 + (5 if lora_dropout > 0 else 0))
+    if b < 4 and (method == "qlora" or masters):
+        transients += V * h * b + (shape.linear_weight_params * b if method == "full" else 0)
 
     persistent = weights + reference + optimizer_bytes
-    generation_phase = persistent + kv_cache
+    generation_phase = persistent + kv_cache + transients
     training_phase = persistent + gradients + activations + logits_bytes
     terms = dict(weights=weights, reference=reference, gradients=gradients, optimizer=optimizer_bytes,
-                 activations=activations, logits=logits_bytes, kv_cache=kv_cache,
+                 activations=activations, logits=logits_bytes, kv_cache=kv_cache, transients=transients,
                  generation_phase=generation_phase, training_phase=training_phase,
                  total=max(generation_phase, training_phase))
     terms = {k: int(round(v)) for k, v in terms.items()}
@@ -573,11 +586,11 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
 
 
 _STACK = {  # phase -> terms from bottom to top, with colours that stay the same in every plot
-    "generation": ("weights", "reference", "optimizer", "kv_cache"),
+    "generation": ("weights", "reference", "optimizer", "kv_cache", "transients"),
     "training": ("weights", "reference", "optimizer", "gradients", "activations", "logits"),
 }
 _COLOURS = {"weights": "#4c72b0", "reference": "#8172b3", "optimizer": "#dd8452", "kv_cache": "#937860",
-            "gradients": "#c44e52", "activations": "#55a868", "logits": "#da8bc3"}
+            "gradients": "#c44e52", "transients": "#8c8c8c", "activations": "#55a868", "logits": "#da8bc3"}
 
 
 def plot_breakdown(estimates, labels=None, *, card="rtx3080-laptop-16gb", ax=None):
@@ -622,78 +635,3 @@ def plot_breakdown(estimates, labels=None, *, card="rtx3080-laptop-16gb", ax=Non
         ax.set_xlabel(labels[0], fontsize=9)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     return ax
-
-
-# --------------------------------------------------------------------------- exact measurements
-
-
-def state_bytes(model, optimizer=None) -> dict:
-    """Return ``{"weights", "gradients", "optimizer"}``: bytes held by a model's tensors, measured.
-
-    Weights: every parameter once (tied weights once; bitsandbytes 4-bit weights by their packed
-    storage plus quantisation constants). Gradients: every ``.grad`` that exists. Optimizer: every
-    tensor in ``optimizer.state`` (once, however many parameters share it). The counterpart of
-    :func:`estimate`'s exact terms; ``05_full_vs_lora.ipynb`` compares the two.
-    """
-    import torch
-
-    seen, weights, gradients = set(), 0, 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        weights += p.numel() * p.element_size()
-        quant_state = getattr(p, "quant_state", None)
-        if quant_state is not None:
-            weights += sum(t.numel() * t.element_size() for t in _tensors_of(quant_state))
-        if p.grad is not None:
-            gradients += p.grad.numel() * p.grad.element_size()
-    opt, seen_state = 0, set()
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor) and id(value) not in seen_state:
-                    seen_state.add(id(value))
-                    opt += value.numel() * value.element_size()
-    return {"weights": weights, "gradients": gradients, "optimizer": opt}
-
-
-def _tensors_of(quant_state):
-    import torch
-
-    found = []
-    for value in vars(quant_state).values():
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif hasattr(value, "absmax"):  # nested state of double quantisation
-            found.extend(_tensors_of(value))
-    return found
-
-
-def saved_activation_bytes(forward, exclude=None) -> int:
-    """Return the bytes of the tensors autograd keeps for the backward pass of ``forward()``.
-
-    Every tensor saved for backward is counted once, by its storage. ``exclude`` is a model (its
-    parameters and buffers) or an iterable of tensors not to count, so that what remains is
-    activation memory (the token ids an embedding keeps included). Gradient checkpointing hides
-    what a checkpointed layer keeps from these hooks: measure without it. Used to check the
-    activation formula of :func:`estimate` (``05_full_vs_lora.ipynb``, ``tests/test_memory.py``).
-    """
-    import torch
-    from torch.autograd.graph import saved_tensors_hooks
-
-    if isinstance(exclude, torch.nn.Module):
-        exclude = [*exclude.parameters(), *exclude.buffers()]
-    owned = {t.untyped_storage().data_ptr() for t in (exclude or ())}
-    kept: dict[int, int] = {}
-
-    def pack(t: torch.Tensor):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in owned and storage.nbytes():
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with saved_tensors_hooks(pack, lambda t: t):
-        out = forward()
-    del out
-    return sum(kept.values())

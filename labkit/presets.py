@@ -42,7 +42,7 @@ from labkit.rewards import named_rewards
 from labkit.validation import (SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, _field_errors,
                                _trl_config_errors)
 
-__all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "card_device", "validate", "model_context_length", "Preflight",
+__all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "resolve_plan", "card_device", "validate", "model_context_length", "Preflight",
            "preflight", "resolve_model", "METHODS", "EIGHT_BIT_OPTIMS"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
@@ -579,47 +579,45 @@ class Preflight:
         return "\n".join(lines)
 
 
-def _estimate_model_name(preset: Preset) -> str:
-    return resolve_model(preset.model) if preset.model.startswith("tiny:") else preset.model
+def resolve_plan(preset: Preset | str, device=None, **overrides):
+    """Return the :class:`labkit.plan.Plan` of ``preset`` (a name or a :class:`Preset`, with ``overrides``).
+
+    ``device`` is the card the run will use (``build_run`` passes the machine's); None plans for the card
+    the preset is made for (:func:`card_device`; a CPU preset trains in fp32). The one place a preset
+    becomes a run's settings and precision.
+    """
+    from labkit.plan import Plan, resolve
+
+    if isinstance(preset, Plan):
+        return preset
+    preset = get_preset(preset, **overrides)
+    return resolve(preset, device if device is not None else card_device(preset))
 
 
-def _estimate(preset: Preset, precision: str):
-    """Return :func:`labkit.memory.estimate` for the preset: the same GRPOConfig fields, the same names."""
-    from labkit.memory import estimate
+def _estimate(plan):
+    """Return :func:`labkit.plan.estimate` for ``plan`` (the estimator of :mod:`labkit.memory`)."""
+    from labkit.plan import estimate
 
-    return estimate(
-        _estimate_model_name(preset), preset.method,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
-        steps_per_generation=preset.trl_options.get("steps_per_generation"),
-        num_generations=preset.num_generations,
-        max_prompt_length=preset.max_prompt_length,
-        max_completion_length=preset.max_completion_length,
-        optim=preset.optim,
-        gradient_checkpointing=preset.gradient_checkpointing,
-        beta=preset.beta,
-        precision=precision,
-        lora_rank=preset.lora_rank,
-        lora_targets=list(preset.target_modules),
-    )
+    return estimate(plan)
 
 
-_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache")
+_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
 
 
 def _total_and_breakdown(result) -> tuple[float, dict]:
     return result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
 
 
-def _ranked_changes(preset: Preset, precision: str) -> list:
+def _ranked_changes(plan) -> list:
     """Return ``[(change, GiB after it)]`` for every candidate change that cuts the estimate, biggest cut first."""
     from labkit.oom import candidate_changes
+    from labkit.plan import resolve
 
-    total, _ = _total_and_breakdown(_estimate(preset, precision))
+    total, _ = _total_and_breakdown(_estimate(plan))
     ranked = []
-    for change in candidate_changes(preset.to_dict()):
+    for change in candidate_changes(plan.preset.to_dict()):
         try:
-            after, _ = _total_and_breakdown(_estimate(preset.apply(change.updates), precision))
+            after, _ = _total_and_breakdown(_estimate(resolve(plan.preset.apply(change.updates), plan.card)))
         except (ValueError, KeyError):  # a change the estimator cannot model
             continue
         if after < total - 0.01:
@@ -627,43 +625,45 @@ def _ranked_changes(preset: Preset, precision: str) -> list:
     return sorted(ranked, key=lambda item: (item[0].kind == "model", item[1]))
 
 
-def preflight(preset: Preset | str, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
-    """Return a :class:`Preflight`: :func:`labkit.memory.estimate` for the preset against the card.
+def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
+    """Return a :class:`Preflight`: :func:`labkit.memory.estimate` for the preset's plan against the card.
 
-    ``card_gib`` overrides the detected card's memory (plan for a 16 GB laptop from
-    anywhere: ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
+    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`. On a GPU the plan is for
+    ``device``; elsewhere for the card the preset is made for (:func:`card_device`: a T4 preset in fp16).
+    ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
+    ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
     candidate change of :func:`labkit.oom.candidate_changes` is estimated alone
     (``changes``, the biggest cut first, another model last), and ``plan`` applies the
     biggest cut, re-estimates and repeats until the run fits: the settings to change first.
     """
-    from labkit.device import choose_precision, detect_device
+    from labkit.device import detect_device
+    from labkit.plan import Plan, resolve
 
-    preset = get_preset(preset)
-    device = device or detect_device()
+    if isinstance(preset, Plan):
+        plan = preset
+        device = plan.card
+    else:
+        device = device or detect_device()
+        plan = resolve_plan(preset, device if device.kind == "cuda" else None)
+    preset = plan.preset
     if card_gib is None:
-        card_gib = device.total_memory_gib if device.kind == "cuda" else None
+        card_gib = device.total_memory_gib if device is not None and device.kind == "cuda" else None
         card = str(device)
     else:
         card = f"a {card_gib:g} GiB card"
-    if preset.precision:
-        precision = preset.precision
-    elif device.kind == "cuda":
-        precision = choose_precision(device)
-    else:  # planning for a GPU from here: the tiny models train in fp32, real ones on an Ampere+ card in bf16
-        precision = "fp32" if preset.model.startswith("tiny:") else "bf16"
-    total, breakdown = _total_and_breakdown(_estimate(preset, precision))
+    total, breakdown = _total_and_breakdown(_estimate(plan))
     report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
     if card_gib is not None and not report.fits:
-        report.changes = _ranked_changes(preset, precision)
+        report.changes = _ranked_changes(plan)
         # The plan: take the biggest cut, re-estimate, repeat until it fits. Another model comes last:
         # it changes what you train, not how.
-        current, current_total = preset, total
+        current, current_total = plan, total
         while current_total + margin_gib > card_gib:
-            ranked = _ranked_changes(current, precision)
+            ranked = _ranked_changes(current)
             if not ranked:
                 break
             change, after = ranked[0]
-            current, current_total = current.apply(change.updates), after
+            current, current_total = resolve(current.preset.apply(change.updates), current.card), after
             report.plan.append((change, after))
     return report
 

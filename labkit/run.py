@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.presets import SECRET_FIELDS, Preset, PresetError, _num_processes, get_preset, resolve_model, validate
+from labkit.presets import (SECRET_FIELDS, Preset, PresetError, _num_processes, get_preset, resolve_model, resolve_plan,
+                            validate)
 from labkit.rewards import named_rewards
 from labkit.training import checkpoint_problem, checkpoint_step, last_checkpoint
 
@@ -387,10 +388,14 @@ def _grpo_settings(preset: Preset, seed: int) -> dict:
     )
 
 
-def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
+def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
               train_dataset=None, callbacks=None, seed: int | None = None, num_processes: int | None = None,
               print_logs: bool = True, **config_overrides) -> Run:
     """Return a :class:`Run`: the preset validated, its prompts filtered, a ``GRPOTrainer`` built.
+
+    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`; it is resolved once, for
+    ``device``, into the plan (:func:`labkit.presets.resolve_plan`) whose precision, model path, dtypes
+    and LoRA config the run uses.
 
     ``model`` (with ``tokenizer``) is a policy you already loaded (for example with
     :func:`labkit.models.load_policy`, to evaluate it first); without one, full and LoRA
@@ -401,22 +406,25 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
     ``print_logs=False`` drops transformers' printing of every log line and its progress bar
     (a :class:`labkit.dashboard.LiveDashboard` shows both).
     """
-    from labkit.device import choose_precision, detect_device, torch_dtype
+    from labkit.device import detect_device
     from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype
+    from labkit.plan import Plan
     from labkit.training import build_trainer, grpo_config
 
-    preset = get_preset(preset)
+    plan = preset if isinstance(preset, Plan) else None
+    preset = plan.preset if plan else get_preset(preset)
     if seed is not None and seed != preset.seed:  # the seed is part of the recipe (saved, checked on resume)
-        preset = preset.replace(seed=seed)
+        preset, plan = preset.replace(seed=seed), None
     seed = preset.seed
     secrets = sorted(set(config_overrides) & set(SECRET_FIELDS))
     if secrets:  # GRPOConfig is saved as training_args.bin in every checkpoint
         raise PresetError(f"build_run may not be given {secrets}: a checkpoint saves GRPOConfig, and a secret must "
                           f"never be saved. Set the {SECRET_FIELDS[secrets[0]]} environment variable instead.")
-    device = device or detect_device()
+    device = device or (plan.card if plan and plan.card else detect_device())
     warnings = validate(preset, device, num_processes=num_processes)
-    precision = preset.precision or choose_precision(device)
-    name = resolve_model(preset.model)
+    plan = plan or resolve_plan(preset, device)
+    precision = plan.precision
+    name = plan.model_path
     output_dir = Path(output_dir)
 
     settings = _grpo_settings(preset, seed)
@@ -427,17 +435,17 @@ def build_run(preset: Preset | str, output_dir: str | os.PathLike, *, device=Non
     if model is None and preset.method in ("full", "lora"):
         # TRL loads the model from its path (per process under accelerate); with a peft_config and
         # gradient checkpointing it calls enable_input_require_grads() itself.
-        settings["model_init_kwargs"] = {"dtype": str(torch_dtype(precision, preset.method)).removeprefix("torch.")}
+        settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch.")}
         if _num_processes(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
             settings["model_init_kwargs"]["device_map"] = None
         tokenizer = tokenizer or load_tokenizer(name)
         if preset.method == "lora":
-            peft_config = lora_config(preset.lora_rank, preset.lora_alpha, target_modules=list(preset.target_modules))
+            peft_config = lora_config(**plan.lora)
         model = name
-    args = grpo_config(output_dir, device=device, precision=preset.precision, **settings)
+    args = grpo_config(output_dir, device=device, precision=precision, **settings)
     if model is None:  # qlora: 4-bit loading goes through labkit (prepare_model_for_kbit_training, input grads)
-        model, tokenizer = load_policy(name, "qlora", precision=precision, lora_rank=preset.lora_rank,
-                                       lora_alpha=preset.lora_alpha, target_modules=list(preset.target_modules),
+        model, tokenizer = load_policy(name, "qlora", precision=precision, lora_rank=plan.lora["rank"],
+                                       lora_alpha=plan.lora["alpha"], target_modules=plan.lora["target_modules"],
                                        gradient_checkpointing=preset.gradient_checkpointing)
     elif not isinstance(model, str):
         if tokenizer is None:

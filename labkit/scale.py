@@ -220,7 +220,7 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
         per_layer, embedding = _layer_and_embedding_params(shape)
         gathered = weight_bytes * max(2 * per_layer, embedding)
 
-    kv_cache = 0 if vllm_server else single["kv_cache"]
+    kv_cache = 0 if vllm_server else single["kv_cache"] + single.get("transients", 0)  # + generation transients
     if zero_stage == 3 and (n > 1 or offload_params) and gather_for_generation and not vllm_server:
         generation_weights = single["weights"]  # the whole policy, gathered on every GPU
     else:

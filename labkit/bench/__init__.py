@@ -26,6 +26,8 @@ BENCHMARKS = {
     "preset": ("preset", "GRPO steps of a preset (random weights, full-length completions) under a GPU memory cap -> results/"),
     "unsloth": ("unsloth", "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
     "demo": ("demo", "the main job over several seeds -> results/"),
+    "rehearsal": ("rehearsal", "GPU presets + an 18-row grid + Unsloth's setting rehearsed on fake tensors, beside the "
+                               "estimate -> results/rehearsal.csv"),
     "smollm2-demo": ("real_demo", "GRPO on SmolLM2-135M-Instruct on CPU: 3 seeds and a learning-rate-0 control -> results/"),
     "full-vs-lora": ("full_vs_lora",
                      "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),

@@ -1,0 +1,101 @@
+"""The rehearsal (labkit.rehearsal) counts what it claims, and the estimator stays within +-10 % of it.
+
+Fast rows rehearse every GPU preset at full width, vocabulary, batch and lengths but two decoder layers
+(against the estimate of the same two-layer model); the slow rows rehearse the presets at full depth.
+"""
+import weakref
+
+import pytest
+import torch
+
+from labkit.plan import estimate
+from labkit.presets import PRESETS, resolve_plan as resolve
+from labkit.rehearsal import EMULATED, LABEL, NOT_COUNTED, LiveBytes, rehearse
+
+GPU_PRESETS = sorted(name for name, p in PRESETS.items() if p.card_gib is not None)
+
+
+def test_live_bytes_counts_each_storage_once_and_frees_it():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tracker = LiveBytes()
+    with FakeTensorMode(), tracker:
+        tracker.start("a", "activations")
+        x = torch.empty(1000, 1000)  # 4 MB
+        view, alias = x[10:], x.view(-1)  # same storage: counted once
+        assert tracker.current == 4_000_000
+        y = x * 2
+        assert tracker.current == 8_000_000
+        del x, view, alias
+        assert tracker.current == 8_000_000 - 4_000_000
+        del y
+        assert tracker.current == 0
+    assert tracker.peaks["a"][0] == 8_000_000
+
+
+def test_dropout_keeps_a_bool_mask_and_the_fused_head_is_compact_only_inside_the_rehearsal():
+    import trl.trainer.utils as trl_utils
+
+    from labkit.rehearsal import _cuda_behaviours
+
+    assert not trl_utils._use_triton(torch.device("cpu"))
+    with _cuda_behaviours():
+        assert trl_utils._use_triton(torch.device("cpu"))
+        drop = torch.nn.Dropout(0.1).train()
+        x = torch.randn(64, requires_grad=True)
+        out = drop(x)
+        assert out.grad_fn.name() == "NativeDropoutBackward0"
+    assert not trl_utils._use_triton(torch.device("cpu"))
+    assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+
+
+def test_every_emulation_cites_a_library_line_and_the_label_is_never_measured():
+    for what, where in EMULATED:
+        assert ".py:" in where, what
+    assert any("CUDA context" in n for n in NOT_COUNTED) and any("fragmentation" in n for n in NOT_COUNTED)
+    assert "measured" not in LABEL and "fake tensors" in LABEL
+
+
+def test_the_plan_decides_the_precision_from_the_card():
+    assert resolve("laptop-16gb").precision == "bf16"
+    assert resolve("colab-t4").precision == "fp16"  # a T4 has no bf16
+    assert resolve("colab-t4").weight_dtype == torch.float16
+    assert resolve("qlora-3b").adapter_dtype == torch.bfloat16
+    assert resolve("qlora-3b", precision="fp16").adapter_dtype == torch.float32
+
+
+def _ratios(name, num_layers):
+    plan = resolve(name)
+    result = rehearse(plan, num_layers=num_layers)
+    est = estimate(plan, num_layers=num_layers)
+    training = max(result.phases[p]["peak"] for p in ("training", "optimizer"))
+    return (est.bytes["total"] / result.peak, est.bytes["generation_phase"] / result.phases["generation"]["peak"],
+            est.bytes["training_phase"] / training)
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_estimator_within_10_percent_of_the_rehearsal_two_layers(name):
+    total, generation, training = _ratios(name, num_layers=2)
+    assert 0.9 <= total <= 1.1, (name, total)
+    assert 0.9 <= generation <= 1.1, (name, "generation", generation)
+    assert 0.9 <= training <= 1.1, (name, "training", training)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_estimator_within_10_percent_of_the_rehearsal_full_depth(name):
+    total, generation, training = _ratios(name, num_layers=None)
+    assert 0.9 <= total <= 1.1, (name, total)
+    assert 0.9 <= generation <= 1.1, (name, "generation", generation)
+    assert 0.9 <= training <= 1.1, (name, "training", training)
+
+
+def test_rehearse_command_refuses_bad_input_before_building_anything(capsys):
+    from labkit.cli import main
+
+    assert main(["rehearse", "--preset", "no-such-preset"]) == 2
+    assert "unknown preset" in capsys.readouterr().err
+    assert main(["rehearse", "--preset", "cpu-tiny"]) == 2  # a CPU preset: nothing to rehearse on a card
+    assert "card_gib" in capsys.readouterr().err
+    assert main(["rehearse", "--preset", "laptop-16gb", "--set", "per_device_train_batch_size"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
