@@ -446,6 +446,7 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
     Prints the plan, the rehearsed peak of each phase with its breakdown, what is not counted and which
     CUDA behaviours are emulated, and the estimate preflight makes for the same plan. Exit 2 on a bad preset.
     """
+    from labkit.cards import card_gib
     from labkit.memory import GIB
     from labkit.presets import PRESETS, PresetError, get_preset, validate
 
@@ -465,7 +466,7 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
         plan = resolve_plan(preset)
         if plan.card is None or plan.card.kind != "cuda":
             raise PresetError(f"{preset.name} is a CPU preset (card_gib=None): the rehearsal rehearses a GPU run; "
-                              f"give it a card with --set card_gib=15.7")
+                              f"give it a card with --set card_gib={card_gib('rtx3080-laptop-16gb')}")
         for warning in validate(preset, plan.card):
             print(f"warning: {warning}")
     except (PresetError, UsageError, KeyError, ValueError) as exc:

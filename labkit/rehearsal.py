@@ -35,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from labkit.cards import card_gib
 from labkit.memory import GIB
 
 __all__ = ["EMULATED", "NOT_COUNTED", "LABEL", "LiveBytes", "Rehearsal", "rehearse", "fake_policy", "memory_columns"]
@@ -560,7 +561,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     plan = resolve_plan(plan)
     if plan.card is None or plan.card.kind != "cuda":
         raise ValueError(f"{plan.preset.name} is a CPU preset: the rehearsal rehearses a GPU run "
-                         f"(set card_gib, e.g. --set card_gib=15.7)")
+                         f"(set card_gib, e.g. --set card_gib={card_gib('rtx3080-laptop-16gb')})")
     g = plan.grpo
     micro, gen_batch = g["per_device_train_batch_size"], g["generation_batch_size"]
     prompt_len, completion_len = g["max_prompt_length"], g["max_completion_length"]

@@ -210,9 +210,9 @@ def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
 
 def _phase_bytes(preset, precision, phase):
     """The memory ``phase`` fills for ``preset``, by labkit.memory.estimate (through preflight's own call)."""
-    from labkit.presets import _estimate
+    from labkit.presets import _estimate, resolve_plan
 
-    est = _estimate(preset, precision).bytes
+    est = _estimate(resolve_plan(preset.replace(precision=precision))).bytes
     if phase == "generation":
         return est["generation_phase"]
     if phase == "setup":

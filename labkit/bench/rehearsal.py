@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 
+from labkit.cards import card_gib
 from labkit.bench import append_csv, results_dir
 from labkit.lab import provenance
 from labkit.memory import GIB
@@ -51,7 +52,8 @@ def configurations(which: str = "all") -> list[tuple[str, str, object]]:
                     # the published laptop recipe (Preset's defaults: batch 1 x 4, G = 4, 256 + 786 tokens,
                     # 8-bit AdamW, checkpointing); an fp16 row plans for a T4, a bf16 row for a 16 GB Ampere card
                     rows.append(("grid", name, Preset(name=name, model=model, method=method, precision=precision,
-                                                      card_gib=14.7 if precision == "fp16" else 15.7)))
+                                                      card_gib=card_gib("t4" if precision == "fp16"
+                                                                        else "rtx3080-laptop-16gb"))))
     if which in ("all", "unsloth"):
         rows.append(("unsloth", "unsloth-headline", Preset(name="unsloth-headline", **UNSLOTH)))
     return rows
