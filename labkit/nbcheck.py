@@ -3,7 +3,8 @@
 ``python -m labkit.nbcheck notebooks/`` prints every problem and exits 1 if there is one;
 ``tests/test_notebook_structure.py`` runs the same checks in CI. A lab notebook must
 
-- be named ``NN_lowercase_words.ipynb`` (numbered, read in order);
+- be named ``NN_lowercase_words.ipynb`` (numbered, read in order), or ``NNb_...`` for a notebook that
+  follows ``NN_...`` (``01b_grpo_variants.ipynb``, the advanced half of 01);
 - be valid nbformat 4 JSON, with no outputs and no execution counts committed;
 - have code cells that parse as Python (IPython magics and shell escapes aside);
 - open with a markdown title cell that carries an "Open in Colab" badge for itself;
@@ -24,7 +25,7 @@ __all__ = ["REPO_URL", "COLAB_URL", "check_notebook", "check_notebooks", "colab_
 REPO_URL = "https://github.com/grpo-lab/grpo-lab"
 COLAB_URL = "https://colab.research.google.com/github/grpo-lab/grpo-lab/blob/main/notebooks/{name}"
 _BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
-_NAME = re.compile(r"^\d{2}_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb$")
+_NAME = re.compile(r"^\d{2}[a-z]?_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb$")
 
 
 def colab_badge(name: str) -> str:
@@ -55,7 +56,7 @@ def check_notebook(path: str | Path) -> list[str]:
     path = Path(path)
     problems: list[str] = []
     if not _NAME.match(path.name):
-        problems.append(f"name {path.name!r} is not NN_lowercase_words.ipynb")
+        problems.append(f"name {path.name!r} is not NN_lowercase_words.ipynb (or NNb_...)")
     try:
         nb = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -121,10 +122,10 @@ def check_notebooks(folder: str | Path = "notebooks") -> dict[str, list[str]]:
     folder = Path(folder)
     paths = sorted(folder.glob("*.ipynb"))
     report = {p.name: check_notebook(p) for p in paths}
-    numbers = [p.name[:2] for p in paths]
+    numbers = [p.name.split("_", 1)[0] for p in paths]  # "01", "01b", "02"...
     for number in {n for n in numbers if numbers.count(n) > 1}:
         for p in paths:
-            if p.name.startswith(number):
+            if p.name.split("_", 1)[0] == number:
                 report[p.name].append(f"number {number} is used by more than one notebook")
     return report
 

@@ -1,6 +1,7 @@
 """The GRPO objective: group-relative advantages, KL estimators, the clipped loss, log-probs.
 
-Introduced and derived in ``01_grpo_objective.ipynb``; every training path of the lab
+Introduced and derived in ``01_grpo_objective.ipynb`` (the variants, KL gradients and chunked log-probs in
+``01b_grpo_variants.ipynb``); every training path of the lab
 (the nano loop, the dashboard's diagnostics) uses these functions, and
 ``tests/test_objective.py`` checks :func:`grpo_loss` (loss and gradient) against the loss TRL's own
 ``GRPOTrainer`` computes on the same batch, for each of TRL 1.16's eight ``loss_type`` values, at both
@@ -33,6 +34,7 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "GRPOLossOutput",
+    "aggregate_loss",
     "grpo_loss",
     "token_logps_from_logits",
     "token_logps_from_hidden",
@@ -141,7 +143,7 @@ def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     Its value is unbiased, its gradient is not, on-policy too: with tokens sampled from pi
     (held fixed), ``E[grad k3] = grad KL(pi_ref || pi)``, the forward KL. Multiplied by the ratio
     ``pi / pi_old`` (TRL's ``use_bias_correction_kl``, what :func:`grpo_loss` does by default),
-    ``E[grad (ratio * k3)] = grad KL(pi || pi_ref)``. ``01_grpo_objective.ipynb`` section 4 checks both.
+    ``E[grad (ratio * k3)] = grad KL(pi || pi_ref)``. ``01b_grpo_variants.ipynb`` section 1 checks both.
     """
     log_ratio = ref_logps - logps  # log(pi_ref / pi)
     return torch.exp(log_ratio) - log_ratio - 1
@@ -200,6 +202,42 @@ def _vespo_weights(advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torc
         lam = torch.where(nonneg, lambda_pos, lambda_neg).clamp(min=1e-4)
         phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
         return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)  # (B, 1)
+
+
+def aggregate_loss(per_token_loss: torch.Tensor, completion_mask: torch.Tensor, loss_type: str = "dapo", *,
+                   max_completion_length: int | None = None,
+                   num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Return the scalar loss: the per-token losses averaged over the ``completion_mask`` as ``loss_type`` says.
+
+    ``per_token_loss`` and ``completion_mask`` are ``(B, T)``. By TRL 1.16's ``loss_type``:
+
+    - ``"grpo"``, ``"sapo"``: :math:`\\frac1B\\sum_i \\frac{1}{|o_i|}\\sum_t \\ell_{i,t}`, a mean per completion, then over
+      completions (a sequence mean: every completion weighs the same);
+    - ``"bnpo"``: :math:`\\sum_{i,t}\\ell_{i,t} / \\sum_i |o_i|`, a token mean over this batch;
+    - ``"dr_grpo"``: :math:`\\sum_{i,t}\\ell_{i,t} / (B \\cdot` ``max_completion_length``:math:`)`, a constant
+      (``T`` when not given);
+    - ``"dapo"``, ``"cispo"``, ``"vespo"``: :math:`\\sum_{i,t}\\ell_{i,t}` / ``num_items_in_batch`` (the token count
+      of the whole accumulated batch; this batch's when not given);
+    - ``"luspo"``: :math:`\\frac1B\\sum_i\\sum_t \\ell_{i,t}`, a sum per completion, then a mean.
+
+    Used by :func:`grpo_loss`; the exercise ``aggregate_loss`` of ``01_grpo_objective.ipynb`` checks a
+    learner's version against it.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
+    mask = completion_mask.to(per_token_loss.dtype)  # (B, T)
+    if loss_type in ("grpo", "sapo"):
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        length = per_token_loss.size(1) if max_completion_length is None else max_completion_length
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * length)
+    if loss_type == "luspo":
+        return (per_token_loss * mask).sum(-1).mean()
+    # dapo, cispo, vespo
+    n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
+    return (per_token_loss * mask).sum() / n.clamp(min=1.0)
 
 
 def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: torch.Tensor,
@@ -317,18 +355,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
             per_token_loss = per_token_loss + beta * per_token_kl
     per_token_loss = per_token_loss.expand_as(mask)  # (B, T) also when the policy term is one per completion
 
-    if loss_type in ("grpo", "sapo"):
-        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        length = logps.size(1) if max_completion_length is None else max_completion_length
-        loss = (per_token_loss * mask).sum() / (logps.size(0) * length)
-    elif loss_type == "luspo":
-        loss = (per_token_loss * mask).sum(-1).mean()
-    else:  # dapo, cispo, vespo
-        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=mask.dtype)
-        loss = (per_token_loss * mask).sum() / n.clamp(min=1.0)
+    loss = aggregate_loss(per_token_loss, mask, loss_type, max_completion_length=max_completion_length,
+                          num_items_in_batch=num_items_in_batch)
 
     with torch.no_grad():
         ratio, seen = ratio.detach(), ratio_seen.detach()  # TRL counts clipping on the delta-capped ratio
@@ -416,7 +444,7 @@ def token_logps_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor, 
     per-position results, and the backward pass recomputes one chunk's logits at a time, so
     no more than ``k x V`` logits ever exist. Values and gradients equal the unchunked ones
     (up to floating-point summation order); the price is a second LM-head matmul in the
-    backward pass. Introduced in ``01_grpo_objective.ipynb``; measured by ``python -m labkit
+    backward pass. Introduced in ``01b_grpo_variants.ipynb`` (section 4); measured by ``python -m labkit
     bench chunked-logps``.
     """
     if hidden.shape[:-1] != target_ids.shape:
@@ -466,7 +494,7 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ``k`` positions at a time with :func:`token_logps_from_hidden`, never building the full
     ``(B, K, V)`` logits; values and gradients are the same. Works for full and PEFT models of
     the Qwen2 / Llama kind (LM head = one linear layer, no logit scaling or soft-capping).
-    Introduced in ``01_grpo_objective.ipynb``.
+    Introduced in ``01_grpo_objective.ipynb`` (section 6); chunked in ``01b_grpo_variants.ipynb`` (section 4).
     """
     targets = input_ids[:, -logits_to_keep:]  # (B, K)
     if chunk_size is None:

@@ -75,3 +75,54 @@ def test_registered_exercises_pass_and_their_mistakes_fail():
 def test_unknown_exercise_lists_the_known_ones():
     with pytest.raises(KeyError, match="no exercise named"):
         ex.exercise("no_such_exercise")
+
+
+# --------------------------------------------------------------------------- the exercises in the notebooks
+
+import json  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CHECK_CALL = re.compile(r"""(?<![\w.])(?:labkit\.)?(?:exercises\.)?check\(\s*["'](\w+)["']""")
+
+
+def _exercise_cells():
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        previous = ""
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"])
+            for name in CHECK_CALL.findall(source):
+                yield path.name, name, previous + "\n" + source  # the stub: this cell or the one before
+            previous = source
+
+
+def test_every_check_in_a_notebook_names_a_registered_exercise_with_a_stub():
+    seen = set()
+    for notebook, name, source in _exercise_cells():
+        assert name in ex.names(), f"{notebook} checks {name!r}, which no submodule of labkit.exercises registers"
+        assert "raise NotImplementedError" in source, \
+            f"{notebook}: the stub that {name!r} checks (raise NotImplementedError) must be in that cell or the one before"
+        seen.add(name)
+    # every exercise registered by this lab's submodules is used by some notebook (a learner can reach it)
+    assert set(ex.names()) <= seen, f"registered but in no notebook: {sorted(set(ex.names()) - seen)}"
+
+
+def test_every_exercise_points_at_a_worked_solution_that_exists():
+    for name in ex.names():
+        exercise = ex.exercise(name)
+        assert exercise.hint and exercise.reference_name, name
+        path, _, anchor = exercise.solution.partition("#")
+        text = (REPO / path).read_text()
+        headings = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+                    for h in re.findall(r"^#{1,6}\s+(.*)$", text, re.M)}
+        assert anchor in headings, f"{name}: {exercise.solution} has no such section"
+        assert f'labkit.exercises.verify("{name}"' in text, f"{name}: its worked solution must verify itself in CI"
+
+
+def test_the_reward_exercise_is_called_as_trl_calls_a_reward():
+    # TRL 1.16 passes trainer_state, log_extra and log_metric to every reward (grpo_trainer.py, lines 1588-1594)
+    cases = ex.exercise("accuracy_reward").cases()
+    assert all({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "answer"}
+               <= set(case.kwargs) for case in cases)
+    assert any(isinstance(case.kwargs["completions"][0], list) for case in cases)  # conversational too

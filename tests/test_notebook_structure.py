@@ -91,3 +91,17 @@ def test_invalid_json_is_reported(tmp_path):
     path = tmp_path / "01_broken.ipynb"
     path.write_text("{not json")
     assert any("not valid JSON" in p for p in check_notebook(path))
+
+
+def test_a_lettered_follow_up_is_a_name_and_a_number_of_its_own(tmp_path):
+    # 01b_grpo_variants follows 01_grpo_objective: both pass, and neither counts as a duplicate of the other.
+    for name in ("01_core.ipynb", "01b_advanced.ipynb"):
+        nb = _good_notebook()
+        nb["cells"][0]["source"] = "# Title\n\n" + colab_badge(name)
+        assert check_notebook(_write(tmp_path, nb, name)) == []
+    assert not [p for problems in check_notebooks(tmp_path).values() for p in problems]
+    nb["cells"][0]["source"] = "# Title\n\n" + colab_badge("01_again.ipynb")
+    _write(tmp_path, nb, "01_again.ipynb")
+    report = check_notebooks(tmp_path)
+    assert any("more than one" in p for p in report["01_again.ipynb"]) and not report["01b_advanced.ipynb"]
+    assert any("NN_lowercase" in p for p in check_notebook(_write(tmp_path, nb, "01bb_x.ipynb")))

@@ -23,7 +23,7 @@ def test_every_notebook_has_a_measured_time_with_provenance():
 def _readme_cpu_cells() -> dict[str, str]:
     rows = {}
     for line in (REPO / "README.md").read_text().splitlines():
-        match = re.match(r"\|\s*\[(\d\d_\w+)\]\(notebooks/(\S+\.ipynb)\)\s*\|[^|]*\|([^|]*)\|", line)
+        match = re.match(r"\|\s*\[(\d\d[a-z]?_\w+)\]\(notebooks/(\S+\.ipynb)\)\s*\|[^|]*\|([^|]*)\|", line)
         if match:
             rows[match.group(2)] = match.group(3).strip()
     return rows

@@ -91,7 +91,7 @@ def _lora_every_linear(model, rank, targets):
 LORA_PARAM_COUNT = register(Exercise(
     name="lora_param_count",
     reference=_peft_count,
-    reference_name="PEFT: get_peft_model(model, LoraConfig(r=rank, target_modules=...)).get_nb_trainable_parameters()",
+    reference_name="PEFT's count: get_nb_trainable_parameters of the PeftModel, on the meta device",
     cases=_lora_cases,
     mistakes={
         "rank x d_in x d_out is a full update's size times r; LoRA trains two thin matrices, A (r x d_in) and "
@@ -101,7 +101,7 @@ LORA_PARAM_COUNT = register(Exercise(
     },
     hint="walk model.named_modules(); for each torch.nn.Linear whose last name part (name.rsplit('.', 1)[-1]) "
          "is in target_modules, add rank * (module.in_features + module.out_features).",
-    solution=f"{_SOLUTIONS_04}#coded-exercise-lora_param_count",
+    solution=f"{_SOLUTIONS_04}#exercise-lora_param_count",
 ))
 
 
@@ -160,7 +160,7 @@ def _by_hand(model, *, moment_bytes=None, frozen_grads=False, step_counter=True)
 TRAINING_STATE_BYTES = register(Exercise(
     name="training_state_bytes",
     reference=_measured_state_bytes,
-    reference_name="the bytes PyTorch holds after one torch.optim.AdamW step (labkit.memory.state_bytes)",
+    reference_name="the bytes PyTorch holds after one torch.optim.AdamW step, measured by labkit.memory.state_bytes",
     cases=_state_cases,
     mistakes={
         "the AdamW moments are counted at 4 bytes (fp32) each: torch's AdamW keeps them in the parameter's "
@@ -173,7 +173,7 @@ TRAINING_STATE_BYTES = register(Exercise(
     hint="loop over model.parameters() (tied weights come once): every parameter has its weight "
          "(numel x element_size); trainable ones (requires_grad) also a gradient of the same size and two AdamW "
          "moments of the same dtype, plus a 4-byte step counter per tensor.",
-    solution=f"{_SOLUTIONS_05}#coded-exercise-training_state_bytes",
+    solution=f"{_SOLUTIONS_05}#exercise-training_state_bytes",
 ))
 
 
@@ -218,7 +218,7 @@ def _kv(config, batch, seq, b, *, heads=None, head_dim=None, tensors=2):
 KV_CACHE_BYTES = register(Exercise(
     name="kv_cache_bytes",
     reference=_cached_bytes,
-    reference_name="transformers' DynamicCache after a forward pass (keys + values of every layer)",
+    reference_name="transformers' DynamicCache after a forward pass: keys and values of every layer",
     cases=_kv_cases,
     # the head size first: on Qwen3 it halves the result just as a missing factor 2 would, and the
     # first case (Qwen2.5, no head_dim) already catches a missing factor 2
@@ -232,5 +232,5 @@ KV_CACHE_BYTES = register(Exercise(
     },
     hint="2 (keys and values) x num_hidden_layers x num_key_value_heads x head_dim x bytes_per_element x "
          "batch_size x seq_len; head_dim is config.head_dim when set, else hidden_size // num_attention_heads.",
-    solution=f"{_SOLUTIONS_05}#coded-exercise-kv_cache_bytes",
+    solution=f"{_SOLUTIONS_05}#exercise-kv_cache_bytes",
 ))

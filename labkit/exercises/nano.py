@@ -63,7 +63,7 @@ def _mask_argmax_only(ids, eos):  # argmax without the "no EOS" case: a cut comp
 COMPLETION_MASK = register(Exercise(
     name="completion_mask",
     reference=_completion_mask,
-    reference_name="labkit.nano.completion_mask (TRL 1.16's rule)",
+    reference_name="labkit.nano.completion_mask, TRL 1.16's rule",
     cases=_mask_cases,
     mistakes={
         "the EOS token itself is masked out: TRL keeps it (position <= first EOS), so the model is trained to stop":
@@ -75,7 +75,7 @@ COMPLETION_MASK = register(Exercise(
     },
     hint="find each row's first EOS (is_eos.int().argmax(1)), use the row length T where a row has no EOS "
          "(is_eos.any(1)), then compare torch.arange(T) with it: position <= first EOS.",
-    solution=f"{_SOLUTIONS}#coded-exercise-completion_mask",
+    solution=f"{_SOLUTIONS}#exercise-completion_mask",
 ))
 
 
@@ -187,7 +187,7 @@ def _compare_loss_and_gradient(expected, got) -> str | None:
 GRPO_STEP_LOSS = register(Exercise(
     name="grpo_step_loss",
     reference=_step_loss,
-    reference_name="labkit.objective.grpo_loss(logps, None, group_advantages(rewards, G), mask).loss",
+    reference_name="labkit.objective.grpo_loss with labkit.objective.group_advantages, equal to TRL's",
     cases=_loss_cases,
     compare=_compare_loss_and_gradient,
     mistakes={
@@ -207,7 +207,7 @@ GRPO_STEP_LOSS = register(Exercise(
     hint="advantages: reshape rewards to (num_prompts, G), subtract each row's mean, divide by its std + 1e-4, "
          "flatten. Loss: ratio = exp(logps - logps.detach()) (1, with the gradient of log pi); per token "
          "-(ratio * advantage); then (per_token * mask).sum() / mask.sum().",
-    solution=f"{_SOLUTIONS}#coded-exercise-grpo_step_loss",
+    solution=f"{_SOLUTIONS}#exercise-grpo_step_loss",
 ))
 
 
@@ -228,7 +228,7 @@ def _pass_cases() -> list[Case]:
 PASS_AT_K = register(Exercise(
     name="pass_at_k",
     reference=_pass_at_k,
-    reference_name="labkit.evaluate.pass_at_k (Chen et al. 2021, eq. 1)",
+    reference_name="labkit.evaluate.pass_at_k, Chen et al. 2021, eq. 1",
     cases=_pass_cases,
     mistakes={
         "1 - (1 - c/n)^k is the biased estimate (as if the k samples were drawn with replacement); draw k of "
@@ -240,5 +240,5 @@ PASS_AT_K = register(Exercise(
     },
     hint="the chance that all k samples drawn (without replacement) from the n are wrong is "
          "C(n - c, k) / C(n, k) (math.comb); pass@k is one minus that.",
-    solution=f"{_SOLUTIONS}#coded-exercise-pass_at_k",
+    solution=f"{_SOLUTIONS}#exercise-pass_at_k",
 ))
