@@ -347,6 +347,11 @@ def print_demo_summary(summary: dict) -> None:
           f"{summary['accuracy_after']:.1%} ({summary['rise_points']:+.1f} points; greedy "
           f"{summary['greedy_accuracy_before']:.1%} -> {summary['greedy_accuracy_after']:.1%}) "
           f"in {summary['seconds']:.0f} s")
+    if "mcnemar" in summary:  # the paired statistics on the same held-out problems (labkit.demo)
+        test, (low, high), curve = summary["mcnemar"], summary["greedy_change_95ci"], summary["pass_at_k"]
+        print(f"  paired, {test['n']} problems: greedy {summary['greedy_change']:+.1%} (95% CI {low:+.1%} to "
+              f"{high:+.1%}), {test['gained']} gained, {test['lost']} lost, McNemar p = {test['p_value']:.2g}; "
+              f"pass@{curve['k'][-1]} {curve['before'][-1]:.1%} -> {curve['after'][-1]:.1%}")
 
 
 def demo_cli(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ def demo(config: NanoConfig | None = None, out: str | os.PathLike = "runs/demo",
     seconds = time.perf_counter() - started
     plot_run(result.history, result.evals, out / "demo.png", title=f"nano GRPO, seed {config.seed}")
     summary = {
+        **_paired_statistics(result.before, result.after),
         "accuracy_before": result.accuracy_before,
         "accuracy_after": result.accuracy_after,
         "rise_points": 100 * (result.accuracy_after - result.accuracy_before),
@@ -56,7 +57,9 @@ def demo(config: NanoConfig | None = None, out: str | os.PathLike = "runs/demo",
                 f"in {config.forget_carry:.0%} of its worked examples",
         "parameters": result.parameters,
         "config": result.config,
-        "evals": result.evals,
+        "evals": [{k: v for k, v in e.items() if k not in _PER_PROBLEM} for e in result.evals],
+        "per_problem": {when: {k: e[k] for k in _PER_PROBLEM} for when, e in (("before", result.before),
+                                                                              ("after", result.after))},
         "curve": {name: result.curve(name) for name in ("reward", "rewards/accuracy_reward/mean", "carry_rate",
                                                         "loss", "step_time")},
         "command": command or "labkit.demo.demo()",
@@ -65,6 +68,30 @@ def demo(config: NanoConfig | None = None, out: str | os.PathLike = "runs/demo",
     }
     write_json(out / "summary.json", summary)
     return summary
+
+
+_PER_PROBLEM = ("right_per_problem", "greedy_right")
+
+
+def _paired_statistics(before: dict, after: dict) -> dict:
+    """Return the paired before/after statistics of two :func:`labkit.nano.evaluate_held_out` results.
+
+    The same held-out problems are scored twice, so the comparison is paired: the exact McNemar test and a
+    paired-bootstrap interval of the change in greedy accuracy (one verdict per problem), and pass@k for
+    k = 1..samples before and after (Chen et al.'s unbiased estimator, averaged over problems).
+    """
+    from labkit.evaluate import mcnemar_test, paired_bootstrap, pass_at_k
+
+    test = mcnemar_test(before["greedy_right"], after["greedy_right"])
+    change, low, high = paired_bootstrap(before["greedy_right"], after["greedy_right"])
+    n = before["samples"]
+    curve = {when: [sum(pass_at_k(n, c, k) for c in e["right_per_problem"]) / len(e["right_per_problem"])
+                    for k in range(1, n + 1)] for when, e in (("before", before), ("after", after))}
+    return {
+        "greedy_change": change, "greedy_change_95ci": [low, high],
+        "mcnemar": {"gained": test.gained, "lost": test.lost, "p_value": test.p_value, "n": test.n},
+        "pass_at_k": {"k": list(range(1, n + 1)), **curve},
+    }
 
 
 # --------------------------------------------------------------------------- a real instruct model on a CPU

@@ -57,6 +57,7 @@ __all__ = [
     "warmed_up_policy",
     "warm_up_path",
     "sample_completions",
+    "completion_mask",
     "calculate_rewards",
     "rollout_logps",
     "rollout_loss",
@@ -342,23 +343,32 @@ def sample_completions(model, tokenizer, prompts: list[list[dict]], num_generati
     model.train(was_training)
     prompt_length = encoded["input_ids"].size(1)
     completion_ids = sequences[:, prompt_length:]  # (B, T)
-    is_eos = completion_ids == tokenizer.eos_token_id  # (B, T)
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.size(1))  # (B,)
-    positions = torch.arange(completion_ids.size(1), device=completion_ids.device).unsqueeze(0)  # (1, T)
-    completion_mask = (positions <= first_eos.unsqueeze(1)).long()  # (B, T)
+    mask = completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T)
     mean_entropy = None
     if entropy:
         logits = torch.stack(out.logits, 1) / temperature  # (B, T, V) the distributions sampled from
         per_token = token_entropy(logits)  # (B, T)
-        mean_entropy = ((per_token * completion_mask).sum() / completion_mask.sum().clamp(min=1)).item()
+        mean_entropy = ((per_token * mask).sum() / mask.sum().clamp(min=1)).item()
     return Rollout(
         prompt_ids=encoded["input_ids"].repeat_interleave(num_generations, 0),  # (B, P)
         prompt_mask=encoded["attention_mask"].repeat_interleave(num_generations, 0),  # (B, P)
         completion_ids=completion_ids,
-        completion_mask=completion_mask,
+        completion_mask=mask,
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True),
         entropy=mean_entropy,
     )
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """Return the ``(B, T)`` mask of the tokens a completion owns: 1 up to and including its first EOS, then 0.
+
+    A completion without EOS (cut at ``max_completion_length``) keeps every token. As TRL 1.16's
+    ``GRPOTrainer._generate_and_score_completions`` (``is_eos``, ``eos_idx``, ``sequence_indices``).
+    """
+    is_eos = completion_ids == eos_token_id  # (B, T)
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), completion_ids.size(1))  # (B,)
+    positions = torch.arange(completion_ids.size(1), device=completion_ids.device).unsqueeze(0)  # (1, T)
+    return (positions <= first_eos.unsqueeze(1)).long()  # (B, T)
 
 
 def calculate_rewards(completions: list, answers: list[str], reward_funcs=REWARD_FUNCS, weights=REWARD_WEIGHTS):
@@ -500,7 +510,9 @@ def evaluate_held_out(model, tokenizer, task: AdditionTask, problems: list[tuple
     - ``accuracy``: share of right answers among ``samples`` completions per problem, sampled at
       ``temperature`` (the chance that the policy, as it samples in training, answers right);
     - ``greedy_accuracy``: the same with the single most likely answer (``greedy=False`` skips it);
-    - ``format``: share of sampled completions in the exact format; ``carry_rate``: share that carry.
+    - ``format``: share of sampled completions in the exact format; ``carry_rate``: share that carry;
+    - per problem, for paired tests and pass@k (:mod:`labkit.evaluate`): ``right_per_problem``, how many
+      of its ``samples`` answers are right, and ``greedy_right``, whether its greedy answer is.
 
     Sampling uses its own random generator seeded with ``seed``, so evaluating does not
     change the training's random stream and two evaluations of one model agree.
@@ -517,11 +529,13 @@ def evaluate_held_out(model, tokenizer, task: AdditionTask, problems: list[tuple
         "accuracy": sum(correct) / len(correct),
         "format": sum(format_reward(rollout.completions)) / len(correct),
         "carry_rate": sum(map(carries, rollout.completions)) / len(correct),
+        "right_per_problem": [int(sum(correct[i * samples:(i + 1) * samples])) for i in range(len(problems))],
     }
     if greedy:
         rollout = sample_completions(model, tokenizer, prompts, 1, greedy=True,
                                      max_completion_length=max_completion_length)
-        out["greedy_accuracy"] = sum(accuracy_reward(rollout.completions, answer=answers)) / len(answers)
+        out["greedy_right"] = [r == 1.0 for r in accuracy_reward(rollout.completions, answer=answers)]
+        out["greedy_accuracy"] = sum(out["greedy_right"]) / len(answers)
     out.update(problems=len(problems), samples=samples, temperature=temperature)
     return out
 

@@ -186,6 +186,11 @@ def test_evaluate_does_not_disturb_training_randomness(tiny_model_path):
     torch.manual_seed(1)
     again = evaluate_held_out(model, tokenizer, AdditionTask(), problems, samples=2, max_completion_length=8, greedy=False)
     assert first == again and torch.equal(marker, torch.rand(1))
+    # per-problem counts for pass@k and paired tests: they add up to the accuracy
+    assert len(first["right_per_problem"]) == 4 and all(0 <= c <= 2 for c in first["right_per_problem"])
+    assert sum(first["right_per_problem"]) / 8 == pytest.approx(first["accuracy"])
+    greedy = evaluate_held_out(model, tokenizer, AdditionTask(), problems, samples=2, max_completion_length=8)
+    assert sum(greedy["greedy_right"]) / 4 == pytest.approx(greedy["greedy_accuracy"])
 
 
 # ----------------------------------------------------------------------------- the nano loss is TRL's loss
@@ -262,3 +267,24 @@ def test_demo_cli_writes_summary_and_plot(isolated_cache):
         assert key in summary
     assert summary["seed"] == 3 and summary["config"]["max_steps"] == 2
     assert (out / "demo.png").stat().st_size > 1000
+    # the paired statistics, recomputed from the per-problem verdicts the summary keeps
+    from labkit.evaluate import mcnemar_test, pass_at_k
+
+    before, after = summary["per_problem"]["before"], summary["per_problem"]["after"]
+    assert len(before["greedy_right"]) == len(after["greedy_right"]) == 4
+    test = mcnemar_test(before["greedy_right"], after["greedy_right"])
+    assert summary["mcnemar"] == {"gained": test.gained, "lost": test.lost, "p_value": test.p_value, "n": 4}
+    samples = summary["config"]["eval_samples"]
+    assert summary["pass_at_k"]["k"] == list(range(1, samples + 1))
+    assert summary["pass_at_k"]["before"][0] == pytest.approx(summary["accuracy_before"])  # pass@1 = accuracy
+    assert summary["pass_at_k"]["after"][-1] == pytest.approx(
+        sum(pass_at_k(samples, c, samples) for c in after["right_per_problem"]) / 4)
+    assert all(a <= b + 1e-12 for a, b in zip(summary["pass_at_k"]["after"], summary["pass_at_k"]["after"][1:]))
+    assert "right_per_problem" not in summary["evals"][0]
+
+
+def test_completion_mask_keeps_tokens_up_to_the_first_eos():
+    from labkit.nano import completion_mask
+
+    ids = torch.tensor([[5, 6, 2, 7, 2], [5, 6, 7, 8, 9], [2, 2, 2, 2, 2]])  # EOS = 2
+    assert completion_mask(ids, 2).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]

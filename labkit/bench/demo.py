@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                 **{key: summary[key] for key in (
                     "seed", "accuracy_before", "accuracy_after", "rise_points", "greedy_accuracy_before",
                     "greedy_accuracy_after", "carry_rate_before", "carry_rate_after", "seconds", "seconds_detail",
-                    "seconds_per_grpo_step", "threads")},
+                    "seconds_per_grpo_step", "threads", "greedy_change", "greedy_change_95ci", "mcnemar",
+                    "pass_at_k")},
                 # right answers in the training batches, first and last 10 GRPO steps: the run sampled and
                 # scored (and, with a learning rate, learned) on its way
                 "train_accuracy_first10": sum(batch_accuracy[:10]) / len(batch_accuracy[:10]),

@@ -37,7 +37,7 @@ import torch
 __all__ = ["Case", "Exercise", "ExerciseFailed", "register", "exercise", "names", "check", "verify", "diagnose"]
 
 # Submodules that register exercises (one per notebook concept); imported on first use.
-_SUBMODULES: tuple[str, ...] = ("objective", "rewards")
+_SUBMODULES: tuple[str, ...] = ("objective", "rewards", "nano", "memory")
 
 _REGISTRY: dict[str, "Exercise"] = {}
 

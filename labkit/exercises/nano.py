@@ -1,0 +1,244 @@
+"""Coded exercises of ``03_nano_grpo_cpu.ipynb``: one GRPO step by hand, and pass@k.
+
+- ``completion_mask``: which sampled tokens a completion owns (up to and including its first EOS),
+  checked against :func:`labkit.nano.completion_mask` (TRL 1.16's rule);
+- ``grpo_step_loss``: the score -> advantage -> loss step of the nano loop, from rewards and
+  per-token log-probabilities to TRL's default loss, checked against
+  :func:`labkit.objective.group_advantages` + :func:`labkit.objective.grpo_loss`;
+- ``pass_at_k``: the unbiased pass@k estimator, checked against :func:`labkit.evaluate.pass_at_k`.
+
+Each lists the plausible wrong answers it recognises; ``tests/test_exercises.py`` checks that the
+reference passes and that each of them fails with its own message.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from labkit.exercises import Case, Exercise, register
+
+__all__ = ["COMPLETION_MASK", "GRPO_STEP_LOSS", "PASS_AT_K"]
+
+_SOLUTIONS = "docs/solutions/03_nano_grpo_cpu.md"
+
+
+# ----------------------------------------------------------------------------- completion_mask
+
+
+def _completion_mask(completion_ids, eos_token_id):
+    from labkit.nano import completion_mask
+
+    return completion_mask(completion_ids, eos_token_id)
+
+
+def _mask_cases() -> list[Case]:
+    eos = 2
+    return [
+        Case("completions that stop at different places (EOS = 2)",
+             (torch.tensor([[5, 6, 2, 0, 0], [5, 2, 0, 0, 0], [7, 7, 7, 2, 0]]), eos)),
+        Case("a completion cut at max_completion_length (no EOS at all)",
+             (torch.tensor([[5, 6, 7, 8, 9], [5, 6, 2, 0, 0]]), eos)),
+        Case("padding after the EOS is the EOS token again (pad_token = eos_token, as in many tokenizers)",
+             (torch.tensor([[5, 6, 2, 2, 2], [2, 2, 2, 2, 2]]), eos)),
+        Case("EOS id 0, a batch of one", (torch.tensor([[3, 4, 0, 5]]), 0)),
+    ]
+
+
+def _mask_without_eos(ids, eos):  # positions < first EOS: the EOS itself dropped
+    is_eos = ids == eos
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), ids.size(1))
+    return (torch.arange(ids.size(1)).unsqueeze(0) < first.unsqueeze(1)).long()
+
+
+def _mask_not_eos(ids, eos):  # every token that is not EOS, wherever it is
+    return (ids != eos).long()
+
+
+def _mask_argmax_only(ids, eos):  # argmax without the "no EOS" case: a cut completion keeps one token
+    first = (ids == eos).int().argmax(1)
+    return (torch.arange(ids.size(1)).unsqueeze(0) <= first.unsqueeze(1)).long()
+
+
+COMPLETION_MASK = register(Exercise(
+    name="completion_mask",
+    reference=_completion_mask,
+    reference_name="labkit.nano.completion_mask, TRL 1.16's rule",
+    cases=_mask_cases,
+    mistakes={
+        "the EOS token itself is masked out: TRL keeps it (position <= first EOS), so the model is trained to stop":
+            _mask_without_eos,
+        "tokens after the first EOS are kept when they are not EOS (padding counts, and a second EOS is dropped): "
+        "everything after the first EOS must be 0": _mask_not_eos,
+        "a completion with no EOS (cut at max_completion_length) keeps only its first token: argmax of an all-zero "
+        "row is 0, so such rows must keep every token": _mask_argmax_only,
+    },
+    hint="find each row's first EOS (is_eos.int().argmax(1)), use the row length T where a row has no EOS "
+         "(is_eos.any(1)), then compare torch.arange(T) with it: position <= first EOS.",
+    solution=f"{_SOLUTIONS}#exercise-completion_mask",
+))
+
+
+# ----------------------------------------------------------------------------- grpo_step_loss
+
+
+def _step_loss(logps, rewards, completion_mask, num_generations):
+    from labkit.objective import group_advantages, grpo_loss
+
+    advantages = group_advantages(rewards, num_generations)  # (B,)
+    return grpo_loss(logps, None, advantages, completion_mask, loss_type="dapo").loss
+
+
+def _loss_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+    logps = (-torch.rand(8, 6, generator=g) * 3).requires_grad_()  # (B, T) log-probabilities are <= 0
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0],
+                         [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    return [
+        Case("2 prompts x G=4, rewards of the lab's weights (1 for the answer, 0.5 for the format)",
+             (logps, torch.tensor([1.5, 0.5, 0.5, 0.0, 1.5, 1.5, 0.5, 0.0]), mask, 4)),
+        Case("4 prompts x G=2, one group all equal (it teaches nothing)",
+             (logps, torch.tensor([1.0, 0.0, 0.5, 0.5, 1.5, 0.0, 0.0, 1.0]), mask, 2)),
+        Case("1 prompt x G=8, rewards on another scale",
+             (logps.detach()[:, :4].clone().requires_grad_(), torch.tensor([3.0, 1.0, 0.0, 2.0, 2.0, 0.0, 1.0, 3.0]),
+              mask[:, :4], 8)),
+    ]
+
+
+def _ratio(logps):
+    return torch.exp(logps - logps.detach())  # (B, T) 1, with the gradient of log pi
+
+
+def _token_mean(per_token, mask):
+    mask = mask.to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum()
+
+
+def _adv(rewards, g, unbiased=True, scale=True):
+    grouped = rewards.view(-1, g)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if scale:
+        centred = centred / (grouped.std(1, unbiased=unbiased, keepdim=True) + 1e-4)
+    return centred.reshape(-1)
+
+
+def _loss_no_std(logps, rewards, mask, g):
+    return _token_mean(-_ratio(logps) * _adv(rewards, g, scale=False).unsqueeze(1), mask)
+
+
+def _loss_batch_stats(logps, rewards, mask, g):
+    a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    return _token_mean(-_ratio(logps) * a.unsqueeze(1), mask)
+
+
+def _loss_population_std(logps, rewards, mask, g):
+    return _token_mean(-_ratio(logps) * _adv(rewards, g, unbiased=False).unsqueeze(1), mask)
+
+
+def _loss_sequence_mean(logps, rewards, mask, g):
+    per_token = -_ratio(logps) * _adv(rewards, g).unsqueeze(1)
+    mask = mask.to(per_token.dtype)
+    return ((per_token * mask).sum(1) / mask.sum(1)).mean()
+
+
+def _loss_unmasked(logps, rewards, mask, g):
+    return (-_ratio(logps) * _adv(rewards, g).unsqueeze(1)).mean()
+
+
+def _loss_log_probs_not_ratio(logps, rewards, mask, g):
+    return _token_mean(-logps * _adv(rewards, g).unsqueeze(1), mask)
+
+
+def _leaves(loss: torch.Tensor) -> list[torch.Tensor]:
+    """Return the leaf tensors (requires_grad) a loss was computed from, by walking its autograd graph."""
+    found, stack, seen = [], [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf
+            found.append(node.variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def _compare_loss_and_gradient(expected, got) -> str | None:
+    """Compare the losses' values, then their gradients with respect to the log-probabilities."""
+    from labkit.exercises import _default_compare
+
+    if not isinstance(got, torch.Tensor) or got.numel() != 1:
+        return _default_compare(expected, got)
+    if not got.requires_grad:
+        return ("the loss carries no gradient (detached, .item(), or computed under no_grad): "
+                "backward() would not move the policy")
+    value = _default_compare(expected, got)
+    if value is not None:
+        return value
+    leaves = _leaves(expected)
+    theirs = torch.autograd.grad(got, leaves, retain_graph=True, allow_unused=True)
+    ours = torch.autograd.grad(expected, leaves, retain_graph=True)
+    for g, e in zip(theirs, ours):
+        if g is None or not torch.allclose(g, e, rtol=1e-4, atol=1e-6):
+            return "the loss's value is right but its gradient with respect to logps is not"
+    return None
+
+
+GRPO_STEP_LOSS = register(Exercise(
+    name="grpo_step_loss",
+    reference=_step_loss,
+    reference_name="labkit.objective.grpo_loss with labkit.objective.group_advantages, equal to TRL's",
+    cases=_loss_cases,
+    compare=_compare_loss_and_gradient,
+    mistakes={
+        "the advantage is not divided by the group's standard deviation (that is scale_rewards='none', "
+        "Dr. GRPO; TRL's default divides by the group's std + 1e-4)": _loss_no_std,
+        "the mean and std are taken over the whole batch, not within each group of num_generations completions "
+        "of one prompt (the group is GRPO's baseline)": _loss_batch_stats,
+        "the std has no Bessel correction (unbiased=False); TRL, like torch.std, divides by G - 1":
+            _loss_population_std,
+        "each completion is averaged over its own tokens, then over completions: that is loss_type='grpo'; "
+        "TRL's default 'dapo' sums over all tokens of the batch and divides by their number": _loss_sequence_mean,
+        "the completion_mask is not applied: tokens after the EOS (padding) are counted": _loss_unmasked,
+        "the log-probabilities are multiplied by the advantage, not the ratio exp(logps - logps.detach()): the "
+        "gradient is the same on-policy, but the loss's value is not TRL's (it is 1 x advantage per token)":
+            _loss_log_probs_not_ratio,
+    },
+    hint="advantages: reshape rewards to (num_prompts, G), subtract each row's mean, divide by its std + 1e-4, "
+         "flatten. Loss: ratio = exp(logps - logps.detach()) (1, with the gradient of log pi); per token "
+         "-(ratio * advantage); then (per_token * mask).sum() / mask.sum().",
+    solution=f"{_SOLUTIONS}#exercise-grpo_step_loss",
+))
+
+
+# ----------------------------------------------------------------------------- pass@k
+
+
+def _pass_at_k(n, c, k):
+    from labkit.evaluate import pass_at_k
+
+    return pass_at_k(n, c, k)
+
+
+def _pass_cases() -> list[Case]:
+    return [Case(f"n={n} samples, c={c} right, k={k}", (n, c, k))
+            for n, c, k in [(8, 3, 1), (8, 3, 4), (8, 1, 8), (8, 0, 3), (8, 6, 4), (10, 5, 3), (20, 2, 5)]]
+
+
+PASS_AT_K = register(Exercise(
+    name="pass_at_k",
+    reference=_pass_at_k,
+    reference_name="labkit.evaluate.pass_at_k, Chen et al. 2021, eq. 1",
+    cases=_pass_cases,
+    mistakes={
+        "1 - (1 - c/n)^k is the biased estimate (as if the k samples were drawn with replacement); draw k of "
+        "the n without replacement: 1 - C(n-c, k) / C(n, k)": lambda n, c, k: 1 - (1 - c / n) ** k,
+        "C(c, k) / C(n, k) is the chance that all k samples are right; pass@k asks for at least one":
+            lambda n, c, k: math.comb(c, k) / math.comb(n, k),
+        "c / n is pass@1 whatever k: more samples must give a higher chance that one is right":
+            lambda n, c, k: c / n,
+    },
+    hint="the chance that all k samples drawn (without replacement) from the n are wrong is "
+         "C(n - c, k) / C(n, k) (math.comb); pass@k is one minus that.",
+    solution=f"{_SOLUTIONS}#exercise-pass_at_k",
+))
