@@ -91,3 +91,19 @@ def test_invalid_json_is_reported(tmp_path):
     path = tmp_path / "01_broken.ipynb"
     path.write_text("{not json")
     assert any("not valid JSON" in p for p in check_notebook(path))
+
+
+def test_metadata_jupyterlab_would_rewrite_is_caught_and_fixed(tmp_path):
+    """A kernelspec or language_info other than JupyterLab's marks the notebook modified on open (issue 26)."""
+    from labkit.nbcheck import NOTEBOOK_METADATA, fix_metadata
+
+    nb = _good_notebook()
+    nb["metadata"] = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                      "language_info": {"name": "python"}, "colab": {"provenance": []}}
+    path = _write(tmp_path, nb)
+    problems = check_notebook(path)
+    assert any("'kernelspec'" in p for p in problems) and any("'language_info'" in p for p in problems)
+    assert fix_metadata(path) and not fix_metadata(path)
+    fixed = json.loads(path.read_text())["metadata"]
+    assert {k: fixed[k] for k in NOTEBOOK_METADATA} == NOTEBOOK_METADATA and fixed["colab"] == {"provenance": []}
+    assert check_notebook(path) == []

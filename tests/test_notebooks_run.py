@@ -37,7 +37,8 @@ def test_notebook_runs_in_cpu_mode(path, tmp_path):
     papermill = pytest.importorskip("papermill")
     started = time.perf_counter()
     env_before = dict(os.environ)
-    os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1"})
+    os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+                       "LABKIT_RUNS": str(tmp_path / "runs")})  # the notebooks' runs/ folders, not the repository's
     try:
         papermill.execute_notebook(
             str(path),
