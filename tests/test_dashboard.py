@@ -771,3 +771,22 @@ def test_a_panel_with_one_point_says_it_waits_for_the_next_step():
     assert note == "step 1: 0.0526\nwaiting for step 2"
     assert list(axes["loss"].get_yticks()) == [] and not axes["loss"].lines  # no odd range like 0.0524-0.0528
     assert "waiting for step 2" in svg_panel(charts(board.record), "loss")
+
+
+@pytest.mark.slow
+def test_build_run_under_a_dashboard_leaves_transformers_no_progress_display(tmp_path):
+    """transformers' trainer.py adds ProgressCallback (NotebookProgressCallback in a notebook) unless disable_tqdm:
+    a second step counter and clock beside the dashboard, and the "Step | Training Loss" table."""
+    from transformers import PrinterCallback, ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    from labkit.device import detect_device
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+
+    board = LiveDashboard(frontend="none")
+    run = build_run(get_preset("cpu-tiny", train_limit=8), tmp_path, device=detect_device("cpu"), callbacks=[board], print_logs=False)
+    kinds = {type(c) for c in run.trainer.callback_handler.callbacks}
+    assert run.trainer.args.disable_tqdm is True
+    assert not kinds & {ProgressCallback, NotebookProgressCallback, PrinterCallback}, kinds
+    assert LiveDashboard in kinds
