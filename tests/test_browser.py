@@ -521,6 +521,8 @@ def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
             # widget view itself as "Error displaying widget: model not found": see docs/references.md)
             assert "They need a running kernel: after reopening the notebook, run this cell" in \
                 page.locator(".jp-Cell").nth(3).inner_text()
-            page.screenshot(path=str(artifacts / "estimator_reopened.png"))
+            outputs = page.locator(".jp-Cell").nth(3).locator(".jp-OutputArea")
+            outputs.scroll_into_view_if_needed()
+            outputs.screenshot(path=str(artifacts / "estimator_reopened.png"))
         finally:
             browser.close()

@@ -451,7 +451,7 @@ def test_widgets_frontend_pushes_the_card_and_the_charts():
     assert widgets["plot"].value.count('<svg class="labkit-panel"') == len(PANELS)
     assert '<polyline data-series="reward" data-points="5"' in widgets["plot"].value
     assert "labkit-dashboard-plot" in widgets["plot"]._dom_classes
-    assert "labkit-gauge" in widgets["card"].value and "step 5 / 5" in widgets["card"].value
+    assert "labkit-gauge" in widgets["card"].value and "5 / 5 steps done" in widgets["card"].value
     assert "labkit-dashboard" in widgets["box"]._dom_classes
     assert board.view.plot_renders >= 2
 
@@ -670,7 +670,7 @@ def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_p
     assert any(o.get("text", "").strip() == "widgets" for o in outputs if o.output_type == "stream"), outputs
     shown = [set(o.data) for o in outputs if o.output_type == "display_data"]
     assert shown == [{"image/png", "text/plain"}], shown
-    assert "step 20 / 20" in [o for o in outputs if o.output_type == "display_data"][0].data["text/plain"]
+    assert "20 / 20 steps in" in [o for o in outputs if o.output_type == "display_data"][0].data["text/plain"]
 
 
 # ----------------------------------------------------------------------------- one record, every view
@@ -685,19 +685,19 @@ def test_every_view_reads_one_step_counter_and_one_clock():
         clock.now += 9.0
         board.log(step, logs)
     clock.now += 0.4
-    line = "step 3 / 4 · 75 s"
+    line = "3 / 4 steps done · 75 s"
     assert board.record.progress().startswith(line)
     assert line in card(board.record) and line in text_line(board.record)
     assert line in draw_figure(board.record)[0].texts[0].get_text()
     board.close()
     clock.now += 100.0  # after close the clock is stopped: every view keeps the final time
     assert board.summary() == "run: 3 / 4 steps in 75 s"
-    assert board.static_output()["text/plain"].startswith("run: 3 / 4 steps in 75 s | run: step 3 / 4 · 75 s")
+    assert board.static_output()["text/plain"].startswith("run: 3 / 4 steps in 75 s | run: 3 / 4 steps done · 75 s")
 
 
 def test_steps_count_from_the_trainer_and_from_a_loop_alike():
     record = RunRecord("loop", total_steps=5, clock=FakeClock())
-    assert record.progress().startswith("step 0 / 5")
+    assert record.progress().startswith("0 / 5 steps done")
     record.add(0, {"reward": 0.1})  # the nano loop counts from 0: one step done
     assert record.steps_done() == 1
     trainer = RunRecord("trl", total_steps=5, clock=FakeClock())
@@ -717,10 +717,10 @@ def test_the_dashboard_shows_before_the_first_step_and_says_what_is_happening(mo
 
     monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: shown.append(obj.data) or Handle())
     board = LiveDashboard(frontend="html", total_steps=4, tick_s=None, min_interval_s=0)
-    assert len(shown) == 1 and "preparing the run" in shown[0] and "step 0 / 4" in shown[0]
+    assert len(shown) == 1 and "preparing the run" in shown[0] and "0 / 4 steps done" in shown[0]
     assert "waiting for step 1" in shown[0]
     board.on_train_begin(None, TrainerState(max_steps=4), None)
-    assert "step 1 of 4: generating completions" in updates[-1] and "the first is the slowest" in updates[-1]
+    assert "0 / 4 steps done" in updates[-1] and "generating completions, scoring, updating (the first step is the slowest)" in updates[-1]
     board.close()
 
 
@@ -790,3 +790,10 @@ def test_build_run_under_a_dashboard_leaves_transformers_no_progress_display(tmp
     assert run.trainer.args.disable_tqdm is True
     assert not kinds & {ProgressCallback, NotebookProgressCallback, PrinterCallback}, kinds
     assert LiveDashboard in kinds
+
+
+def test_series_that_coincide_are_named_not_hidden():
+    board = replay(LiveDashboard(frontend="none"))  # clip ratios low, high and region: 0 at every step
+    texts = [t.get_text() for t in draw_figure(board.record)[1]["clip"].texts]
+    assert "low = high = region at every step" in texts
+    assert not [t for t in draw_figure(board.record)[1]["spread"].texts if "every step" in t.get_text()]

@@ -2,8 +2,8 @@
 
 It holds no numbers of its own: ``dashboard.record`` has the steps, metrics, memory and the clock;
 ``dashboard.view`` draws them. The record is made when the dashboard is, and the view shows at once,
-so a learner sees "preparing the trainer" during the model load and "step 1 of 4: generating..."
-during the slowest, first step instead of an empty cell. transformers' own progress bar and its
+so a learner sees "preparing the run" during the model load and "generating completions, scoring,
+updating (the first step is the slowest)" during the first step instead of an empty cell. transformers' own progress bar and its
 "Step | Training Loss" table are a second clock: a trainer built by :func:`labkit.run.build_run` or
 :func:`labkit.nano.trl_trainer` turns them off (``disable_tqdm=True``); with a ``GRPOTrainer`` of
 your own, set ``disable_tqdm=True`` in its ``GRPOConfig`` (transformers' trainer.py adds its
@@ -67,9 +67,9 @@ class LiveDashboard(TrainerCallback):
     def log(self, step=None, metrics: Mapping | None = None, **more) -> None:
         """Record ``metrics`` at ``step`` (see :meth:`RunRecord.add`) and redraw if a redraw is due."""
         started = time.perf_counter()
-        step = self.record.add(step, {**(metrics or {}), **more})
-        total = f" of {self.record.total_steps}" if self.record.total_steps else ""
-        self.record.status = f"step {self.record.steps_done()}{total} done"
+        self.record.add(step, {**(metrics or {}), **more})
+        if self.record.status.startswith("preparing"):
+            self.record.status = "training"
         if self.view is not None and not self._closed:
             self.view.update()
         self.log_seconds += time.perf_counter() - started
@@ -150,10 +150,8 @@ class LiveDashboard(TrainerCallback):
         self._step_begins(state)
 
     def _step_begins(self, state) -> None:
-        step = getattr(state, "global_step", 0) + 1
-        total = f" of {self.record.total_steps}" if self.record.total_steps else ""
-        first = " (the first is the slowest)" if step == 1 else ""
-        self.status(f"step {step}{total}: generating completions, scoring, updating{first}")
+        first = getattr(state, "global_step", 0) == 0
+        self.status("generating completions, scoring, updating" + (" (the first step is the slowest)" if first else ""))
 
     def on_step_end(self, args, state, control, **kwargs):
         if getattr(state, "is_world_process_zero", True):

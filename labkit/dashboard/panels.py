@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from labkit.charts import MAIN_SERIES, describe_number
 
-__all__ = ["Panel", "PANELS", "TILES", "panel_series", "panel_note", "tiles", "format_value"]
+__all__ = ["Panel", "PANELS", "TILES", "panel_series", "panel_note", "overlap_note", "tiles", "format_value"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,18 @@ def panel_note(record, panel: Panel, names: list[str]) -> str | None:
     if max(len(record.history[n][0]) for n in names) < 2:
         name = names[0]
         return f"step {record.history[name][0][-1]}: {describe(record.latest(name))}\nwaiting for step {record.step + 1}"
+    return None
+
+
+def overlap_note(record, names: list[str]) -> str | None:
+    """Return "low = high = region at every step" when a panel's series coincide (one line would hide the others)."""
+    from labkit.charts import short_label
+
+    if len(names) < 2:
+        return None
+    first = record.history[names[0]]
+    if all(record.history[n] == first for n in names[1:]):
+        return " = ".join(short_label(n) for n in names) + " at every step"
     return None
 
 

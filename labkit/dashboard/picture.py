@@ -12,7 +12,7 @@ import io
 import math
 
 from labkit.charts import MAIN_SERIES, PALETTE, mark_nonfinite, reward_band, budget_zones, short_label
-from labkit.dashboard.panels import PANELS, TILES, format_value, panel_note, panel_series
+from labkit.dashboard.panels import PANELS, TILES, format_value, overlap_note, panel_note, panel_series
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
 
 __all__ = ["draw_figure", "png_bytes", "FIGSIZE", "DPI", "MIN_FONT_PX", "FONT_PT"]
@@ -55,6 +55,10 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
             ax.set_yticks([])
         else:
             _draw_lines(ax, record, panel.key, names)
+            same = overlap_note(record, names)
+            if same:  # the lines lie on each other: say so rather than let one hide the rest
+                ax.text(0.5, 0.62, same, transform=ax.transAxes, ha="center", va="center", fontsize=FONT_PT["note"],
+                        color="#555", wrap=True)
             if len(names) > 1:  # above the plot, under the title: a legend inside the axes covers the lines
                 columns = 1 if max(len(short_label(n)) for n in names) > 12 else min(len(names), 2)
                 ax.legend(fontsize=FONT_PT["legend"], loc="lower left", bbox_to_anchor=(0.0, 1.0),

@@ -3,8 +3,9 @@
 Every view of the dashboard (the live card and charts, the saved picture, the terminal line) reads
 the step counter, the elapsed time and the numbers from one :class:`RunRecord`, so they cannot
 disagree: a view never counts steps or starts a clock of its own. The record also says what the run
-is doing now (:attr:`RunRecord.status`: "loading the model", "step 3 of 8: generating..."), so a
-display can show it before the first, slowest step has produced a number.
+is doing now (:attr:`RunRecord.status`: "preparing the run", "generating completions..."), so a
+display can show it before the first, slowest step has produced a number. The status never repeats the
+step counter: "3 / 8 steps done" is the only step number a view shows.
 """
 from __future__ import annotations
 
@@ -139,7 +140,7 @@ class RunRecord:
     def progress(self) -> str:
         """Return the one progress line every view shows: steps, time, what is happening."""
         total = f" / {self.total_steps}" if self.total_steps else ""
-        text = f"step {self.steps_done()}{total} · {format_seconds(self.elapsed)}"
+        text = f"{self.steps_done()}{total} steps done · {format_seconds(self.elapsed)}"
         done = self.steps_done() - max((self.first_step or 0) - 1, 0)  # steps done since this record began
         if self.finished is None and self.total_steps and done > 0 and self.steps_done() < self.total_steps:
             left = (self.total_steps - self.steps_done()) * self.elapsed / done
