@@ -11,6 +11,7 @@ your own, set ``disable_tqdm=True`` in its ``GRPOConfig`` (transformers' trainer
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -67,7 +68,8 @@ class LiveDashboard(TrainerCallback):
     def log(self, step=None, metrics: Mapping | None = None, **more) -> None:
         """Record ``metrics`` at ``step`` (see :meth:`RunRecord.add`) and redraw if a redraw is due."""
         started = time.perf_counter()
-        self.record.add(step, {**(metrics or {}), **more})
+        with getattr(self.view, "lock", None) or contextlib.nullcontext():  # the clock's thread reads the record
+            self.record.add(step, {**(metrics or {}), **more})
         if self.record.status.startswith("preparing"):
             self.record.status = "training"
         if self.view is not None and not self._closed:

@@ -154,7 +154,7 @@ class NotebookView:
         self.handle = None
         self.payload = None
         self._charts = ""
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._ticker = None
         self._closed = threading.Event()
         if frontend == "widgets":
@@ -171,7 +171,7 @@ class NotebookView:
         """Display the view in the current cell's output (it then updates in place) and start the clock's ticker."""
         from IPython.display import HTML, display
 
-        with self._lock:
+        with self.lock:
             self.push(plot=True)
             if self.widgets is not None:
                 self.handle = display(self.widgets["box"], display_id=True)
@@ -183,7 +183,10 @@ class NotebookView:
 
     def _tick(self) -> None:
         while not self._closed.wait(self.tick_s):
-            self.push(plot=False)
+            try:
+                self.push(plot=False)
+            except Exception:  # noqa: BLE001 - a clock that cannot redraw (the front end went away) stops;
+                return  # training goes on, and the next log() still updates the view
 
     def update(self, force_plot: bool = False) -> None:
         """Redraw what the throttle says is due (the charts too if ``force_plot``)."""
@@ -193,7 +196,7 @@ class NotebookView:
 
     def push(self, plot: bool) -> None:
         """Send the card (and the charts if ``plot``) to the notebook."""
-        with self._lock:
+        with self.lock:
             if self._closed.is_set():
                 return
             started = self.throttle.clock()
@@ -219,7 +222,7 @@ class NotebookView:
 
     def close(self) -> None:
         """Replace the live view by the saved picture (:func:`static_output`) and free the widgets."""
-        with self._lock:
+        with self.lock:
             if self._closed.is_set():
                 return
             self._closed.set()
