@@ -136,12 +136,15 @@ def quiet_library_noise() -> None:
     notebook they would sit in red stderr boxes that look like errors, or, for progress bars,
     in widgets that read "Error displaying widget: model not found" once the notebook is saved.
     """
+    import logging
     import warnings
 
     # tokenizers warns, in every forked process, that it turns its parallelism off after a fork.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # bitsandbytes' "Failed to load CPU gemm_4bit_forward" line is silenced in labkit/__init__.py, at import
-    # time, because it is printed when bitsandbytes is imported (before any setup() could run).
+    # bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" (an optional CPU kernel it
+    # falls back from): silenced first in labkit/__init__.py, at import time, because bitsandbytes prints it when
+    # it is imported, before any setup() could run (see there); set again here for a caller that reset it.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     # transformers 5 deprecated `model.is_gradient_checkpointing`, which TRL and PEFT still read; the
     # FutureWarning points at a line in site-packages, not at anything the learner wrote or can change.
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
