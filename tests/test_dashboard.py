@@ -663,9 +663,16 @@ def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_p
         "from labkit.dashboard import LiveDashboard, simulated_run\n"
         "board = LiveDashboard(title='simulated', total_steps=20, budget_gib=1.0)\n"
         "for step, logs in simulated_run(20):\n    board.log(step, logs)\n"
-        "print(board.frontend)\nboard.close()")])
-    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+        "print(board.frontend)\nboard.close()"), nbformat.v4.new_code_cell(
+        "crashed = LiveDashboard(title='crash', total_steps=5, tick_s=0.05)\n"
+        "crashed.log(1, {'reward': 0.5})\nimport time; time.sleep(0.3)\n"
+        "raise RuntimeError('CUDA out of memory (simulated)')")])
+    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
+    # a cell that raised mid-run leaves the picture of the run so far, with why it stopped, not a live widget
+    crashed = [o for o in notebook.cells[1].outputs if o.output_type == "display_data"]
+    assert [set(o.data) for o in crashed] == [{"image/png", "text/plain"}], notebook.cells[1].outputs
+    assert "crash: 1 / 5 steps in" in crashed[0].data["text/plain"] and "stopped by RuntimeError" in crashed[0].data["text/plain"]
     outputs = notebook.cells[0].outputs
     assert any(o.get("text", "").strip() == "widgets" for o in outputs if o.output_type == "stream"), outputs
     shown = [set(o.data) for o in outputs if o.output_type == "display_data"]

@@ -157,6 +157,8 @@ class NotebookView:
         self.lock = threading.RLock()
         self._ticker = None
         self._closed = threading.Event()
+        self._idle = threading.Event()  # set when the cell that feeds the view has ended: the clock waits
+        self._shell = None
         if frontend == "widgets":
             import ipywidgets as widgets  # now, not inside the first timed update
 
@@ -180,9 +182,25 @@ class NotebookView:
         if self.tick_s and self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="labkit-dashboard-clock", daemon=True)
             self._ticker.start()
+        from IPython import get_ipython
+
+        self._shell = get_ipython()
+        if self._shell is not None and hasattr(self._shell, "events"):
+            self._shell.events.register("post_run_cell", self._cell_ended)
+
+    def _cell_ended(self, result) -> None:
+        """The cell ended: nothing feeds the view until the next log(). A cell that raised (an out-of-memory
+        error mid-run) leaves the picture of the run so far, not a live view that a save would lose."""
+        self._idle.set()
+        error = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+        if error is not None:
+            self.record.finish(f"stopped by {type(error).__name__}")
+            self.close()
 
     def _tick(self) -> None:
         while not self._closed.wait(self.tick_s):
+            if self._idle.is_set():
+                continue
             try:
                 self.push(plot=False)
             except Exception:  # noqa: BLE001 - a clock that cannot redraw (the front end went away) stops;
@@ -190,6 +208,7 @@ class NotebookView:
 
     def update(self, force_plot: bool = False) -> None:
         """Redraw what the throttle says is due (the charts too if ``force_plot``)."""
+        self._idle.clear()
         due = "plot" if force_plot else self.throttle.due()
         if due is not None:
             self.push(plot=due == "plot")
@@ -226,6 +245,11 @@ class NotebookView:
             if self._closed.is_set():
                 return
             self._closed.set()
+            if self._shell is not None:
+                try:
+                    self._shell.events.unregister("post_run_cell", self._cell_ended)
+                except ValueError:  # already gone
+                    pass
             if self.handle is not None:
                 self.handle.update(static_output(self.record), raw=True)
             if self.widgets is not None:

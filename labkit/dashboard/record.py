@@ -118,11 +118,11 @@ class RunRecord:
                 steps.append(step)
                 values.append(value / GIB)
 
-    def finish(self) -> None:
-        """Stop the clock (once): from now on every view shows the same final time."""
+    def finish(self, status: str = "finished") -> None:
+        """Stop the clock (once): from now on every view shows the same final time; ``status`` says why."""
         if self.finished is None:
             self.finished = self.clock()
-            self.status = "finished"
+            self.status = status
 
     # ------------------------------------------------------------------ reading
 
