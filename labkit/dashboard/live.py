@@ -5,9 +5,10 @@ runs decides which one is used (:func:`detect_frontend`): ipywidgets 8 in Jupyte
 (updated in place), a display handle updated in place in Colab or without ipywidgets, and a tqdm
 bar in a terminal. While a run is live, the notebook view's card is redrawn every
 ``tick_s`` seconds by a small thread, so the clock moves during a long step; the charts follow the
-throttle (:class:`Throttle`) so that drawing stays under ``max_overhead`` of the wall time. At
-:meth:`NotebookView.close` the live view is replaced by the saved picture (a PNG and the summary),
-because widget views do not survive a save and images do.
+throttle (:class:`Throttle`) so that drawing stays under ``max_overhead`` of the wall time; between
+cells the clock waits. At :meth:`NotebookView.close` the live view is replaced by the saved picture (a
+PNG and the summary), because widget views do not survive a save and images do; a cell that raises
+mid-run (IPython's ``post_run_cell`` sees the error) closes it too, saying what stopped the run.
 """
 from __future__ import annotations
 
