@@ -34,6 +34,15 @@ each) and ``labkit.nbcheck`` (structural checks of the notebooks).
 from __future__ import annotations
 
 import importlib
+import logging
+
+# bitsandbytes logs at import time, on CPUs with AVX512-BF16, "Failed to load CPU gemm_4bit_forward from
+# kernels-community: No module named 'kernels'" (bitsandbytes/backends/cpu/ops.py, the `has_avx512bf16()`
+# branch): an optional kernel for 4-bit products on a CPU, whose pure-torch fallback it then uses. It is
+# imported by every trainer path, not only QLoRA's: transformers/trainer_utils.py imports peft, whose
+# helpers.py imports bitsandbytes. The message is the first line of `python -m labkit demo` on a fresh
+# install and reads as a failure, so its logger is raised to ERROR here, before any import can emit it.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __version__ = "0.2.0"
 

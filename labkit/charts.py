@@ -109,11 +109,12 @@ def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
 
 
 def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), hline=None,
-              ylim=None, note: str = "waiting for data", xlabel: str = "step") -> str:
+              ylim=None, floor: float | None = None, note: str = "waiting for data", xlabel: str = "step") -> str:
     """Return an inline SVG line chart: ``lines`` are ``(name, label, steps, values, colour, width, dashed)``.
 
     ``band`` is ``(steps, low, high)``, shaded; ``zones`` ``(low, high, colour)`` horizontal bands;
-    ``hline`` ``(y, colour)`` a dashed line. Each line carries ``data-series``, ``data-points`` (the
+    ``hline`` ``(y, colour)`` a dashed line; ``floor`` the lowest value the axis may show (0 for a
+    ratio or a length). Lines are drawn in order (pass the total first: the parts stay visible over it). Each line carries ``data-series``, ``data-points`` (the
     points drawn) and ``data-nonfinite`` (NaN or infinite values, which cannot be drawn: each gets a red
     mark at its step along the top edge, labelled with the first one's value and step). With more than
     one line, the legend sits between the title and the plot, never over the lines.
@@ -153,6 +154,8 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
         span = max(y1 - y0, 0.01 * max(abs(y0), abs(y1))) or 1.0
         middle = (y0 + y1) / 2
         y0, y1 = middle - 0.56 * span, middle + 0.56 * span
+        if floor is not None and y0 < floor:
+            y0, y1 = floor, max(y1, floor + (1.0 if floor == 0 and y1 <= floor else 0.0))
 
     def sx(x):
         return left + (x - x0) / (x1 - x0) * plot_w

@@ -72,9 +72,12 @@ def explore(draw: Callable, controls: dict, *, dpi: int = 90) -> Explorer:
     explorer = Explorer(draw, controls, dpi)
     box = widgets.VBox(list(controls.values()))
     bundle = box._repr_mimebundle_()
-    # What a saved notebook shows where no kernel is running (a reopened notebook, GitHub): a sentence, not a repr.
     names = ", ".join(str(control.description) for control in controls.values())
-    bundle["text/plain"] = f"[controls: {names}. They need a running kernel: run this cell to use them.]"
+    sentence = f"Controls: {names}. They need a running kernel: after reopening the notebook, run this cell to use them."
+    # Shown as plain text above the controls, live and after a save: JupyterLab draws a saved widget view as
+    # "Error displaying widget: model not found" and never shows the text/plain fallback below.
+    display({"text/plain": sentence}, raw=True)
+    bundle["text/plain"] = f"[{sentence}]"  # where no widget manager runs (GitHub, nbviewer): the same sentence
     display(bundle, raw=True)
     explorer.handle = display(Image(explorer.png), display_id=True)
     for control in controls.values():

@@ -23,7 +23,7 @@ from pathlib import Path
 from importlib import metadata
 
 __all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES",
-           "repo_root", "results_dir", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
+           "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
            "notebook_time_label", "T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist",
            "hf_cache_has_weights", "COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
 
@@ -121,8 +121,9 @@ class Lab:
 
     def summary(self) -> str:
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if v and k in ("torch", "transformers", "trl", "peft"))
+        busy = busy_note()
         return (f"GRPO Lab | mode: {self.mode} | device: {self.device} | precision: {self.precision} | "
-                f"seed: {self.seed}\n{versions}")
+                f"seed: {self.seed}\n{versions}" + (f"\nnote: {busy}" if busy else ""))
 
     def __repr__(self) -> str:
         return self.summary()
@@ -140,9 +141,9 @@ def quiet_library_noise() -> None:
 
     # tokenizers warns, in every forked process, that it turns its parallelism off after a fork.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # bitsandbytes (imported by TRL and PEFT) logs at import time, on CPUs with AVX512-BF16, "Failed to
-    # load CPU gemm_4bit_forward from kernels-community ... pip install kernels": an optional kernel for
-    # 4-bit matrix products on a CPU, an optional speed-up the lab's small CPU runs do not need. Installing it is pointless.
+    # bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" (an optional CPU kernel it
+    # falls back from): silenced first in labkit/__init__.py, at import time, because bitsandbytes prints it when
+    # it is imported, before any setup() could run (see there); set again here for a caller that reset it.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     # transformers 5 deprecated `model.is_gradient_checkpointing`, which TRL and PEFT still read; the
     # FutureWarning points at a line in site-packages, not at anything the learner wrote or can change.
@@ -202,6 +203,48 @@ def results_dir() -> Path:
         return Path(os.environ["LABKIT_RESULTS"])
     root = repo_root()
     return root / "results" if root is not None else Path.cwd() / "results"
+
+
+def runs_dir() -> Path:
+    """Return the folder where runs are written: ``LABKIT_RUNS``, else the repository's ``runs/``, else ``./runs``.
+
+    One place a learner can find (and delete) every run's checkpoints and evaluations; ``runs/`` is
+    in ``.gitignore``. Notebooks 03 and 04 write there instead of temporary folders that pile up unseen.
+    """
+    if os.environ.get("LABKIT_RUNS"):
+        return Path(os.environ["LABKIT_RUNS"])
+    root = repo_root()
+    return root / "runs" if root is not None else Path.cwd() / "runs"
+
+
+def new_run_dir(name: str) -> Path:
+    """Return a new, empty folder ``runs/<name>-<date>-<time>`` (a run that must not resume an older one)."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(100):
+        path = runs_dir() / (f"{name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run folder for {name!r} under {runs_dir()}")
+
+
+def busy_note() -> str | None:
+    """Return a sentence when other work loads this machine's CPUs (load average over the core count), else None.
+
+    The notebooks' times are measured on an idle machine; a busy one stretches them roughly by the
+    load over the cores (issue 26: 8-9 min instead of about 3 at a load average of 5-6 on 2 cores).
+    """
+    if not hasattr(os, "getloadavg"):
+        return None
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"this machine is busy (load average {load:.1f} on {cores} cores): the times the notebooks state "
+            f"are for an idle machine; expect up to about {load / cores:.0f}x as long")
 
 
 def data_dir() -> Path:

@@ -10,7 +10,11 @@
 - open with a markdown title cell that carries an "Open in Colab" badge for itself;
 - have, second, an install cell that only acts on Colab (``"google.colab" in sys.modules``);
 - have exactly one cell tagged ``parameters`` (papermill) that sets ``MODE``;
-- end with a summary and exercises.
+- end with a summary and exercises;
+- carry the notebook metadata JupyterLab itself writes (:data:`NOTEBOOK_METADATA`), so that opening it does
+  not mark it modified: JupyterLab replaces a differing ``kernelspec`` or ``language_info`` with the
+  running kernel's, which makes the notebook "modified" before the learner touched it.
+  ``python -m labkit.nbcheck --fix notebooks`` writes it.
 """
 from __future__ import annotations
 
@@ -20,12 +24,23 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["REPO_URL", "COLAB_URL", "check_notebook", "check_notebooks", "colab_badge", "code_source"]
+__all__ = ["REPO_URL", "COLAB_URL", "NOTEBOOK_METADATA", "check_notebook", "check_notebooks", "colab_badge", "code_source",
+           "fix_metadata"]
 
 REPO_URL = "https://github.com/grpo-lab/grpo-lab"
 COLAB_URL = "https://colab.research.google.com/github/grpo-lab/grpo-lab/blob/main/notebooks/{name}"
 _BADGE_IMG = "https://colab.research.google.com/assets/colab-badge.svg"
 _NAME = re.compile(r"^\d{2}[a-z]?_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb$")
+
+# What JupyterLab 4 writes when the lab's kernel (ipykernel's "python3", Python 3.11 of environment.yml) starts:
+# the kernelspec from the kernel's spec, language_info from its kernel_info reply. JupyterLab compares the whole
+# of both (the Python version too): any difference marks the notebook modified as soon as it opens.
+NOTEBOOK_METADATA = {
+    "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    "language_info": {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                      "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                      "pygments_lexer": "ipython3", "version": "3.11.7"},
+}
 
 
 def colab_badge(name: str) -> str:
@@ -111,6 +126,11 @@ def check_notebook(path: str | Path) -> list[str]:
     elif not re.search(r"^MODE\s*=", _source(cells[tagged[0]]), re.M):
         problems.append("the parameters cell does not set MODE")
 
+    for key, expected in NOTEBOOK_METADATA.items():
+        if nb.get("metadata", {}).get(key) != expected:
+            problems.append(f"metadata {key!r} is not what JupyterLab writes ({expected}): it would open as modified; "
+                            "run python -m labkit.nbcheck --fix notebooks")
+
     tail = "\n".join(_source(c) for c in cells[-3:] if c.get("cell_type") == "markdown").lower()
     if "summary" not in tail or "exercise" not in tail:
         problems.append("the notebook does not end with a summary and exercises")
@@ -130,8 +150,25 @@ def check_notebooks(folder: str | Path = "notebooks") -> dict[str, list[str]]:
     return report
 
 
+def fix_metadata(path: str | Path) -> bool:
+    """Give notebook ``path`` the metadata of :data:`NOTEBOOK_METADATA` (other keys kept); return whether it changed."""
+    path = Path(path)
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    metadata = nb.setdefault("metadata", {})
+    if all(metadata.get(k) == v for k, v in NOTEBOOK_METADATA.items()):
+        return False
+    metadata.update(json.loads(json.dumps(NOTEBOOK_METADATA)))
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")  # nbformat's layout
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
+    args = list(argv if argv is not None else sys.argv[1:])
+    if "--fix" in args:
+        args.remove("--fix")
+        for path in sorted(Path(args[0] if args else "notebooks").glob("*.ipynb")):
+            if fix_metadata(path):
+                print(f"{path.name}: metadata set to what JupyterLab writes")
     report = check_notebooks(args[0] if args else "notebooks")
     bad = 0
     for name, problems in report.items():

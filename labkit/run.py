@@ -403,8 +403,8 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     launch``, where each process or shard loads its part), and QLoRA runs load it with
     :func:`labkit.models.load_policy`. ``config_overrides`` go to ``GRPOConfig``
     (``logging_steps=5``, ``disable_tqdm=True``, ``generation_kwargs=...``).
-    ``print_logs=False`` drops transformers' printing of every log line and its progress bar
-    (a :class:`labkit.dashboard.LiveDashboard` shows both).
+    ``print_logs=False`` drops transformers' printing of every log line and its progress bar and
+    "Step | Training Loss" table (``disable_tqdm=True``; a :class:`labkit.dashboard.LiveDashboard` shows both).
     """
     from labkit.device import detect_device
     from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype
@@ -430,6 +430,8 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     settings = _grpo_settings(preset, seed)
     reward_funcs, settings["reward_weights"] = reward_functions(preset)
     settings.update(preset.trl_options)
+    if not print_logs:  # else trainer.py adds its own bar (NotebookProgressCallback in a notebook): a second clock
+        settings["disable_tqdm"] = True
     settings.update(config_overrides)
     peft_config = None
     if model is None and preset.method in ("full", "lora"):
@@ -462,11 +464,10 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
                             peft_config=peft_config, callbacks=callbacks)
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
     match_adapter_dtype(trainer.model, precision)
-    if not print_logs:
-        from transformers import PrinterCallback, ProgressCallback
+    if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead
+        from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)
-        trainer.remove_callback(ProgressCallback)
     return Run(preset, trainer, tokenizer, train_dataset, dropped, output_dir, warnings)
 
 

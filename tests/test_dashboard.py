@@ -1,4 +1,4 @@
-"""labkit.dashboard: what the live dashboard records, draws and shows, and what the VRAM monitor measures."""
+"""labkit.dashboard: one RunRecord, the views drawn from it (card, charts, picture, text), the callback that feeds it; the VRAM monitor."""
 import json
 import math
 import re
@@ -8,10 +8,13 @@ import pytest
 import torch
 from transformers import TrainerState
 
-import labkit.dashboard as dash
+import labkit.dashboard.live as live_module
+import labkit.dashboard.record as dash
 import labkit.monitor as monitor_module
 from labkit.bench import dashboard as bench_dashboard
-from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, detect_frontend, simulated_run
+from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, RunRecord, detect_frontend, simulated_run
+from labkit.dashboard.live import card, charts, text_line
+from labkit.dashboard.picture import FONT_PT, MIN_FONT_PX, draw_figure
 from labkit.monitor import MemorySnapshot, VRAMMonitor, gauge_level, memory_snapshot
 
 GIB = 1024**3
@@ -78,32 +81,32 @@ class FakeClock:
 
 def test_recorded_trl_stream_has_a_point_per_logged_value():
     board = replay(LiveDashboard(frontend="none"))
-    assert board.series("reward") == ([1, 2, 3], [0.0, 0.75, 0.5])
-    assert board.series("rewards/parity/mean") == ([1, 2, 3], [0.0, 0.75, 0.5])
-    assert "rewards/only_long/mean" not in board.history  # TRL logged None: no point, no series
-    assert board.series("kl")[1] == [0.0, 0.0, 0.0014498606324195862]
-    assert len(board.series("train_runtime")[0]) == 1
+    assert board.record.series("reward") == ([1, 2, 3], [0.0, 0.75, 0.5])
+    assert board.record.series("rewards/parity/mean") == ([1, 2, 3], [0.0, 0.75, 0.5])
+    assert "rewards/only_long/mean" not in board.record.history  # TRL logged None: no point, no series
+    assert board.record.series("kl")[1] == [0.0, 0.0, 0.0014498606324195862]
+    assert len(board.record.series("train_runtime")[0]) == 1
     # the summary row comes at step 3 again: memory keeps one point per step
-    assert board.series("memory/process_rss")[0] == [1, 2, 3]
-    assert board.total_steps == 3 and board.step == 3
+    assert board.record.series("memory/process_rss")[0] == [1, 2, 3]
+    assert board.record.total_steps == 3 and board.record.step == 3
 
 
 def test_missing_keys_none_nan_and_tensors_are_handled():
     board = LiveDashboard(frontend="none")
     for step, logs in simulated_run(28):
         board.log(step, logs)
-    assert len(board.series("clip_ratio/region_mean")[0]) == 28 - 28 // 4  # missing on every 4th step
-    assert len(board.series("rewards/correctness/mean")[0]) == 28 - 28 // 7  # None on every 7th step
-    assert len(board.series("rewards/format/mean")[0]) == 28
+    assert len(board.record.series("clip_ratio/region_mean")[0]) == 28 - 28 // 4  # missing on every 4th step
+    assert len(board.record.series("rewards/correctness/mean")[0]) == 28 - 28 // 7  # None on every 7th step
+    assert len(board.record.series("rewards/format/mean")[0]) == 28
     board.log(29, {"reward": torch.tensor(1.5), "kl": float("nan"), "entropy": float("inf"), "note": "text",
                    "flag": True})
-    assert board.latest("reward") == 1.5
-    assert "note" not in board.history and "flag" not in board.history
+    assert board.record.latest("reward") == 1.5
+    assert "note" not in board.record.history and "flag" not in board.record.history
     # NaN and inf are kept (issue 14, item 8: a diverging run must not look healthy)
-    assert len(board.series("kl")[0]) == 29 and math.isnan(board.latest("kl"))
-    assert board.latest("entropy") == math.inf
+    assert len(board.record.series("kl")[0]) == 29 and math.isnan(board.record.latest("kl"))
+    assert board.record.latest("entropy") == math.inf
     board.log(metrics={"loss": 0.1})  # no step given: continues from the last one
-    assert board.series("loss")[0][-1] == 30
+    assert board.record.series("loss")[0][-1] == 30
 
 
 def test_a_diverging_run_shows_nan_and_inf_and_says_since_when():
@@ -115,25 +118,25 @@ def test_a_diverging_run_shows_nan_and_inf_and_says_since_when():
             logs["entropy"] = 10**400  # too large for a float: OverflowError before
         board.log(step, logs)
     # the last value is NaN, not the last finite one
-    assert math.isnan(board.latest("loss")) and len(board.series("loss")[0]) == 20
-    assert board.latest("entropy") != math.inf  # finite again after step 15
-    assert board.series("entropy")[1][14] == math.inf
-    assert board.alerts() == ["loss is NaN since step 12", "entropy was +inf at step 15 (finite again at step 20)"]
+    assert math.isnan(board.record.latest("loss")) and len(board.record.series("loss")[0]) == 20
+    assert board.record.latest("entropy") != math.inf  # finite again after step 15
+    assert board.record.series("entropy")[1][14] == math.inf
+    assert board.record.alerts() == ["loss is NaN since step 12", "entropy was +inf at step 15 (finite again at step 20)"]
     card = board.html()
     assert re.search(r'data-key="loss" data-finite="false"[^>]*>.*?>NaN</div>', card)
     assert "loss is NaN since step 12" in card and 'class="labkit-alert"' in card
-    assert "loss=NaN" in board.text_summary() and "loss is NaN since step 12" in board.text_summary()
-    loss_svg = svg_panel(board.charts_html(), "loss")
+    assert "loss=NaN" in text_line(board.record) and "loss is NaN since step 12" in text_line(board.record)
+    loss_svg = svg_panel(charts(board.record), "loss")
     assert 'data-series="loss" data-points="11" data-nonfinite="9"' in loss_svg
     assert loss_svg.count('class="labkit-nonfinite"') == 9 and "loss NaN at step 12" in loss_svg
     # the figure: NaN leaves a gap, the panel and the title say so
-    board.draw()
-    loss_line = next(line for line in board.axes["loss"].lines if line.get_label() == "loss")
-    assert len(board.axes["loss"].lines) == 1 + 9  # the series and a red mark per non-finite step
+    figure, axes = draw_figure(board.record)
+    loss_line = next(line for line in axes["loss"].lines if line.get_label() == "loss")
+    assert len(axes["loss"].lines) == 1 + 9  # the series and a red mark per non-finite step
     assert np.isnan(loss_line.get_ydata()[11:]).all() and np.isfinite(loss_line.get_ydata()[:11]).all()
-    texts = [t.get_text() for t in board.axes["loss"].texts if t.get_visible()]
+    texts = [t.get_text() for t in axes["loss"].texts if t.get_visible()]
     assert "loss NaN at step 12" in texts
-    assert "loss is NaN since step 12" in board.figure.texts[-1].get_text()
+    assert "loss is NaN since step 12" in figure.texts[-1].get_text()
 
 
 def test_a_nan_or_infinite_step_counts_on_instead_of_raising():
@@ -141,40 +144,41 @@ def test_a_nan_or_infinite_step_counts_on_instead_of_raising():
     board.log(1, {"reward": 0.5})
     board.log(float("nan"), {"reward": 0.6})  # ValueError before
     board.log(10**400, {"reward": 0.7})  # OverflowError before
-    assert board.series("reward") == ([1, 2, 3], [0.5, 0.6, 0.7])
-    assert any("not finite" in line for line in board.alerts())
+    assert board.record.series("reward") == ([1, 2, 3], [0.5, 0.6, 0.7])
+    assert any("not finite" in line for line in board.record.alerts())
 
 
 def test_empty_panels_say_whether_they_wait_or_the_run_does_not_log_them():
     board = LiveDashboard(frontend="none")
-    assert "waiting for data" in svg_panel(board.charts_html(), "entropy")
+    assert "waiting for step 1" in svg_panel(charts(board.record), "entropy")
     for step, logs in simulated_run(5, beta=0.0):
         logs.pop("entropy")
         board.log(step, logs)
-    entropy = svg_panel(board.charts_html(), "entropy")
+    entropy = svg_panel(charts(board.record), "entropy")
     assert "not logged by this run" in entropy and "waiting" not in entropy
-    notes = [t.get_text() for t in board.axes["entropy"].texts if t.get_visible()]
+    notes = [t.get_text() for t in draw_figure(board.record)[1]["entropy"].texts if t.get_visible()]
     assert notes == ["not logged by this run"]
 
 
 def test_every_panel_labels_its_x_axis_and_keeps_its_legend_off_the_lines():
     board = replay(LiveDashboard(frontend="none"))
-    charts = board.charts_html()
+    svgs = charts(board.record)
+    figure, axes = draw_figure(board.record)
     for panel in PANELS:
-        svg = svg_panel(charts, panel.key)
+        svg = svg_panel(svgs, panel.key)
         assert '<text class="labkit-xlabel"' in svg and ">step</text>" in svg
-        assert board.axes[panel.key].get_xlabel() == "step"
-    reward = svg_panel(charts, "reward")
+        assert axes[panel.key].get_xlabel() == "step"
+    reward = svg_panel(svgs, "reward")
     plot_top = float(re.search(r'<rect x="44" y="([\d.]+)"', reward).group(1))
     legend_ys = [float(y) for y in re.findall(r'<text class="labkit-legend" x="[\d.]+" y="([\d.]+)"', reward)]
     assert legend_ys and max(legend_ys) < plot_top  # the legend sits above the plot area
     for key in ("reward", "spread"):
-        ax = board.axes[key]
+        ax = axes[key]
         legend = ax.get_legend()
         if legend is None:
             continue
-        board.figure.canvas.draw()
-        renderer = board.figure.canvas.get_renderer()
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
         assert legend.get_window_extent(renderer).y0 >= ax.get_window_extent(renderer).y1 - 1
 
 
@@ -183,7 +187,7 @@ def test_only_the_main_process_records():
     state = TrainerState(global_step=1)
     state.is_world_process_zero = False
     board.on_log(None, state, None, logs={"reward": 1.0})
-    assert board.history == {}
+    assert board.record.history == {}
 
 
 # ----------------------------------------------------------------------------- the figure
@@ -191,7 +195,7 @@ def test_only_the_main_process_records():
 
 def test_figure_lines_hold_the_logged_data():
     board = replay(LiveDashboard(frontend="none"))
-    axes = board.axes
+    axes = draw_figure(board.record)[1]
     assert set(axes) == {p.key for p in PANELS}
     reward_lines = {line.get_label(): line for line in axes["reward"].lines}
     assert set(reward_lines) == {"reward", "parity"}  # only_long never had a value
@@ -212,29 +216,32 @@ def test_lines_grow_as_steps_arrive_and_kl_panel_explains_beta_zero():
     stream = list(simulated_run(12, beta=0.0))
     for step, logs in stream[:5]:
         board.log(step, logs)
-    reward_line = next(line for line in board.axes["reward"].lines if line.get_label() == "reward")
+    reward_line = next(line for line in draw_figure(board.record)[1]["reward"].lines if line.get_label() == "reward")
     assert len(reward_line.get_xdata()) == 5
     for step, logs in stream[5:]:
         board.log(step, logs)
-    board.draw()
+    axes = draw_figure(board.record)[1]
+    reward_line = next(line for line in axes["reward"].lines if line.get_label() == "reward")
     assert len(reward_line.get_xdata()) == 12
-    kl_ax = board.axes["kl"]
-    assert len(kl_ax.lines) == 0 and "kl" not in board.history
+    kl_ax = axes["kl"]
+    assert len(kl_ax.lines) == 0 and "kl" not in board.record.history
     notes = [t for t in kl_ax.texts if t.get_visible()]
     assert len(notes) == 1 and "beta = 0" in notes[0].get_text()
-    assert not any(t.get_visible() for t in board.axes["reward"].texts)
+    assert not any(t.get_visible() for t in axes["reward"].texts)
 
 
 def test_save_writes_a_png_of_the_figure(tmp_path):
     board = LiveDashboard(frontend="none", budget_gib=16)
     for step, logs in simulated_run(20):
         board.log(step, logs)
-    path = board.save(tmp_path / "run.png", dpi=60)
+    path = board.save(tmp_path / "run.png", dpi=80)
     assert path.read_bytes()[:8] == PNG_SIGNATURE
     import matplotlib.image
 
     height, width, _ = matplotlib.image.imread(path).shape
-    assert (width, height) == (13 * 60, int(6.4 * 60))
+    assert (width, height) == (12 * 80, 7 * 80)
+    with pytest.raises(ValueError, match="under 9 px"):  # a picture whose labels cannot be read is refused
+        board.save(tmp_path / "small.png", dpi=60)
 
 
 def svg_panel(charts: str, key: str) -> str:
@@ -248,27 +255,27 @@ def polyline_points(svg: str, name: str) -> list[tuple[float, float]]:
 
 def test_live_charts_draw_each_logged_point():
     board = replay(LiveDashboard(frontend="none"))
-    charts = board.charts_html()
-    assert charts.count('<svg class="labkit-panel"') == len(PANELS)
-    reward = svg_panel(charts, "reward")
+    svgs = charts(board.record)
+    assert svgs.count('<svg class="labkit-panel"') == len(PANELS)
+    reward = svg_panel(svgs, "reward")
     assert 'data-series="reward" data-points="3"' in reward and 'data-series="rewards/parity/mean"' in reward
     assert "only_long" not in reward and "labkit-band" in reward
     xs, ys = zip(*polyline_points(reward, "reward"))
     assert xs[0] < xs[1] < xs[2]  # steps 1, 2, 3 left to right
     assert ys[1] < ys[2] < ys[0]  # rewards 0.75 > 0.5 > 0.0: higher is further up (smaller y)
-    assert "labkit-note" not in svg_panel(charts, "kl")
+    assert "labkit-note" not in svg_panel(svgs, "kl")
 
 
 def test_live_charts_thin_long_runs_and_explain_missing_kl():
     board = LiveDashboard(frontend="none")
     for step, logs in simulated_run(1000, beta=0.0):
         board.log(step, logs)
-    charts = board.charts_html()
-    count = int(re.search(r'data-series="reward" data-points="(\d+)"', charts).group(1))
+    svgs = charts(board.record)
+    count = int(re.search(r'data-series="reward" data-points="(\d+)"', svgs).group(1))
     assert 200 <= count <= 241
-    xs = [x for x, _ in polyline_points(svg_panel(charts, "reward"), "reward")]
+    xs = [x for x, _ in polyline_points(svg_panel(svgs, "reward"), "reward")]
     assert xs == sorted(xs) and xs[-1] == pytest.approx(260 - 8)  # the last step is kept, at the right edge
-    kl = svg_panel(charts, "kl")
+    kl = svg_panel(svgs, "kl")
     assert "<polyline" not in kl and "beta = 0" in kl
 
 
@@ -277,7 +284,7 @@ def test_memory_chart_shows_the_budget_zones(monkeypatch):
     board = LiveDashboard(frontend="none", budget_gib=16)
     for step in range(1, 4):
         board.log(step, {"reward": 0.1})
-    memory = svg_panel(board.charts_html(), "memory")
+    memory = svg_panel(charts(board.record), "memory")
     for colour in GAUGE_COLOURS.values():
         assert f'fill="{colour}"' in memory
     assert {"memory/allocated", "memory/reserved", "memory/peak", "memory/device_used"} <= set(
@@ -305,20 +312,20 @@ def test_dashboard_gauge_turns_amber_then_red(monkeypatch, used_gib, level):
     monkeypatch.setattr(dash, "memory_snapshot", lambda device=None: cuda_snapshot(used_gib))
     board = LiveDashboard(frontend="none", budget_gib=16)
     board.log(1, {"reward": 0.5})
-    gauge = board.gauge()
+    gauge = board.record.gauge()
     assert gauge["level"] == level and gauge["colour"] == GAUGE_COLOURS[level]
     assert gauge["fraction"] == pytest.approx(used_gib / 16)
     card = board.html()
     assert f"labkit-gauge--{level}" in card and GAUGE_COLOURS[level] in card
     assert "NVML" in card and ("over budget" in card) == (used_gib > 16)
-    assert board.series("memory/device_used") == ([1], [pytest.approx(used_gib)])
+    assert board.record.series("memory/device_used") == ([1], [pytest.approx(used_gib)])
 
 
 def test_gauge_budget_defaults_to_the_whole_gpu(monkeypatch):
     monkeypatch.setattr(dash, "memory_snapshot", lambda device=None: cuda_snapshot(6.0, total_gib=24.0))
     board = LiveDashboard(frontend="none")
     board.log(1, {})
-    assert board.gauge()["budget_gib"] == pytest.approx(24.0) and board.gauge()["level"] == "green"
+    assert board.record.gauge()["budget_gib"] == pytest.approx(24.0) and board.record.gauge()["level"] == "green"
 
 
 def test_on_cpu_the_gauge_shows_process_memory_and_says_no_gpu():
@@ -328,7 +335,7 @@ def test_on_cpu_the_gauge_shows_process_memory_and_says_no_gpu():
     board = LiveDashboard(frontend="none", device="cpu", budget_gib=64)
     board.log(1, {"reward": 1.0})
     assert "No CUDA GPU" in board.html() and "process" in board.html()
-    assert board.gauge()["gpu"] is False
+    assert board.record.gauge()["gpu"] is False
 
 
 # ----------------------------------------------------------------------------- CUDA and NVML readings (mocked)
@@ -357,7 +364,7 @@ def test_cuda_snapshot_counts_memory_outside_torch_through_nvml(fake_cuda, monke
     assert snap.used == 7 * GIB and snap.total == 16 * GIB and "NVML" in snap.source
     board = LiveDashboard(frontend="none", budget_gib=8)
     board.log(1, {})
-    assert board.gauge()["level"] == "amber"  # 7 of 8 GiB
+    assert board.record.gauge()["level"] == "amber"  # 7 of 8 GiB
     assert "outside torch" in board.html() and "whole GPU 7.00 / 16.0 GiB" in board.html()
 
 
@@ -405,31 +412,31 @@ def test_monitor_phase_peak_takes_torchs_exact_peak_on_cuda(fake_cuda, monkeypat
 def test_updates_are_throttled_to_min_interval(monkeypatch):
     clock = FakeClock()
     board = LiveDashboard(frontend="widgets", autoshow=False, min_interval_s=0.5, clock=clock)
-    monkeypatch.setattr(board, "charts_html", lambda: "<svg/>")  # drawing is tested elsewhere
+    monkeypatch.setattr(live_module, "charts", lambda record: "<svg/>")  # drawing is tested elsewhere
     for step in range(300):  # 3 seconds of 10 ms steps
         clock.now += 0.01
         board.log(step, {"reward": step / 300})
-    assert 5 <= board.card_updates <= 3 / 0.5 + 2
-    assert board.plot_renders <= board.card_updates
+    assert 5 <= board.view.card_updates <= 3 / 0.5 + 2
+    assert board.view.plot_renders <= board.view.card_updates
 
 
 def test_charts_redraw_only_as_often_as_max_overhead_allows(monkeypatch):
     clock = FakeClock()
     board = LiveDashboard(frontend="widgets", autoshow=False, min_interval_s=0.5, max_overhead=0.01, clock=clock)
 
-    def slow_charts():
+    def slow_charts(record):
         clock.now += 0.2  # a 0.2 s render
         return "<svg/>"
 
-    monkeypatch.setattr(board, "charts_html", slow_charts)
+    monkeypatch.setattr(live_module, "charts", slow_charts)
     for step in range(200):  # 200 steps of 1 s
         clock.now += 1.0
         board.log(step, {"reward": 0.1})
-    assert board._plot_interval == pytest.approx(0.2 / 0.01)
-    drawing = sum(board.render_seconds)
-    assert board.plot_renders <= 200 / 20 + 3
+    assert board.view.throttle.plot_interval == pytest.approx(0.2 / 0.01)
+    drawing = sum(board.view.throttle.render_seconds)
+    assert board.view.plot_renders <= 200 / 20 + 3
     assert drawing / clock.now < 0.02
-    assert board.card_updates > 150  # the numbers and the gauge still update every step
+    assert board.view.card_updates > 150  # the numbers and the gauge still update every step
 
 
 # ----------------------------------------------------------------------------- front ends
@@ -439,14 +446,14 @@ def test_widgets_frontend_pushes_the_card_and_the_charts():
     board = LiveDashboard(frontend="widgets", autoshow=False, total_steps=5, min_interval_s=0, max_overhead=1)
     for step, logs in simulated_run(5):
         board.log(step, logs)
-    board.close()
-    widgets = board._widgets
+    board.render()  # the charts now, whatever the throttle says
+    widgets = board.view.widgets
     assert widgets["plot"].value.count('<svg class="labkit-panel"') == len(PANELS)
     assert '<polyline data-series="reward" data-points="5"' in widgets["plot"].value
     assert "labkit-dashboard-plot" in widgets["plot"]._dom_classes
-    assert "labkit-gauge" in widgets["card"].value and "step 5 / 5" in widgets["card"].value
+    assert "labkit-gauge" in widgets["card"].value and "5 / 5 steps done" in widgets["card"].value
     assert "labkit-dashboard" in widgets["box"]._dom_classes
-    assert board.plot_renders >= 2
+    assert board.view.plot_renders >= 2
 
 
 def test_html_frontend_updates_a_single_display_handle(monkeypatch):
@@ -469,7 +476,7 @@ def test_html_frontend_updates_a_single_display_handle(monkeypatch):
     board.close()
     assert len(shown) == 1 and shown[0][1] is True
     *live, final = updates
-    assert len(live) == board.card_updates - 1 >= 3
+    assert len(live) == board.view.card_updates - 1 >= 3
     assert live[-1].count("<svg") == len(PANELS) and "labkit-gauge" in live[-1]
     assert_static_picture(final, board)
 
@@ -480,7 +487,8 @@ def assert_static_picture(bundle, board):
 
     assert set(bundle) == {"image/png", "text/plain"}
     assert base64.b64decode(bundle["image/png"])[:8] == PNG_SIGNATURE
-    assert f"step {board.step}" in bundle["text/plain"] and "reward=" in bundle["text/plain"]
+    assert f"{board.record.steps_done()} steps in" in bundle["text/plain"] or \
+        f"{board.record.steps_done()} / {board.record.total_steps} steps in" in bundle["text/plain"] and "reward=" in bundle["text/plain"]
 
 
 def test_widgets_frontend_leaves_a_static_picture_that_survives_a_save(monkeypatch):
@@ -502,13 +510,13 @@ def test_widgets_frontend_leaves_a_static_picture_that_survives_a_save(monkeypat
     for step, logs in simulated_run(5):
         board.log(step, logs)
     assert updates == []  # live: the widgets update themselves, the display is never replaced
-    box = board._widgets["box"]
+    box = board.view.widgets["box"]
     board.close()
     assert len(shown) == 1 and shown[0][0] is box and shown[0][1] is True
     (bundle, raw), = updates
     assert raw
     assert_static_picture(bundle, board)
-    assert box.comm is None and board._widgets is None  # the widget models are closed
+    assert box.comm is None and board.view.widgets is None  # the widget models are closed
     board.close()  # twice is fine
     assert len(updates) == 1
 
@@ -519,7 +527,7 @@ def test_text_frontend_shows_a_progress_bar_and_a_summary(capsys):
             board.log(step, logs)
     err = capsys.readouterr().err
     assert "6/6" in err and "reward=" in err and "no CUDA GPU" in err
-    assert err.strip().splitlines()[-1].startswith("GRPO training: step 6 / 6")
+    assert err.strip().splitlines()[-1].startswith(f"GRPO training: 6 / 6 steps in {board.record.elapsed:.0f} s")
 
 
 def test_detect_frontend(monkeypatch):
@@ -639,11 +647,11 @@ def test_dashboard_follows_a_real_grpo_trainer_run(tiny_model_path, tmp_path):
     trainer = build_trainer(model, [parity], load_gsm8k("train", limit=8), args, tokenizer=tokenizer,
                             callbacks=[board])
     trainer.train()
-    assert board.total_steps == 2
+    assert board.record.total_steps == 2
     for key in ("reward", "reward_std", "frac_reward_zero_std", "rewards/parity/mean", "kl", "entropy",
                 "completions/mean_length", "loss", "memory/process_rss"):
-        assert board.series(key)[0] == [1, 2], key
-    assert board._closed
+        assert board.record.series(key)[0] == [1, 2], key
+    assert board.record.finished is not None
 
 
 def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_path):
@@ -655,11 +663,144 @@ def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_p
         "from labkit.dashboard import LiveDashboard, simulated_run\n"
         "board = LiveDashboard(title='simulated', total_steps=20, budget_gib=1.0)\n"
         "for step, logs in simulated_run(20):\n    board.log(step, logs)\n"
-        "print(board.frontend)\nboard.close()")])
-    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3",
+        "print(board.frontend)\nboard.close()"), nbformat.v4.new_code_cell(
+        "crashed = LiveDashboard(title='crash', total_steps=5, tick_s=0.05)\n"
+        "crashed.log(1, {'reward': 0.5})\nimport time; time.sleep(0.3)\n"
+        "raise RuntimeError('CUDA out of memory (simulated)')")])
+    nbclient.NotebookClient(notebook, timeout=180, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
+    # a cell that raised mid-run leaves the picture of the run so far, with why it stopped, not a live widget
+    crashed = [o for o in notebook.cells[1].outputs if o.output_type == "display_data"]
+    assert [set(o.data) for o in crashed] == [{"image/png", "text/plain"}], notebook.cells[1].outputs
+    assert "crash: 1 / 5 steps in" in crashed[0].data["text/plain"] and "stopped by RuntimeError" in crashed[0].data["text/plain"]
     outputs = notebook.cells[0].outputs
     assert any(o.get("text", "").strip() == "widgets" for o in outputs if o.output_type == "stream"), outputs
     shown = [set(o.data) for o in outputs if o.output_type == "display_data"]
     assert shown == [{"image/png", "text/plain"}], shown
-    assert "step 20 / 20" in [o for o in outputs if o.output_type == "display_data"][0].data["text/plain"]
+    assert "20 / 20 steps in" in [o for o in outputs if o.output_type == "display_data"][0].data["text/plain"]
+
+
+# ----------------------------------------------------------------------------- one record, every view
+
+
+def test_every_view_reads_one_step_counter_and_one_clock():
+    """The card, the charts' picture, the terminal line and the saved output all show the record's step and time."""
+    clock = FakeClock()
+    board = LiveDashboard(title="run", total_steps=4, frontend="widgets", autoshow=False, tick_s=None, clock=clock)
+    clock.now = 48.0  # model load and trainer build: the clock started with the dashboard
+    for step, logs in simulated_run(3):
+        clock.now += 9.0
+        board.log(step, logs)
+    clock.now += 0.4
+    line = "3 / 4 steps done · 75 s"
+    assert board.record.progress().startswith(line)
+    assert line in card(board.record) and line in text_line(board.record)
+    assert line in draw_figure(board.record)[0].texts[0].get_text()
+    board.close()
+    clock.now += 100.0  # after close the clock is stopped: every view keeps the final time
+    assert board.summary() == "run: 3 / 4 steps in 75 s"
+    assert board.static_output()["text/plain"].startswith("run: 3 / 4 steps in 75 s | run: 3 / 4 steps done · 75 s")
+
+
+def test_steps_count_from_the_trainer_and_from_a_loop_alike():
+    record = RunRecord("loop", total_steps=5, clock=FakeClock())
+    assert record.progress().startswith("0 / 5 steps done")
+    record.add(0, {"reward": 0.1})  # the nano loop counts from 0: one step done
+    assert record.steps_done() == 1
+    trainer = RunRecord("trl", total_steps=5, clock=FakeClock())
+    trainer.step_done(1)  # on_step_end, before the step's logs arrive
+    assert trainer.steps_done() == 1 and trainer.history == {}
+
+
+def test_the_dashboard_shows_before_the_first_step_and_says_what_is_happening(monkeypatch):
+    """Model load and the first generation are the slowest part: the view is there, saying so, before any number."""
+    import IPython.display
+
+    shown, updates = [], []
+
+    class Handle:
+        def update(self, obj, raw=False):
+            updates.append(obj if raw else obj.data)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: shown.append(obj.data) or Handle())
+    board = LiveDashboard(frontend="html", total_steps=4, tick_s=None, min_interval_s=0)
+    assert len(shown) == 1 and "preparing the run" in shown[0] and "0 / 4 steps done" in shown[0]
+    assert "waiting for step 1" in shown[0]
+    board.on_train_begin(None, TrainerState(max_steps=4), None)
+    assert "0 / 4 steps done" in updates[-1] and "generating completions, scoring, updating (the first step is the slowest)" in updates[-1]
+    board.close()
+
+
+def test_the_clock_ticks_during_a_long_step(monkeypatch):
+    import time as time_module
+
+    import IPython.display
+
+    updates = []
+
+    class Handle:
+        def update(self, obj, raw=False):
+            updates.append(obj if raw else obj.data)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    board = LiveDashboard(frontend="html", total_steps=4, tick_s=0.05)
+    time_module.sleep(0.4)  # a step that logs nothing for a while
+    board.close()
+    assert len(updates) >= 3  # the card was redrawn by the ticker meanwhile
+    assert isinstance(updates[-1], dict) and "image/png" in updates[-1]
+
+
+def test_the_picture_is_readable_as_saved():
+    """At the PNG's dpi every text is >= 9 px; the total reward does not hide a function's line; no impossible axes."""
+    from matplotlib.text import Text
+
+    board = replay(LiveDashboard(frontend="none"))  # one reward function equal to the total; clip ratios all 0
+    figure, axes = draw_figure(board.record)
+    sizes = [t.get_fontsize() * figure.dpi / 72 for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
+    assert sizes and min(sizes) >= MIN_FONT_PX
+    lines = {line.get_label(): line for line in axes["reward"].lines}
+    total, part = lines["reward"], lines["parity"]
+    np.testing.assert_allclose(total.get_ydata(), part.get_ydata())  # the same values...
+    assert part.get_zorder() > total.get_zorder() and part.get_marker() == "o"  # ...the part drawn over the total
+    for key in ("clip", "spread", "length", "entropy", "memory", "kl"):
+        assert axes[key].get_ylim()[0] >= 0, key  # a ratio, a length, a KL cannot be negative
+    assert axes["clip"].get_ylim()[1] > 0
+    assert 'data-series="reward"' in svg_panel(charts(board.record), "reward")
+    svg = svg_panel(charts(board.record), "reward")
+    assert svg.index('data-series="reward"') < svg.index('data-series="rewards/parity/mean"')  # total drawn first
+
+
+def test_a_panel_with_one_point_says_it_waits_for_the_next_step():
+    board = LiveDashboard(frontend="none", total_steps=4)
+    board.log(1, {"loss": 0.0526, "reward": 0.5})
+    axes = draw_figure(board.record)[1]
+    note, = [t.get_text() for t in axes["loss"].texts if t.get_visible()]
+    assert note == "step 1: 0.0526\nwaiting for step 2"
+    assert list(axes["loss"].get_yticks()) == [] and not axes["loss"].lines  # no odd range like 0.0524-0.0528
+    assert "waiting for step 2" in svg_panel(charts(board.record), "loss")
+
+
+@pytest.mark.slow
+def test_build_run_under_a_dashboard_leaves_transformers_no_progress_display(tmp_path):
+    """transformers' trainer.py adds ProgressCallback (NotebookProgressCallback in a notebook) unless disable_tqdm:
+    a second step counter and clock beside the dashboard, and the "Step | Training Loss" table."""
+    from transformers import PrinterCallback, ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    from labkit.device import detect_device
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+
+    board = LiveDashboard(frontend="none")
+    run = build_run(get_preset("cpu-tiny", train_limit=8), tmp_path, device=detect_device("cpu"), callbacks=[board], print_logs=False)
+    kinds = {type(c) for c in run.trainer.callback_handler.callbacks}
+    assert run.trainer.args.disable_tqdm is True
+    assert not kinds & {ProgressCallback, NotebookProgressCallback, PrinterCallback}, kinds
+    assert LiveDashboard in kinds
+
+
+def test_series_that_coincide_are_named_not_hidden():
+    board = replay(LiveDashboard(frontend="none"))  # clip ratios low, high and region: 0 at every step
+    texts = [t.get_text() for t in draw_figure(board.record)[1]["clip"].texts]
+    assert "low = high = region at every step" in texts
+    assert not [t for t in draw_figure(board.record)[1]["spread"].texts if "every step" in t.get_text()]

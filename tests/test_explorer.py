@@ -54,7 +54,10 @@ def test_the_saved_controls_say_what_they_are_without_a_kernel(monkeypatch):
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj, **kw: shown.append((obj, kw)))
     explore(_draw, {"height": widgets.IntSlider(value=2, description="height (units)")})
-    bundle, options = shown[0]
+    sentence = ("Controls: height (units). They need a running kernel: after reopening the notebook, run this cell "
+                "to use them.")
+    assert shown[0] == ({"text/plain": sentence}, {"raw": True})  # plain text: JupyterLab shows it after a save too
+    bundle, options = shown[1]
     assert options == {"raw": True} and "application/vnd.jupyter.widget-view+json" in bundle
-    assert bundle["text/plain"] == "[controls: height (units). They need a running kernel: run this cell to use them.]"
-    assert type(shown[1][0]).__name__ == "Image" and shown[1][1] == {"display_id": True}  # then the picture
+    assert bundle["text/plain"] == f"[{sentence}]"
+    assert type(shown[2][0]).__name__ == "Image" and shown[2][1] == {"display_id": True}  # then the picture

@@ -105,3 +105,19 @@ def test_a_lettered_follow_up_is_a_name_and_a_number_of_its_own(tmp_path):
     report = check_notebooks(tmp_path)
     assert any("more than one" in p for p in report["01_again.ipynb"]) and not report["01b_advanced.ipynb"]
     assert any("NN_lowercase" in p for p in check_notebook(_write(tmp_path, nb, "01bb_x.ipynb")))
+
+
+def test_metadata_jupyterlab_would_rewrite_is_caught_and_fixed(tmp_path):
+    """A kernelspec or language_info other than JupyterLab's marks the notebook modified on open (issue 26)."""
+    from labkit.nbcheck import NOTEBOOK_METADATA, fix_metadata
+
+    nb = _good_notebook()
+    nb["metadata"] = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                      "language_info": {"name": "python"}, "colab": {"provenance": []}}
+    path = _write(tmp_path, nb)
+    problems = check_notebook(path)
+    assert any("'kernelspec'" in p for p in problems) and any("'language_info'" in p for p in problems)
+    assert fix_metadata(path) and not fix_metadata(path)
+    fixed = json.loads(path.read_text())["metadata"]
+    assert {k: fixed[k] for k in NOTEBOOK_METADATA} == NOTEBOOK_METADATA and fixed["colab"] == {"provenance": []}
+    assert check_notebook(path) == []

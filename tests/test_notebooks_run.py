@@ -37,7 +37,8 @@ def test_notebook_runs_in_cpu_mode(path, tmp_path):
     papermill = pytest.importorskip("papermill")
     started = time.perf_counter()
     env_before = dict(os.environ)
-    os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1"})
+    os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+                       "LABKIT_RUNS": str(tmp_path / "runs")})  # the notebooks' runs/ folders, not the repository's
     try:
         papermill.execute_notebook(
             str(path),
@@ -183,3 +184,15 @@ def _record_time(name: str, seconds: float) -> None:
         from labkit.lab import record_notebook_time
 
         record_notebook_time(name, seconds, note=os.environ.get("LABKIT_TIMES_NOTE", ""))
+
+
+def test_importing_labkit_silences_bitsandbytes_before_any_trainer_import():
+    """`python -m labkit demo` printed bitsandbytes' kernels-community line first (issue 26): transformers'
+    trainer_utils imports peft, which imports bitsandbytes; `import labkit` must come before and silence it."""
+    import subprocess
+    import sys
+
+    code = "import labkit, logging; import transformers.trainer_utils; print('imported')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "imported", done.stderr[-2000:]
+    assert "gemm_4bit_forward" not in done.stderr and "kernels" not in done.stderr, done.stderr[-2000:]

@@ -26,7 +26,7 @@ def measure_chunked(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from labkit.dashboard import process_rss
+    from labkit.monitor import process_rss
     from labkit.models import architecture_config
     from labkit.objective import per_token_logps
 

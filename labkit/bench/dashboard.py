@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 from labkit.dashboard import LiveDashboard, simulated_run
+from labkit.dashboard.live import charts
+from labkit.dashboard.picture import png_bytes
 from labkit.monitor import VRAMMonitor
 
 __all__ = ["main"]
@@ -16,13 +18,14 @@ __all__ = ["main"]
 def _bench_once(frontend: str, step_s: float, steps: int, monitor_interval_s: float) -> dict:
     import contextlib
 
-    dashboard = LiveDashboard(title=f"bench {frontend}", total_steps=steps, frontend=frontend, autoshow=False)
+    dashboard = LiveDashboard(title=f"bench {frontend}", total_steps=steps, frontend=frontend, autoshow=False,
+                              tick_s=None)
     phases = (("generation", 0.6), ("scoring", 0.05), ("backward", 0.3), ("optimizer step", 0.05))
     work_s = 0.0
     started = time.perf_counter()
     quiet = contextlib.redirect_stderr(io.StringIO()) if frontend == "text" else contextlib.nullcontext()
     with quiet, VRAMMonitor(interval_s=monitor_interval_s) as monitor:
-        dashboard.monitor = monitor
+        dashboard.record.monitor = monitor
         for step, logs in simulated_run(steps):
             t0 = time.perf_counter()
             for name, share in phases:  # the step's work: sleeping stands in for GPU time
@@ -34,7 +37,8 @@ def _bench_once(frontend: str, step_s: float, steps: int, monitor_interval_s: fl
         dashboard.close()
         close_s = time.perf_counter() - t0
     wall_s = time.perf_counter() - started
-    renders = dashboard.render_seconds
+    view = dashboard.view
+    renders = view.throttle.render_seconds if view is not None else []
     return {
         "frontend": frontend,
         "step_s": step_s,
@@ -49,11 +53,11 @@ def _bench_once(frontend: str, step_s: float, steps: int, monitor_interval_s: fl
         "overhead": round((dashboard.log_seconds + monitor.sampler_cpu_s) / work_s, 5),
         # the whole run, with the one final render close() draws
         "run_overhead": round((dashboard.log_seconds + close_s + monitor.sampler_cpu_s) / work_s, 5),
-        "card_updates": dashboard.card_updates,
-        "plot_renders": dashboard.plot_renders,
+        "card_updates": view.card_updates if view is not None else 0,
+        "plot_renders": view.plot_renders if view is not None else 0,
         "plot_render_ms_mean": round(1000 * sum(renders) / len(renders), 1) if renders else None,
         "plot_render_ms_max": round(1000 * max(renders), 1) if renders else None,
-        "seconds_between_chart_updates": round(dashboard._plot_interval, 2) if frontend != "text" else None,
+        "seconds_between_chart_updates": round(view.throttle.plot_interval, 2) if frontend not in ("text", "none") else None,
     }
 
 
@@ -104,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         board.save(Path(folder) / "run.png")
         save_s = time.perf_counter() - started  # the first figure of the process: matplotlib's import included
     started = time.perf_counter()
-    board._png()
+    png_bytes(board.record)
     figure_render_s = time.perf_counter() - started  # what a live matplotlib view would pay per update
     started = time.perf_counter()
     for _ in range(10):
-        board.charts_html()
+        charts(board.record)
     chart_update_ms = 100 * (time.perf_counter() - started)  # the live SVG charts, 200 steps, per update
     record = {
         "benchmark": "dashboard",

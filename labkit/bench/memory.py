@@ -58,7 +58,7 @@ def measure_grpo(spec: dict) -> dict:
     import torch
     from datasets import Dataset
 
-    from labkit.dashboard import process_rss
+    from labkit.monitor import process_rss
     from labkit.device import detect_device
     from labkit.models import load_policy, match_adapter_dtype
     from labkit.training import build_trainer, grpo_config

@@ -1,0 +1,104 @@
+"""What the dashboard shows, shared by its views: the panels (:data:`PANELS`), the card's tiles, the empty-panel notes.
+
+A panel is a set of logged series (glob patterns over TRL's log keys), a title, and the range its
+axis may show (a clip ratio or a length cannot be negative, so no view draws one below 0).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+
+from labkit.charts import MAIN_SERIES, describe_number
+
+__all__ = ["Panel", "PANELS", "TILES", "panel_series", "panel_note", "overlap_note", "tiles", "format_value"]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of the dashboard: the series (glob patterns over logged keys) it draws."""
+
+    key: str
+    title: str
+    patterns: tuple[str, ...]
+    absent_note: str = "not logged by this run"  # steps arrived, none with this metric
+    floor: float | None = None  # the axis never shows values below this (they cannot happen)
+
+
+PANELS = (
+    Panel("reward", "reward (band: ± reward_std)", ("reward", "rewards/*/mean")),
+    Panel("spread", "reward spread", ("reward_std", "frac_reward_zero_std"), floor=0.0),
+    Panel("kl", "KL to the reference", ("kl",), absent_note="no KL logged:\nbeta = 0 (TRL's default)\n"
+                                                         "loads no reference model", floor=0.0),
+    Panel("clip", "clip ratio", ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"), floor=0.0),
+    Panel("entropy", "entropy (nats/token)", ("entropy",), floor=0.0),
+    Panel("length", "completion length (tokens)", ("completions/mean_length",), floor=0.0),
+    Panel("loss", "loss", ("loss",)),
+    Panel("memory", "memory (GiB)", ("memory/*",), floor=0.0),
+)
+
+# The card's tiles: (label, logged key, format). Missing values show as a dash.
+TILES = (
+    ("reward", "reward", "{:.3f}"),
+    ("reward std", "reward_std", "{:.3f}"),
+    ("zero-std groups", "frac_reward_zero_std", "{:.0%}"),
+    ("KL", "kl", "{:.4f}"),
+    ("clip (region)", "clip_ratio/region_mean", "{:.2%}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("length", "completions/mean_length", "{:.0f}"),
+    ("loss", "loss", "{:.4f}"),
+)
+
+
+def format_value(fmt: str, value: float) -> str:
+    """Format a tile's value; NaN and infinities by name (``"{:.0%}".format(nan)`` would read "nan%")."""
+    return fmt.format(value) if math.isfinite(value) else describe_number(value)
+
+
+def panel_series(record, panel: Panel) -> list[str]:
+    """Return the names of ``record``'s series that ``panel`` draws, the main one (the total) first."""
+    names = [n for n in record.history if any(fnmatch.fnmatchcase(n, p) for p in panel.patterns)]
+    return sorted(names, key=lambda n: n not in MAIN_SERIES)  # the total underneath, the parts drawn over it
+
+
+def panel_note(record, panel: Panel, names: list[str]) -> str | None:
+    """Return what a panel says instead of lines, or ``None`` when it has lines to draw.
+
+    Before the first step: "waiting for step 1"; a metric this run never logs: the panel's
+    ``absent_note``; one point so far (no line yet): its value and "waiting for step 2".
+    """
+    if record.step is None:
+        return "waiting for step 1"
+    if not names:
+        return panel.absent_note
+    if max(len(record.history[n][0]) for n in names) < 2:
+        name = names[0]
+        return f"step {record.history[name][0][-1]}: {describe(record.latest(name))}\nwaiting for step {record.step + 1}"
+    return None
+
+
+def overlap_note(record, names: list[str]) -> str | None:
+    """Return "low = high = region at every step" when a panel's series coincide (one line would hide the others)."""
+    from labkit.charts import short_label
+
+    if len(names) < 2:
+        return None
+    first = record.history[names[0]]
+    if all(record.history[n] == first for n in names[1:]):
+        return " = ".join(short_label(n) for n in names) + " at every step"
+    return None
+
+
+def describe(value: float) -> str:
+    """A value in a few significant digits, NaN and infinities by name."""
+    return f"{value:.4g}" if math.isfinite(value) else describe_number(value)
+
+
+def tiles(record) -> list[tuple]:
+    """Return the card's tiles as ``(label, key, shown text or None, finite)``."""
+    out = []
+    for label, key, fmt in TILES:
+        value = record.latest(key)
+        out.append((label, key, None if value is None else format_value(fmt, value),
+                    value is None or math.isfinite(value)))
+    return out

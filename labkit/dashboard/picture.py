@@ -1,0 +1,121 @@
+"""The saved picture of a run: :func:`draw_figure` draws a :class:`RunRecord` as eight matplotlib panels.
+
+The picture is what stays in a saved notebook (a PNG survives a save; a widget does not), so it is
+drawn to be read as saved, at 100 % zoom: every label at least 9 px (:data:`MIN_FONT_PX`), the
+total reward drawn under the per-function rewards (which carry markers, so a function equal to the
+total stays visible), axes that cannot show impossible values (:attr:`Panel.floor`), and a panel
+with fewer than two points says so instead of showing an empty frame.
+"""
+from __future__ import annotations
+
+import io
+import math
+
+from labkit.charts import MAIN_SERIES, PALETTE, mark_nonfinite, reward_band, budget_zones, short_label
+from labkit.dashboard.panels import PANELS, TILES, format_value, overlap_note, panel_note, panel_series
+from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
+
+__all__ = ["draw_figure", "png_bytes", "FIGSIZE", "DPI", "MIN_FONT_PX", "FONT_PT"]
+
+FIGSIZE = (12.0, 7.0)  # inches: 960 x 560 px at DPI, narrower than a JupyterLab output area (no downscaling)
+DPI = 80  # of the PNG left in the notebook
+MIN_FONT_PX = 9  # the smallest text allowed in the saved picture at 100 % zoom
+FONT_PT = {"tick": 9.5, "legend": 9.5, "note": 10, "title": 11, "suptitle": 12}  # 9.5 pt at 80 dpi = 10.6 px
+
+
+def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, float] = FIGSIZE):
+    """Return ``(figure, {panel key: Axes})``: every panel of :data:`PANELS` drawn from ``record``.
+
+    A plain ``matplotlib.figure.Figure`` (never pyplot's, so nothing is shown twice in a notebook).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    if min(FONT_PT.values()) * dpi / 72 < MIN_FONT_PX:
+        raise ValueError(f"at {dpi} dpi the smallest text would be under {MIN_FONT_PX} px: use dpi >= 70")
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(2, 4)
+    axes = {}
+    for panel, ax in zip(PANELS, grid.flat):
+        axes[panel.key] = ax
+        names = panel_series(record, panel)
+        note = panel_note(record, panel, names)
+        ax.set_xlabel("step", fontsize=FONT_PT["tick"], labelpad=1)
+        ax.tick_params(labelsize=FONT_PT["tick"])
+        ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(5))
+        ax.grid(alpha=0.3)
+        pad = 4
+        if note is not None:
+            ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=FONT_PT["note"],
+                    color="#555")
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            _draw_lines(ax, record, panel.key, names)
+            same = overlap_note(record, names)
+            if same:  # the lines lie on each other: say so rather than let one hide the rest
+                ax.text(0.5, 0.62, same, transform=ax.transAxes, ha="center", va="center", fontsize=FONT_PT["note"],
+                        color="#555", wrap=True)
+            if len(names) > 1:  # above the plot, under the title: a legend inside the axes covers the lines
+                columns = 1 if max(len(short_label(n)) for n in names) > 12 else min(len(names), 2)
+                ax.legend(fontsize=FONT_PT["legend"], loc="lower left", bbox_to_anchor=(0.0, 1.0),
+                          ncol=columns, frameon=False, borderaxespad=0.1, handlelength=2.0, columnspacing=0.8)
+                pad += 15 * math.ceil(len(names) / columns)
+            _limit_axis(ax, record, panel)
+        ax.set_title(panel.title, fontsize=FONT_PT["title"], pad=pad)
+    numbers = [f"{label} {format_value(fmt, record.latest(key))}" for label, key, fmt in TILES
+               if record.latest(key) is not None]
+    fig.suptitle(f"{record.title} · {record.progress()}\nlast step: " + " · ".join(numbers), x=0.01, y=0.99,
+                 ha="left", va="top", fontsize=FONT_PT["suptitle"])
+    alerts = record.alerts()
+    line = 0.3 / figsize[1]  # one line of the title, as a fraction of the height
+    if alerts:
+        fig.text(0.01, 0.99 - 2 * line, "\n".join(alerts), ha="left", va="top", fontsize=FONT_PT["suptitle"],
+                 fontweight="bold", color=GAUGE_COLOURS["red"])
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.07, top=0.99 - (2 + len(alerts)) * line - 0.09,
+                        wspace=0.32, hspace=0.75)
+    return fig, axes
+
+
+def _draw_lines(ax, record: RunRecord, key: str, names: list[str]) -> None:
+    colours = iter(PALETTE)
+    for name in names:
+        steps, values = record.history[name]
+        finite = [v if math.isfinite(v) else math.nan for v in values]  # NaN or inf: a gap, marked in red
+        if name in MAIN_SERIES:  # the total, thick and underneath: the parts drawn over it stay visible
+            ax.plot(steps, finite, color="black", lw=2.6, alpha=0.55, zorder=2, label=short_label(name))
+        else:
+            ax.plot(steps, finite, color=next(colours, "#777"), lw=1.5, marker="o", ms=3.5, zorder=3,
+                    ls="--" if name.startswith("rewards/") else "-", label=short_label(name))
+    mark_nonfinite(ax, {short_label(n): record.history[n] for n in names}, GAUGE_COLOURS["red"])
+    if key == "reward" and "reward" in record.history and "reward_std" in record.history:
+        band = reward_band(ax, record.history["reward"], record.history["reward_std"])
+        if band is not None:  # autoscale only looks at lines: make room for the band too
+            ax.update_datalim(band.get_paths()[0].vertices)
+    if key == "memory":
+        budget_zones(ax, record.budget(), record.thresholds, GAUGE_COLOURS)
+
+
+def _limit_axis(ax, record: RunRecord, panel) -> None:
+    ax.autoscale_view()
+    low, high = ax.get_ylim()
+    if panel.key == "memory":
+        tops = [max(v) * 1.1 for n, (_, v) in record.history.items() if n.startswith("memory/") and v]
+        low, high = 0.0, max([record.budget() * 1.08] + tops)
+    elif panel.floor is not None and low < panel.floor:
+        low = panel.floor
+    if high - low < 1e-9:  # a flat line at the floor (a clip ratio of 0 throughout)
+        high = low + 1.0 if low == 0 else low + abs(low) * 0.1
+    ax.set_ylim(low, high)
+    ax.ticklabel_format(axis="y", useOffset=False)  # "0.0526", never "+5.26e-2" beside tiny offsets
+
+
+def png_bytes(record: RunRecord, dpi: int = DPI) -> bytes:
+    """Return :func:`draw_figure`'s picture of ``record`` as PNG bytes."""
+    fig, _ = draw_figure(record, dpi=dpi)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
