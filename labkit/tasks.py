@@ -31,7 +31,7 @@ import random
 import re
 from dataclasses import dataclass
 
-__all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "worked_solution", "carries", "short_working_reward",
+__all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "WORKED_ANSWER_PROMPT", "SYSTEM_PROMPTS", "worked_solution", "carries", "short_working_reward",
            "WORKING_BUDGET", "SPLITS"]
 
 SPLITS = ("train", "test")
@@ -161,6 +161,9 @@ def _split_problems(carry_only: bool) -> tuple[list, list]:
 
 
 SHORT_ANSWER_PROMPT = "Answer in one short sentence of at most 10 words."
+# A short chain of thought: the calculation written out, then the result, still one sentence.
+WORKED_ANSWER_PROMPT = "Write the calculation and its result in one short sentence."
+SYSTEM_PROMPTS = {"short": SHORT_ANSWER_PROMPT, "worked": WORKED_ANSWER_PROMPT}
 _NAMES = ("Sam", "Mia", "Leo", "Ava", "Tom", "Zoe", "Ben", "Lily", "Max", "Emma", "Noah", "Ella", "Jack", "Ruby",
           "Omar", "Nina")
 _ITEMS = ("apples", "marbles", "stickers", "books", "pencils", "cookies", "shells", "cards", "stamps", "balloons",
