@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from labkit.lab import provenance, write_json
 from labkit.nano import NanoConfig, plot_run, run_nano_grpo
 
-__all__ = ["demo", "real_model_demo", "held_out_scores", "short_answer_scores", "held_out_table", "sampled_pass_at_k",
+__all__ = ["demo", "real_model_demo", "held_out_scores", "short_answer_scores", "held_out_table", "side_by_side", "sampled_pass_at_k",
            "HeldOutCurve", "plot_real_model_demo", "plot_learning_curve"]
 
 
@@ -105,18 +105,23 @@ def short_answer_scores(result) -> dict:
     return {k: v for k, v in held_out_scores(result).items() if k != "right"}
 
 
-def held_out_table(summary: dict):
-    """Return a pandas DataFrame of :func:`real_model_demo`'s held-out right-answer rate, before and after.
+def held_out_table(before, after=None):
+    """Return a pandas DataFrame of the held-out right-answer rate of the word problems, before and after GRPO.
 
-    One row (the rate GRPO trains; the others cannot be judged by the same test): each rate with
-    its Wilson interval, the change with its paired bootstrap interval over problems and the
-    exact McNemar p (:mod:`labkit.evaluate`).
+    ``before`` and ``after`` are :func:`labkit.evaluate.gsm8k_accuracy` results on the word
+    problems, or ``before`` is a :func:`real_model_demo` summary (its per-problem verdicts). One
+    row, the rate GRPO trains (GSM8K's strict format rate cannot move here, nobody asked for
+    tags): each rate with its Wilson interval, the change with its paired bootstrap interval over
+    problems, and the exact McNemar p (:mod:`labkit.evaluate`).
     """
     import pandas as pd
 
     from labkit.evaluate import mcnemar_test, paired_bootstrap, wilson_interval
 
-    before, after = summary["right_before"], summary["right_after"]
+    if isinstance(before, dict):
+        before, after = before["right_before"], before["right_after"]
+    else:
+        before, after = held_out_scores(before)["right"], held_out_scores(after)["right"]
     n = len(before)
     interval = lambda k: "[{:.3f}, {:.3f}]".format(*wilson_interval(k, n))  # noqa: E731
     change, low, high = paired_bootstrap(before, after)
@@ -124,6 +129,28 @@ def held_out_table(summary: dict):
            "after": round(sum(after) / n, 3), "after 95% CI": interval(sum(after)), "change": round(change, 3),
            "change 95% CI": f"[{low:.3f}, {high:.3f}]", "McNemar p": round(mcnemar_test(before, after).p_value, 4)}
     return pd.DataFrame([row], index=pd.Index(["right answer (held-out word problems)"], name="metric"))
+
+
+def side_by_side(dataset, before, after, rows: int = 8):
+    """Return a styled table: each held-out question beside its gold number and both replies, left-aligned.
+
+    ``dataset`` holds the problems (conversational ``prompt``: the question is its last message),
+    ``before``/``after`` are their evaluations; ``right before``/``right after`` are
+    :func:`labkit.rewards.right_answer_reward`'s verdicts.
+    """
+    import pandas as pd
+
+    b_scores, a_scores = held_out_scores(before)["right"], held_out_scores(after)["right"]
+    table = pd.DataFrame([{"question": q, "gold": b["gold"], "before": b["completion"], "right before": rb,
+                           "after": a["completion"], "right after": ra}
+                          for q, b, a, rb, ra in zip(_questions(dataset), before.records, after.records, b_scores,
+                                                     a_scores)][:rows])
+    return table.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"}).set_table_styles(
+        [{"selector": "th", "props": [("text-align", "left")]}]).hide(axis="index")
+
+
+def _questions(dataset) -> list[str]:
+    return [prompt[-1]["content"] for prompt in dataset["prompt"]]
 
 
 def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_tokens: int = 32,
@@ -288,7 +315,10 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
             plot_learning_curve(points, recorder.values["reward"], out / "learning_curve.png",
                                 title=f"{preset.model}, seed {seed}, learning rate {preset.learning_rate:g}")
             if dashboard is not None and hasattr(dashboard, "save"):
-                dashboard.save(out / "dashboard.png")
+                try:
+                    dashboard.save(out / "dashboard.png")
+                except Exception as exc:  # noqa: BLE001  a picture must never end an hour-long run
+                    print(f"dashboard picture not saved: {exc}", file=sys.stderr)
 
         curve = HeldOutCurve(held_out, tokenizer, every=eval_every, max_new_tokens=budget,
                              batch_size=preset.eval_batch_size, on_point=write_progress)

@@ -36,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one trial (each seed) and append its records; see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m labkit bench smollm2-experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--name", required=True, help="the trial's name in the results")
+    parser.add_argument("--name", default=None, help="the trial's name in the results (required to run one)")
+    parser.add_argument("--collect", default=None, metavar="SMOLLM2_DEMO_JSON",
+                        help="instead of training: append the runs a `bench smollm2-demo` recorded (the chosen "
+                             "recipe's seeds and control) as trials, so the search reads in one file")
     parser.add_argument("--note", default="", help="what the trial tests")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's")
@@ -54,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default results/)")
     parser.add_argument("--runs", default="runs/bench-smollm2-experiments")
     args = parser.parse_args(argv)
+    if args.collect:
+        return _collect(args)
+    if not args.name:
+        parser.error("--name is required to run a trial")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = ("python -m labkit bench smollm2-experiments " + " ".join(argv or [])).strip()
     overrides: dict = {}
@@ -108,4 +115,31 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary['right_number_after']:.1%} ({summary['rise_points']:+.1f} points, p = "
               f"{summary['mcnemar_p']:.2g}) in {summary['seconds']:.0f} s wall, {summary['cpu_seconds']:.0f} s CPU, "
               f"load {summary['load_average_end'][0]:.1f}", flush=True)
+    return 0
+
+
+def _collect(args) -> int:
+    demo = json.loads(open(args.collect).read())
+    path = results_dir(args.out) / "smollm2_experiments.json"
+    preset = demo["preset"]
+    settings = {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size", "num_generations",
+                                       "max_completion_length", "rewards", "reward_weights", "temperature", "beta",
+                                       "trl_options")}
+    settings |= {"prompts_per_step": preset["per_device_train_batch_size"] // preset["num_generations"],
+                 "system_prompt": demo.get("system_prompt"), "held_out_problems": len(demo["runs"][0]["right_before"])}
+    for tag, runs in (("chosen-recipe", demo["runs"]), ("chosen-recipe-lr0-control", demo["control_lr0"])):
+        for run in runs:
+            record = {"name": tag, "note": f"recorded by `{demo['command']}` ({args.collect}), collected here",
+                      "seed": run["seed"], "command": demo["command"],
+                      "settings": settings | ({"learning_rate": 0.0} if tag.endswith("control") else {}),
+                      **{k: run[k] for k in ("right_number_before", "right_number_after", "rise_points", "mcnemar_p",
+                                             "gained", "lost", "short_answer_before", "short_answer_after",
+                                             "last_number_before", "last_number_after", "mean_words_before",
+                                             "mean_words_after", "seconds", "cpu_seconds", "seconds_detail",
+                                             "load_average_start", "load_average_end", "threads", "reward_per_step",
+                                             "reward_std_per_step", "mean_length_per_step", "examples")},
+                      "machine": demo.get("machine", ""), "date": demo["provenance"]["date"],
+                      "provenance": demo["provenance"]}
+            append_experiment(path, record)
+    print(f"appended {len(demo['runs']) + len(demo['control_lr0'])} runs of {args.collect} to {path}")
     return 0
