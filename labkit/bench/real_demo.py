@@ -23,14 +23,38 @@ KEPT = ("seed", "right_number_before", "right_number_after", "rise_points", "mcn
         "examples")
 
 
-def _run(args, seed: int, lr, tag: str, command: str) -> tuple[subprocess.Popen, Path]:
+def _argv(args, seed: int, lr, tag: str) -> tuple[list[str], Path]:
     out = Path(args.runs) / f"{tag}-seed{seed}"
     argv = [sys.executable, "-m", "labkit", "demo", "--model", args.model, "--seed", str(seed), "--out", str(out),
             "--threads", str(args.threads), "--quiet"]
     if lr is not None:
         argv += ["--lr", repr(lr)]
-    if args.steps is not None:
-        argv += ["--steps", str(args.steps)]
+    steps = args.control_steps if tag == "lr0" and args.control_steps is not None else args.steps
+    if steps is not None:
+        argv += ["--steps", str(steps)]
+    return argv, out
+
+
+def _reusable(args, seed: int, lr, tag: str) -> dict | None:
+    """Return the summary an earlier identical run left in its folder (same command line and recipe), or None."""
+    from labkit.presets import get_preset
+
+    argv, out = _argv(args, seed, lr, tag)
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    expected = get_preset("cpu-smollm2", model=args.model, seed=seed).to_dict()
+    expected["learning_rate"] = lr if lr is not None else expected["learning_rate"]
+    steps = args.control_steps if tag == "lr0" and args.control_steps is not None else args.steps
+    expected["max_steps"] = steps if steps is not None else expected["max_steps"]
+    recipe = lambda p: {k: v for k, v in p.items() if k not in ("save_steps", "description")}  # noqa: E731
+    same_command = summary.get("command", "").split() == ["python", "-m", "labkit", "demo", *argv[4:]]
+    return summary if same_command and recipe(summary["preset"]) == recipe(expected) else None
+
+
+def _run(args, seed: int, lr, tag: str, command: str) -> tuple[subprocess.Popen, Path]:
+    argv, out = _argv(args, seed, lr, tag)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").unlink(missing_ok=True)
     log = open(out / "run.log", "w")
@@ -64,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alpha", type=float, default=0.05)
     parser.add_argument("--max-control", type=float, default=0.0)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="CPU seconds per run (15 minutes)")
+    parser.add_argument("--control-steps", type=int, default=None,
+                        help="steps of the control runs (default: --steps); with learning rate 0 every step leaves the "
+                             "weights as they are, so fewer steps make the same control")
+    parser.add_argument("--reuse", action="store_true",
+                        help="use a run's summary.json left in --runs by an identical earlier command (same command "
+                             "line, same recipe) instead of running it again; the record says which were reused")
     parser.add_argument("--runs", default="runs/bench-smollm2", help="folder for each run's summary and plot")
     parser.add_argument("--out", default=None, help="results folder (default results/)")
     parser.add_argument("--quiet", action="store_true")
@@ -71,7 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     command = ("python -m labkit bench smollm2-demo " + " ".join(argv or [])).strip()
     started = time.perf_counter()
     plan = [(seed, args.lr, "grpo") for seed in args.seeds] + [(seed, 0.0, "lr0") for seed in args.control_seeds]
-    running, done = [], {}
+    running, done, reused, failed = [], {}, [], []
+    if args.reuse:
+        for seed, lr, tag in list(plan):
+            summary = _reusable(args, seed, lr, tag)
+            if summary is not None:
+                plan.remove((seed, lr, tag))
+                done[(tag, seed)] = summary
+                reused.append(f"{tag}-seed{seed}")
+                print(f"reusing {tag} seed {seed}: {summary['command']}")
     while plan or running:
         while plan and len(running) < max(1, args.jobs):
             seed, lr, tag = plan.pop(0)
@@ -84,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             running.remove(item)
             if process.returncode != 0:
                 print(f"{tag} seed {seed} failed (exit {process.returncode}); see {out / 'run.log'}", file=sys.stderr)
-                return 1
+                failed.append(f"{tag}-seed{seed}")
+                continue
             summary = json.loads((out / "summary.json").read_text())
             print_real_demo_summary(summary)
             done[(tag, seed)] = summary
+    if failed:
+        print(f"FAIL: {', '.join(failed)} did not finish (their run.log says why); nothing recorded", file=sys.stderr)
+        return 1
     trained = [{k: done[("grpo", s)][k] for k in KEPT} for s in args.seeds]
     control = [{k: done[("lr0", s)][k] for k in KEPT} for s in args.control_seeds]
     mean_rise = sum(r["rise_points"] for r in trained) / len(trained)
@@ -108,9 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         "passed": passed,
         "machine": (f"a shared 2-core machine, busy (load average in each run); {args.jobs} runs at once with "
                     f"{args.threads} torch thread(s) each: wall seconds are not idle figures, CPU seconds are closer"),
+        "control_steps": args.control_steps if args.control_steps is not None else last["steps"],
         "note": ("the control is the same pipeline with learning rate 0: LoRA's B matrices start at zero and greedy "
                  "decoding is deterministic, so an unchanged policy scores exactly the same; it shows the pipeline "
                  "changes nothing by itself, it is not a noise estimate (the McNemar test per seed is)"),
+        "reused_runs": reused, "run_commands": {f"{tag}-seed{seed}": summary["command"]
+                                                for (tag, seed), summary in done.items()},
         "seconds_total": time.perf_counter() - started, "provenance": provenance(),
     }
     path = write_json(results_dir(args.out) / "smollm2_demo.json", record)
