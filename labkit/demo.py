@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from labkit.lab import provenance, write_json
 from labkit.nano import NanoConfig, plot_run, run_nano_grpo
 
-__all__ = ["demo", "real_model_demo", "held_out_scores", "short_answer_scores", "held_out_table", "side_by_side", "sampled_pass_at_k",
+__all__ = ["demo", "real_model_demo", "held_out_scores", "short_answer_scores", "held_out_table", "side_by_side", "describe_held_out", "sampled_pass_at_k",
            "HeldOutCurve", "plot_real_model_demo", "plot_learning_curve"]
 
 
@@ -98,6 +98,22 @@ def held_out_scores(result) -> dict:
         "mean_words": sum(len(t.split()) for t in texts) / n,
         "n": n,
     }
+
+
+def describe_held_out(result) -> str:
+    """Return one line on an evaluation of the held-out word problems: right answers with their Wilson interval.
+
+    What notebook 04 prints in CPU mode instead of GSM8K's line (whose strict and format rates
+    cannot move on word problems): ``held-out word problems (n=96, greedy, at most 24 tokens): 36
+    right = 37.5 % [95 % Wilson 28.5-47.5 %]; 62.5 % cut off at the budget [22 s]``.
+    """
+    from labkit.evaluate import wilson_interval
+
+    right = held_out_scores(result)["right"]
+    low, high = wilson_interval(sum(right), len(right))
+    return (f"held-out word problems (n={len(right)}, greedy, at most {result.max_new_tokens} tokens): {sum(right)} "
+            f"right = {sum(right) / len(right):.1%} [95 % Wilson {low:.1%}-{high:.1%}]; "
+            f"{result.truncated_rate:.1%} cut off at the budget [{result.seconds:.0f} s]")
 
 
 def short_answer_scores(result) -> dict:
@@ -363,6 +379,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         "mcnemar_p": test.p_value, "gained": test.gained, "lost": test.lost,
         "change_ci95_paired_bootstrap": [low, high],
         "short_answer_before": scores_before["short_answer"], "short_answer_after": scores_after["short_answer"],
+        "cut_off_before": before.truncated_rate, "cut_off_after": after.truncated_rate,
         "last_number_before": scores_before["last_number"], "last_number_after": scores_after["last_number"],
         "mean_words_before": scores_before["mean_words"], "mean_words_after": scores_after["mean_words"],
         "right_before": right_before, "right_after": right_after,

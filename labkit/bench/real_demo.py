@@ -16,7 +16,8 @@ from labkit.lab import provenance
 __all__ = ["main", "KEPT"]
 
 KEPT = ("seed", "right_number_before", "right_number_after", "rise_points", "mcnemar_p", "gained", "lost",
-        "right_number_before_ci95", "right_number_after_ci95", "change_ci95_paired_bootstrap", "short_answer_before",
+        "right_number_before_ci95", "right_number_after_ci95", "change_ci95_paired_bootstrap", "cut_off_before",
+        "cut_off_after", "short_answer_before",
         "short_answer_after", "last_number_before", "last_number_after", "mean_words_before", "mean_words_after",
         "seconds", "cpu_seconds", "seconds_detail", "load_average_start", "load_average_end", "steps",
         "reward_per_step", "reward_std_per_step", "mean_length_per_step", "threads", "right_before", "right_after",
@@ -130,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"FAIL: {', '.join(failed)} did not finish (their run.log says why); nothing recorded", file=sys.stderr)
         return 1
-    trained = [{k: done[("grpo", s)][k] for k in KEPT} for s in args.seeds]
-    control = [{k: done[("lr0", s)][k] for k in KEPT} for s in args.control_seeds]
+    # .get: "cut_off_*" (replies cut at the budget) is absent from summaries written before it was added
+    trained = [{k: done[("grpo", s)].get(k) for k in KEPT} for s in args.seeds]
+    control = [{k: done[("lr0", s)].get(k) for k in KEPT} for s in args.control_seeds]
     mean_rise = sum(r["rise_points"] for r in trained) / len(trained)
     control_move = max((abs(r["rise_points"]) for r in control), default=0.0)
     per_seed_ok = all(r["rise_points"] >= args.min_seed_rise and r["mcnemar_p"] < args.alpha for r in trained)
