@@ -366,6 +366,11 @@ def demo_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="smollm2-135m: the real-model experiment (default: the nano task)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="output folder (default runs/demo, or runs/demo-MODEL)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="--model only: torch CPU threads (default 2; 1 on a machine other jobs keep busy)")
+    parser.add_argument("--pass-at-k", type=int, default=0, metavar="PROBLEMS",
+                        help="--model only: pass@k (k = 1..8, 8 sampled replies) on this many held-out problems, "
+                             "before and after (costs about as much as the training)")
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = "runs/demo" if args.model is None else f"runs/demo-{args.model}"
@@ -396,13 +401,18 @@ def _real_model_demo_cli(args, argv: list[str], command: str) -> int:
     ignored = [o for o in ("--sft-steps", "--num-generations", "--beta", "--eval-problems") if o in argv]
     if ignored:
         print(f"error: {', '.join(ignored)} belong to the nano task; the {args.model} experiment takes --seed, "
-              "--lr (or --learning-rate), --steps and --out", file=sys.stderr)
+              "--lr (or --learning-rate), --steps, --threads, --pass-at-k and --out", file=sys.stderr)
         return 2
     lr = args.lr if any(o in argv for o in ("--lr", "--learning-rate")) else None
     steps = args.steps if "--steps" in argv else None
+    if not 0 <= args.pass_at_k <= 200 or (args.threads is not None and not 1 <= args.threads <= 256):
+        print("error: --pass-at-k must be from 0 to 200 (the held-out pool) and --threads from 1 to 256",
+              file=sys.stderr)
+        return 2
     try:
         summary = real_model_demo(args.model, args.out, seed=args.seed, learning_rate=lr, steps=steps,
-                                  progress=not args.quiet, command=command)
+                                  progress=not args.quiet, command=command, threads=args.threads or 2,
+                                  pass_at_k_problems=args.pass_at_k)
     except FileNotFoundError as exc:  # the package that ships the weights is missing: what to install
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -412,10 +422,12 @@ def _real_model_demo_cli(args, argv: list[str], command: str) -> int:
 
 
 def print_real_demo_summary(summary: dict) -> None:
-    print(f"seed {summary['seed']}: held-out short answers {summary['before']:.1%} -> {summary['after']:.1%} "
-          f"({summary['rise_points']:+.1f} points; right number {summary['right_number_before']:.1%} -> "
-          f"{summary['right_number_after']:.1%}; {summary['mean_words_before']:.1f} -> "
-          f"{summary['mean_words_after']:.1f} words) in {summary['seconds']:.0f} s")
+    print(f"seed {summary['seed']}, learning rate {summary['preset']['learning_rate']:g}: held-out right answers "
+          f"{summary['right_number_before']:.1%} -> {summary['right_number_after']:.1%} "
+          f"({summary['rise_points']:+.1f} points, McNemar p = {summary['mcnemar_p']:.2g}; short answers "
+          f"{summary['short_answer_before']:.1%} -> {summary['short_answer_after']:.1%}; {summary['mean_words_before']:.1f}"
+          f" -> {summary['mean_words_after']:.1f} words) in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} "
+          "CPU s)")
 
 
 def check_cli(argv: list[str] | None = None) -> int:

@@ -15,11 +15,15 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 from labkit.lab import provenance, write_json
 from labkit.nano import NanoConfig, plot_run, run_nano_grpo
 
-__all__ = ["demo", "real_model_demo", "short_answer_scores", "plot_real_model_demo"]
+__all__ = ["demo", "real_model_demo", "held_out_scores", "short_answer_scores", "held_out_table", "side_by_side", "describe_held_out", "sampled_pass_at_k",
+           "HeldOutCurve", "plot_real_model_demo", "plot_learning_curve"]
+
+
 def demo(config: NanoConfig | None = None, out: str | os.PathLike = "runs/demo", *, progress: bool = True,
          command: str | None = None) -> dict:
     """Return the main job's summary after writing ``out/summary.json`` and ``out/demo.png``.
@@ -97,45 +101,208 @@ def _paired_statistics(before: dict, after: dict) -> dict:
 # --------------------------------------------------------------------------- a real instruct model on a CPU
 
 
-def short_answer_scores(result) -> dict:
-    """Return the held-out figures of an evaluation of :class:`labkit.tasks.WordProblems`.
+def held_out_scores(result) -> dict:
+    """Return the held-out figures of an evaluation of :class:`labkit.tasks.WordProblems`, with per-problem verdicts.
 
     ``result`` is :func:`labkit.evaluate.gsm8k_accuracy`'s answer on the word problems (greedy).
-    ``short_answer`` is the metric GRPO trains for (:func:`labkit.rewards.short_answer_reward`:
-    1-10 words and a number); ``right_number`` (the last number equals the gold one) and
-    ``mean_words`` are reported beside it, never trained for.
+    ``right_answer`` is what GRPO trains for: the share whose *stated* answer is the gold number
+    (:func:`labkit.rewards.right_answer_reward`); ``right`` holds the verdict of each problem
+    (for the paired test). ``short_answer`` (1-10 words with a number), ``last_number`` (the
+    last number in the reply is the gold one, the lenient reading) and ``mean_words`` are
+    reported beside it.
     """
-    from labkit.rewards import short_answer_reward
+    from labkit.rewards import right_answer_reward, short_answer_reward
 
     texts = [r["completion"] for r in result.records]
+    golds = [r["gold"] for r in result.records]
     n = len(texts)
+    right = [bool(x) for x in right_answer_reward(texts, answer=golds)]
     return {
+        "right_answer": sum(right) / n,
+        "right": right,
         "short_answer": sum(short_answer_reward(texts)) / n,
-        "right_number": result.lenient_accuracy,
+        "last_number": sum(bool(r["lenient_correct"]) for r in result.records) / n,
         "mean_words": sum(len(t.split()) for t in texts) / n,
         "n": n,
     }
 
 
+def describe_held_out(result) -> str:
+    """Return one line on an evaluation of the held-out word problems: right answers with their Wilson interval.
+
+    What notebook 04 prints in CPU mode instead of GSM8K's line (whose strict and format rates
+    cannot move on word problems): ``held-out word problems (n=96, greedy, at most 24 tokens): 36
+    right = 37.5 % [95 % Wilson 28.5-47.5 %]; 62.5 % cut off at the budget [22 s]``.
+    """
+    from labkit.evaluate import wilson_interval
+
+    right = held_out_scores(result)["right"]
+    low, high = wilson_interval(sum(right), len(right))
+    return (f"held-out word problems (n={len(right)}, greedy, at most {result.max_new_tokens} tokens): {sum(right)} "
+            f"right = {sum(right) / len(right):.1%} [95 % Wilson {low:.1%}-{high:.1%}]; "
+            f"{result.truncated_rate:.1%} cut off at the budget [{result.seconds:.0f} s]")
+
+
+def short_answer_scores(result) -> dict:
+    """Return :func:`held_out_scores` without the per-problem verdicts (one row of a table)."""
+    return {k: v for k, v in held_out_scores(result).items() if k != "right"}
+
+
+def held_out_table(before, after=None):
+    """Return a pandas DataFrame of the held-out right-answer rate of the word problems, before and after GRPO.
+
+    ``before`` and ``after`` are :func:`labkit.evaluate.gsm8k_accuracy` results on the word
+    problems, or ``before`` is a :func:`real_model_demo` summary (its per-problem verdicts). One
+    row, the rate GRPO trains (GSM8K's strict format rate cannot move here, nobody asked for
+    tags): each rate with its Wilson interval, the change with its paired bootstrap interval over
+    problems, and the exact McNemar p (:mod:`labkit.evaluate`).
+    """
+    import pandas as pd
+
+    from labkit.evaluate import mcnemar_test, paired_bootstrap, wilson_interval
+
+    if isinstance(before, dict):
+        before, after = before["right_before"], before["right_after"]
+    else:
+        before, after = held_out_scores(before)["right"], held_out_scores(after)["right"]
+    n = len(before)
+    interval = lambda k: "[{:.3f}, {:.3f}]".format(*wilson_interval(k, n))  # noqa: E731
+    change, low, high = paired_bootstrap(before, after)
+    row = {"problems": n, "before": round(sum(before) / n, 3), "before 95% CI": interval(sum(before)),
+           "after": round(sum(after) / n, 3), "after 95% CI": interval(sum(after)), "change": round(change, 3),
+           "change 95% CI": f"[{low:.3f}, {high:.3f}]", "McNemar p": round(mcnemar_test(before, after).p_value, 4)}
+    return pd.DataFrame([row], index=pd.Index(["right answer (held-out word problems)"], name="metric"))
+
+
+def side_by_side(dataset, before, after, rows: int = 8):
+    """Return a styled table: each held-out question beside its gold number and both replies, left-aligned.
+
+    ``dataset`` holds the problems (conversational ``prompt``: the question is its last message),
+    ``before``/``after`` are their evaluations; ``right before``/``right after`` are
+    :func:`labkit.rewards.right_answer_reward`'s verdicts.
+    """
+    import pandas as pd
+
+    b_scores, a_scores = held_out_scores(before)["right"], held_out_scores(after)["right"]
+    table = pd.DataFrame([{"question": q, "gold": b["gold"], "before": b["completion"], "right before": rb,
+                           "after": a["completion"], "right after": ra}
+                          for q, b, a, rb, ra in zip(_questions(dataset), before.records, after.records, b_scores,
+                                                     a_scores)][:rows])
+    return table.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"}).set_table_styles(
+        [{"selector": "th", "props": [("text-align", "left")]}]).hide(axis="index")
+
+
+def _questions(dataset) -> list[str]:
+    return [prompt[-1]["content"] for prompt in dataset["prompt"]]
+
+
+def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_tokens: int = 32,
+                      temperature: float = 1.0, batch_size: int = 4, seed: int = 0) -> dict:
+    """Return ``{"pass@k": {k: rate}, "right_per_problem": [c, ...]}``: ``samples`` sampled replies per problem.
+
+    Each problem of ``dataset`` (conversational ``prompt``, gold ``answer``) gets ``samples``
+    replies sampled at ``temperature`` (TRL's default sampling, as in training), scored with
+    :func:`labkit.rewards.right_answer_reward`; pass@k for k = 1..samples is
+    :func:`labkit.evaluate.pass_at_k` averaged over problems.
+    """
+    from labkit.evaluate import pass_at_k
+    from labkit.rewards import right_answer_reward
+
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in dataset["prompt"]]
+    golds = list(dataset["answer"])
+    was_training = model.training
+    model.eval()
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+    counts = []
+    try:
+        with torch.inference_mode():
+            for first in range(0, len(texts), batch_size):
+                enc = tokenizer(texts[first:first + batch_size], return_tensors="pt", padding=True,
+                                add_special_tokens=False)
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                                     top_p=1.0, top_k=0, num_return_sequences=samples,
+                                     pad_token_id=tokenizer.pad_token_id)  # (b * samples, T + new)
+                replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                for row, gold in enumerate(golds[first:first + batch_size]):
+                    mine = replies[row * samples:(row + 1) * samples]
+                    counts.append(int(sum(right_answer_reward(mine, answer=[gold] * samples))))
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+    rates = {k: sum(pass_at_k(samples, c, k) for c in counts) / len(counts) for k in range(1, samples + 1)}
+    return {"pass@k": rates, "right_per_problem": counts, "samples": samples, "temperature": temperature}
+
+
+class HeldOutCurve(TrainerCallback):
+    """A trainer callback: the held-out right-answer rate every ``every`` GRPO steps, written as it goes.
+
+    After each evaluation it calls ``on_point(points, log_history)``; :func:`real_model_demo` uses
+    that to write ``curve.json``, the log history and the pictures under its output folder, so a
+    long run stopped half-way still leaves its curve. ``seconds`` of a point count from creation.
+    """
+
+    def __init__(self, dataset, tokenizer, *, every: int, max_new_tokens: int, batch_size: int, on_point=None):
+        self.dataset, self.tokenizer, self.every = dataset, tokenizer, int(every)
+        self.max_new_tokens, self.batch_size, self.on_point = max_new_tokens, batch_size, on_point
+        self.points: list[dict] = []
+        self.latest = None  # the last evaluation (labkit.evaluate.EvalResult)
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+
+    def add(self, step: int, result, log_history=()) -> None:
+        scores = held_out_scores(result)
+        self.latest = result
+        self.points.append({"step": step, "right_answer": scores["right_answer"], "right": scores["right"],
+                            "short_answer": scores["short_answer"], "mean_words": scores["mean_words"],
+                            "seconds": time.perf_counter() - self.started,
+                            "cpu_seconds": time.process_time() - self.cpu_started,
+                            "load_average": list(os.getloadavg())})
+        if self.on_point is not None:
+            self.on_point(self.points, list(log_history))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0 and model is not None:
+            from labkit.evaluate import gsm8k_accuracy
+
+            result = gsm8k_accuracy(model, self.tokenizer, dataset=self.dataset, max_new_tokens=self.max_new_tokens,
+                                    batch_size=self.batch_size, progress=False)
+            self.add(state.global_step, result, state.log_history)
+        return control
+
+
 def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/demo-smollm2", *, seed: int = 0,
-                    learning_rate: float | None = None, steps: int | None = None, eval_problems: int = 48,
-                    train_problems: int = 64, threads: int | None = 1, progress: bool = True, dashboard=None,
-                    command: str | None = None) -> dict:
+                    learning_rate: float | None = None, steps: int | None = None, eval_problems: int = 96,
+                    train_problems: int | None = None, threads: int | None = 2, progress: bool = True,
+                    dashboard=None, command: str | None = None, eval_every: int | None = None,
+                    pass_at_k_problems: int = 0, before=None, system_prompt: str | None = None,
+                    preset_overrides: dict | None = None, keep_completions: bool = False,
+                    evaluations: dict | None = None) -> dict:
     """Return the summary of GRPO on a real instruct model on a CPU, after writing ``out/summary.json`` and a plot.
 
-    The ``cpu-smollm2`` preset through the same calls notebook 04 makes on a GPU
-    (:func:`labkit.models.load_policy` -> :func:`labkit.run.build_run` -> ``run.train()``), on
-    :class:`labkit.tasks.WordProblems`: the model is asked to answer in at most 10 words, and the
-    reward (:func:`labkit.rewards.short_answer_reward`) pays 1 for a reply of 1-10 words that
-    states a number. Held-out: ``eval_problems`` problems never trained on, answered greedily
-    before and after; the summary holds the share of short answers (``before``, ``after``), the
-    share with the right number and the mean length beside it, a few completions before and
-    after, the reward per step and the seconds. ``threads=1`` keeps a 2-core laptop responsive
-    and the seconds comparable on a busy machine (``None``: torch's default).
+    The ``cpu-smollm2`` preset (``preset_overrides`` change any of its fields) through the same
+    calls notebook 04 makes on a GPU (:func:`labkit.models.load_policy` ->
+    :func:`labkit.run.build_run` -> ``run.train()``), on :class:`labkit.tasks.WordProblems`
+    (``system_prompt`` replaces the task's), rewarded by the preset's rewards
+    (:func:`labkit.rewards.right_answer_reward`: the stated answer is the gold number).
+
+    Held-out: the first ``eval_problems`` of the fixed pool (never trained on), answered greedily
+    with the training budget (``max_completion_length``) before and after. The summary holds the
+    right-answer rate (``right_number_before``, ``right_number_after``), each problem's verdict,
+    the exact McNemar p and the paired bootstrap interval of the change, the short-answer rate
+    and mean length beside it, examples (the question beside each before/after reply), the reward
+    per step, wall and CPU seconds and the load average (a shared machine slows wall time, not
+    CPU time). ``eval_every`` also evaluates every N steps and writes ``curve.json``,
+    ``log_history.json``, ``learning_curve.png`` (and the dashboard's ``dashboard.png``) as
+    training goes. ``pass_at_k_problems`` samples 8 replies for that many held-out problems
+    before and after (pass@k, k = 1..8). ``before`` reuses an evaluation of the untrained model
+    with the same prompt and budget (the experiments' bench saves the time); ``evaluations``, a
+    dict, receives the ``"before"`` and ``"after"`` evaluations (:class:`labkit.evaluate.EvalResult`). ``threads``:
+    torch's CPU threads (``None``: torch's default).
     """
     import tempfile
 
-    from labkit.evaluate import gsm8k_accuracy
+    from labkit.evaluate import gsm8k_accuracy, mcnemar_test, paired_bootstrap, wilson_interval
     from labkit.lab import seed_everything
     from labkit.models import load_policy
     from labkit.presets import get_preset
@@ -143,7 +310,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     from labkit.tasks import WordProblems
     from labkit.training import LogRecorder
 
-    overrides = {"model": model, "seed": seed}
+    overrides = dict(preset_overrides or {}) | {"model": model, "seed": seed}
     if learning_rate is not None:
         overrides["learning_rate"] = learning_rate
     if steps is not None:
@@ -153,18 +320,53 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    load_start = list(os.getloadavg())
     started, cpu_started = time.perf_counter(), time.process_time()
     seed_everything(seed)
     policy, tokenizer = load_policy(preset.model, preset.method, precision="fp32", lora_rank=preset.lora_rank,
                                     lora_alpha=preset.lora_alpha, target_modules=list(preset.target_modules),
                                     gradient_checkpointing=preset.gradient_checkpointing)
     loaded_s = time.perf_counter() - started
-    task = WordProblems()
+    task = WordProblems() if system_prompt is None else WordProblems(system_prompt=system_prompt)
     held_out = task.dataset(eval_problems, split="test")
-    evaluation = dict(dataset=held_out, max_new_tokens=32, batch_size=preset.eval_batch_size, progress=progress)
-    before = gsm8k_accuracy(policy, tokenizer, **evaluation)
-    recorder = LogRecorder(("reward", "rewards/short_answer_reward/mean", "completions/mean_length", "loss"))
+    budget = preset.max_completion_length
+    evaluation = dict(dataset=held_out, max_new_tokens=budget, batch_size=preset.eval_batch_size, progress=progress)
+    before = before if before is not None else gsm8k_accuracy(policy, tokenizer, **evaluation)
+    if [r["gold"] for r in before.records] != list(held_out["answer"]) or before.max_new_tokens != budget:
+        raise ValueError("`before` must evaluate the same held-out problems with the same budget")
+    passes = {}
+    if pass_at_k_problems:
+        passes["before"] = sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)),
+                                             max_new_tokens=budget, temperature=preset.temperature, seed=seed)
+    prompts_per_step = preset.per_device_train_batch_size * preset.gradient_accumulation_steps // preset.num_generations
+    train_problems = train_problems or max(64, preset.max_steps * prompts_per_step)
+    reward_keys = [f"rewards/{name}_reward/mean" for name in preset.rewards]
+    recorder = LogRecorder(("reward", "reward_std", *reward_keys, "completions/mean_length", "loss"))
     callbacks = [recorder] + ([dashboard] if dashboard is not None else [])
+    curve = None
+    if eval_every:
+        def write_progress(points, log_history):
+            write_json(out / "curve.json", {"every": eval_every, "held_out_problems": eval_problems,
+                                            "metric": "held-out right-answer rate (greedy)", "points": points,
+                                            "steps_planned": preset.max_steps, "provenance": provenance()})
+            write_json(out / "log_history.json", log_history)
+            questions = [p[-1]["content"] for p in held_out["prompt"]]
+            write_json(out / "latest_completions.json", {
+                "step": points[-1]["step"],
+                "completions": [{"question": q, "gold": r["gold"], "before": b["completion"], "now": r["completion"]}
+                                for q, b, r in zip(questions, before.records, curve.latest.records)]})
+            plot_learning_curve(points, recorder.values["reward"], out / "learning_curve.png",
+                                title=f"{preset.model}, seed {seed}, learning rate {preset.learning_rate:g}")
+            if dashboard is not None and hasattr(dashboard, "save"):
+                try:
+                    dashboard.save(out / "dashboard.png")
+                except Exception as exc:  # noqa: BLE001  a picture must never end an hour-long run
+                    print(f"dashboard picture not saved: {exc}", file=sys.stderr)
+
+        curve = HeldOutCurve(held_out, tokenizer, every=eval_every, max_new_tokens=budget,
+                             batch_size=preset.eval_batch_size, on_point=write_progress)
+        curve.add(0, before)
+        callbacks.append(curve)
     with tempfile.TemporaryDirectory(prefix="labkit-demo-") as run_dir:
         run = build_run(preset, run_dir, model=policy, tokenizer=tokenizer,
                         train_dataset=task.dataset(train_problems, seed=seed), callbacks=callbacks,
@@ -172,61 +374,123 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         train_started = time.perf_counter()
         run.train(resume=False)
         train_s = time.perf_counter() - train_started
+        log_history = list(run.trainer.state.log_history)
     after = gsm8k_accuracy(policy, tokenizer, **evaluation)
+    if evaluations is not None:
+        evaluations.update(before=before, after=after)
+    if pass_at_k_problems:
+        passes["after"] = sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)),
+                                            max_new_tokens=budget, temperature=preset.temperature, seed=seed)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-    scores_before, scores_after = short_answer_scores(before), short_answer_scores(after)
-    examples = [{"question": held_out[i]["prompt"][-1]["content"], "gold": held_out[i]["answer"],
-                 "before": before.records[i]["completion"], "after": after.records[i]["completion"]}
-                for i in range(min(4, eval_problems))]
+    scores_before, scores_after = held_out_scores(before), held_out_scores(after)
+    right_before, right_after = scores_before["right"], scores_after["right"]
+    test = mcnemar_test(right_before, right_after)
+    change, low, high = paired_bootstrap(right_before, right_after)
+    n = len(right_before)
+    questions = [p[-1]["content"] for p in held_out["prompt"]]
+    completions = [{"question": questions[i], "gold": held_out[i]["answer"], "before": before.records[i]["completion"],
+                    "after": after.records[i]["completion"], "right_before": right_before[i],
+                    "right_after": right_after[i]} for i in range(n)]
+    flipped = [c for c in completions if c["right_before"] != c["right_after"]]
+    examples = completions[:4] + [c for c in flipped if c not in completions[:4]][:4]
     summary = {
-        "metric": (f"short answers: the share of {eval_problems} held-out word problems (never trained on) whose "
-                   "greedy reply has 1-10 words and states a number, as the system prompt asks; the behaviour "
-                   "GRPO trains, not arithmetic (right_number is reported beside it, never trained for)"),
-        "before": scores_before["short_answer"], "after": scores_after["short_answer"],
-        "rise_points": 100 * (scores_after["short_answer"] - scores_before["short_answer"]),
-        "right_number_before": scores_before["right_number"], "right_number_after": scores_after["right_number"],
+        "metric": (f"right answer: the share of {n} held-out word problems (a fixed pool, never trained on) whose "
+                   f"greedy reply of at most {budget} tokens states the gold number (labkit.rewards."
+                   "extract_stated_answer: an 'answer is N', else the result of the last '=', else the last number)"),
+        "task": "one-step arithmetic word problems (labkit.tasks.WordProblems: +, -, x), not GSM8K",
+        "system_prompt": task.system_prompt,
+        "right_number_before": scores_before["right_answer"], "right_number_after": scores_after["right_answer"],
+        "rise_points": 100 * (scores_after["right_answer"] - scores_before["right_answer"]),
+        "right_number_before_ci95": list(wilson_interval(sum(right_before), n)),
+        "right_number_after_ci95": list(wilson_interval(sum(right_after), n)),
+        "mcnemar_p": test.p_value, "gained": test.gained, "lost": test.lost,
+        "change_ci95_paired_bootstrap": [low, high],
+        "short_answer_before": scores_before["short_answer"], "short_answer_after": scores_after["short_answer"],
+        "cut_off_before": before.truncated_rate, "cut_off_after": after.truncated_rate,
+        "last_number_before": scores_before["last_number"], "last_number_after": scores_after["last_number"],
         "mean_words_before": scores_before["mean_words"], "mean_words_after": scores_after["mean_words"],
+        "right_before": right_before, "right_after": right_after,
         "seconds": seconds,
         # CPU time of this process (all its threads): what the run costs, whatever else the machine is doing
         "cpu_seconds": cpu_seconds,
+        "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
         "seconds_detail": {"load": loaded_s, "eval_before": before.seconds, "train": train_s,
                            "eval_after": after.seconds},
         "steps": len(recorder.values["step_time"]),
         "reward_per_step": recorder.values["reward"],
+        "reward_std_per_step": recorder.values["reward_std"],
         "mean_length_per_step": recorder.values["completions/mean_length"],
         "examples": examples,
         "seed": seed, "model": preset.model, "preset": preset.to_dict(), "threads": torch.get_num_threads(),
         "command": command or "labkit.demo.real_model_demo()",
         "provenance": provenance(),
     }
+    if passes:
+        summary["pass_at_k"] = passes
+    if curve is not None:
+        if curve.points[-1]["step"] != summary["steps"]:
+            curve.add(summary["steps"], after, log_history)
+        summary["curve"] = [{k: v for k, v in p.items() if k != "right"} for p in curve.points]
+    if keep_completions:
+        summary["completions"] = completions
+    if eval_every:
+        write_json(out / "log_history.json", log_history)
     write_json(out / "summary.json", summary)
     plot_real_model_demo(summary, out / "demo.png")
     return summary
 
 
-def plot_real_model_demo(summary: dict, path: str | os.PathLike | None = None):
-    """Return a figure of :func:`real_model_demo`: the reward per GRPO step, and held-out figures before/after."""
+def plot_learning_curve(points: list[dict], rewards: list[float], path: str | os.PathLike | None = None, *,
+                        title: str = ""):
+    """Return a figure: the mean reward per GRPO step and the held-out right-answer rate (Wilson 95 %) every N steps."""
     import matplotlib
 
     if path is not None and "matplotlib.pyplot" not in sys.modules:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from labkit.evaluate import wilson_interval
+
+    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
+    if rewards:
+        ax.plot(range(1, len(rewards) + 1), rewards, color="#bbbbbb", lw=0.8, label="training reward (mean of the step)")
+    steps = [p["step"] for p in points]
+    rates = [p["right_answer"] for p in points]
+    bands = [wilson_interval(sum(p["right"]), len(p["right"])) for p in points]
+    ax.fill_between(steps, [b[0] for b in bands], [b[1] for b in bands], color="#1f77b4", alpha=0.2, lw=0)
+    ax.plot(steps, rates, "o-", color="#1f77b4", label="held-out right-answer rate (greedy, 95% Wilson)")
+    ax.set(xlabel="GRPO step", ylabel="rate", ylim=(0, 1), title=title or "learning curve")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, bbox_inches="tight")
+        plt.close(fig)
+    return fig
+
+
+def plot_real_model_demo(summary: dict, path: str | os.PathLike | None = None):
+    """Return a figure of :func:`real_model_demo`: the reward per GRPO step, and the held-out rates before/after."""
+    import matplotlib
+
+    if path is not None and "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.evaluate import wilson_interval
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=70)
     rewards = summary["reward_per_step"]
-    left.plot(range(1, len(rewards) + 1), rewards, "o-", color="#2ca02c")
-    left.set(xlabel="GRPO step", ylabel="mean reward of the group", ylim=(-0.02, 1.02),
-             title="training: short answers with a number")
-    labels = ["short answer\n(trained)", "right number\n(not trained)"]
-    before = [summary["before"], summary["right_number_before"]]
-    after = [summary["after"], summary["right_number_after"]]
-    x = range(len(labels))
-    right.bar([i - 0.2 for i in x], before, width=0.4, label="before GRPO", color="#bbbbbb")
-    right.bar([i + 0.2 for i in x], after, width=0.4, label="after GRPO", color="#1f77b4")
-    right.set(xticks=list(x), xticklabels=labels, ylim=(0, 1.05), ylabel="share of held-out problems",
-              title="held-out problems (greedy)")
-    right.legend(loc="upper center", fontsize=9, ncol=2, bbox_to_anchor=(0.5, -0.25))
-    fig.suptitle(f"{summary['model']}, seed {summary['seed']}")
+    left.plot(range(1, len(rewards) + 1), rewards, "o-", color="#2ca02c", ms=3)
+    left.set(xlabel="GRPO step", ylabel="mean reward of the step", title="training reward")
+    n = len(summary["right_before"])
+    rates = [summary["right_number_before"], summary["right_number_after"]]
+    errors = [[r - wilson_interval(round(r * n), n)[0] for r in rates],
+              [wilson_interval(round(r * n), n)[1] - r for r in rates]]
+    right.bar([0, 1], rates, yerr=errors, capsize=6, color=["#bbbbbb", "#1f77b4"], width=0.6)
+    right.set(xticks=[0, 1], xticklabels=["before GRPO", "after GRPO"], ylim=(0, 1.05),
+              ylabel="right answers (share)", title=f"{n} held-out word problems (greedy)")
+    right.text(0.5, 1.0, f"McNemar p = {summary['mcnemar_p']:.2g}", ha="center", va="bottom", fontsize=9)
+    fig.suptitle(f"{summary['model']}, seed {summary['seed']}, learning rate {summary['preset']['learning_rate']:g}")
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, bbox_inches="tight")

@@ -1,8 +1,9 @@
 """Small tasks with verifiable answers, for the lab's CPU mode: two-digit addition, and word problems.
 
 :class:`WordProblems` (introduced in ``04_lora_grpo_16gb.ipynb``) are one-step arithmetic word
-problems for a *real* small instruct model (SmolLM2-135M-Instruct) to answer briefly; the rest of
-this docstring is about :class:`AdditionTask`, the tiny model's task.
+problems for a *real* small instruct model (SmolLM2-135M-Instruct), rewarded for the right stated
+answer (:func:`labkit.rewards.right_answer_reward`); the rest of this docstring is about
+:class:`AdditionTask`, the tiny model's task.
 
 Introduced in ``03_nano_grpo_cpu.ipynb``, where a tiny model learns the task on a laptop CPU
 in minutes: a short supervised warm-up teaches it the answer format and the digit sums, then
@@ -31,7 +32,7 @@ import random
 import re
 from dataclasses import dataclass
 
-__all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "worked_solution", "carries", "short_working_reward",
+__all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "WORKED_ANSWER_PROMPT", "SYSTEM_PROMPTS", "worked_solution", "carries", "short_working_reward",
            "WORKING_BUDGET", "SPLITS"]
 
 SPLITS = ("train", "test")
@@ -161,6 +162,9 @@ def _split_problems(carry_only: bool) -> tuple[list, list]:
 
 
 SHORT_ANSWER_PROMPT = "Answer in one short sentence of at most 10 words."
+# A short chain of thought: the calculation written out, then the result, still one sentence.
+WORKED_ANSWER_PROMPT = "Write the calculation and its result in one short sentence."
+SYSTEM_PROMPTS = {"short": SHORT_ANSWER_PROMPT, "worked": WORKED_ANSWER_PROMPT}
 _NAMES = ("Sam", "Mia", "Leo", "Ava", "Tom", "Zoe", "Ben", "Lily", "Max", "Emma", "Noah", "Ella", "Jack", "Ruby",
           "Omar", "Nina")
 _ITEMS = ("apples", "marbles", "stickers", "books", "pencils", "cookies", "shells", "cards", "stamps", "balloons",
@@ -174,8 +178,9 @@ class WordProblems:
     """One-step arithmetic word problems (+, -, x) a small instruct model answers in a short sentence.
 
     ``"Mia has 7 stickers. Mia gets 5 more stickers. How many stickers does Mia have now?"``, with
-    the system prompt :data:`SHORT_ANSWER_PROMPT`. SmolLM2-135M-Instruct follows that instruction
-    about half the time, so the groups GRPO samples differ in reward, which is what it learns from.
+    the system prompt :data:`SHORT_ANSWER_PROMPT` (a short reply: the calculation fits a small
+    completion budget). SmolLM2-135M-Instruct gets about 4 in 10 right before training (greedy, 24
+    tokens), so the groups GRPO samples differ in reward, which is what it learns from.
     The held-out ``"test"`` problems are a fixed pool (the same for every seed) that ``"train"``
     never draws from; they are new instances of the same three templates, not new templates.
     """

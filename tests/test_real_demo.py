@@ -72,6 +72,32 @@ def test_demo_refuses_nano_options_for_the_real_model(capsys):
     assert "belong to the nano task" in capsys.readouterr().err
 
 
+def test_demo_refuses_a_pass_at_k_beyond_the_held_out_pool(capsys):
+    from labkit.cli import demo_cli
+
+    assert demo_cli(["--model", "smollm2-135m", "--pass-at-k", "500"]) == 2
+    assert "--pass-at-k must be from 0 to 200" in capsys.readouterr().err
+
+
+def test_cpu_smollm2_preset_rewards_the_stated_right_answer():
+    from labkit.presets import get_preset
+
+    preset = get_preset("cpu-smollm2")
+    assert preset.rewards[0] == "right_answer" and preset.task == "word-problems"
+    assert preset.learning_rate > 0 and preset.max_steps >= 16
+
+
+def test_held_out_table_shows_wilson_intervals_and_the_paired_test():
+    from labkit.demo import held_out_table
+
+    summary = {"right_before": [False] * 24, "right_after": [False] * 22 + [True, True]}
+    table = held_out_table(summary)
+    row = table.iloc[0]
+    assert row["before"] == 0.0 and row["before 95% CI"] != "[0.000, 0.000]"  # never zero-width at 0 of 24
+    assert row["problems"] == 24 and 0.0 < row["McNemar p"] <= 1.0
+    assert "word problems" in table.index[0]
+
+
 @pytest.mark.slow
 def test_real_model_demo_runs_trl_on_smollm2_and_the_control_changes_nothing(tmp_path):
     """One GRPO step with learning rate 0 through the same calls as notebook 04: real completions,
@@ -79,15 +105,22 @@ def test_real_model_demo_runs_trl_on_smollm2_and_the_control_changes_nothing(tmp
     from labkit.demo import real_model_demo
 
     summary = real_model_demo("smollm2-135m", tmp_path, seed=0, learning_rate=0.0, steps=1, eval_problems=4,
-                              train_problems=8, progress=False)
+                              train_problems=8, progress=False, threads=1, eval_every=1)
     saved = json.loads((tmp_path / "summary.json").read_text())
-    assert saved["metric"].startswith("short answers") and (tmp_path / "demo.png").stat().st_size > 1000
-    for key in ("before", "after", "right_number_before", "right_number_after"):
+    assert saved["metric"].startswith("right answer") and (tmp_path / "demo.png").stat().st_size > 1000
+    for key in ("right_number_before", "right_number_after", "short_answer_before", "short_answer_after"):
         assert 0.0 <= saved[key] <= 1.0
-    assert saved["before"] == saved["after"] and saved["mean_words_before"] == saved["mean_words_after"]
+    assert saved["right_before"] == saved["right_after"] and saved["mean_words_before"] == saved["mean_words_after"]
+    assert saved["mcnemar_p"] == 1.0 and saved["rise_points"] == 0.0  # nothing changed: nothing to test
     assert saved["steps"] == 1 and len(saved["reward_per_step"]) == 1 and math.isfinite(saved["seconds"])
-    # real language, not bytes from a random model: several words, mostly letters
+    assert saved["cpu_seconds"] > 0 and len(saved["load_average_start"]) == 3 and saved["task"].startswith("one-step arithmetic word problems")
+    # the learning curve is written as the run goes: the held-out rate at step 0 and after step 1
+    curve = json.loads((tmp_path / "curve.json").read_text())
+    assert [p["step"] for p in curve["points"]] == [0, 1] and (tmp_path / "learning_curve.png").exists()
+    assert json.loads((tmp_path / "log_history.json").read_text())
+    # real language, not bytes from a random model; each example keeps its question beside both replies
     for example in saved["examples"]:
+        assert example["question"].endswith("?") and example["gold"].isdigit()
         text = example["before"]
         assert len(text.split()) >= 2 and sum(c.isalpha() for c in text) > len(text) / 3, text
     assert summary["provenance"]["versions"]["trl"]

@@ -17,8 +17,8 @@ from labkit import rewards as R
 from labkit.bench import rewards as bench_rewards
 from labkit.rewards import (accuracy_reward, answers_match, check_reward_function, combine_rewards, completion_text,
                             evaluate_expression, expression_reward, extract_answer, extract_last_number,
-                            format_reward, int_answer_reward, overlong_penalty, parse_number, soft_format_reward,
-                            tag_count_reward)
+                            extract_stated_answer, format_reward, int_answer_reward, overlong_penalty, parse_number,
+                            right_answer_reward, short_answer_reward, soft_format_reward, tag_count_reward)
 
 GOOD = "<think>16 - 3 - 4 = 9 eggs; 9 * 2 = 18</think>\n<answer>18</answer>"
 
@@ -42,6 +42,9 @@ REWARDS = {
     "overlong_penalty": (overlong_penalty(1024, 256), {}),
     "expression_reward": (expression_reward, {"target": 24, "nums": [3, 8, 1]}),
     "combined_reward": (combine_rewards(*R.gsm8k_rewards()), {"answer": "18"}),
+    "right_answer_reward": (right_answer_reward, {"answer": "18"}),
+    "right_and_short": (combine_rewards([right_answer_reward, short_answer_reward], [1.0, 0.1], "right_and_short"),
+                        {"answer": "18"}),
 }
 
 
@@ -406,6 +409,66 @@ def test_rewards_plug_into_trl_grpo_trainer(tiny_model_path, tmp_path):
         assert math.isfinite(logged[f"rewards/{name}/mean"]), name
 
 
+# ----------------------------------------------------------------------------- free-text answers (word problems)
+
+
+@pytest.mark.parametrize("text, stated", [
+    ("The answer is 3.", "3"),
+    ("Emma has 3 x 2 = 6 apples.", "6"),
+    ("There are 5 x 2 = 10 apples in Emma's 5 bags.", "10"),  # the result of the equation, not the last number
+    ("Mia has 7 + 5 = 13 stickers, not 12.", "13"),  # the gold number mentioned on the way is not the answer
+    ("The answer is: 42 apples. Check: 40 + 2 = 42", "42"),
+    ("The answer is 7. So 3 + 4 = 8", "7"),  # an explicit answer wins over a later equation
+    ("Ava has 16 coins.", "16"),  # no equation: the last number
+    ("16", "16"),
+    ("Tom has $1,200 left.", "1200"),
+    ("x = 6 or 7 apples", None),  # a hedge states no answer
+    ("The answer is 6/7", None),
+    ("To solve this problem, we need to consider", None),
+    ("Sam has 7 x 4 = ", None),  # cut off before the result: the equation states nothing, and no number follows
+    ("<think>7 x 4 = 28</think><answer>28</answer>", "28"),  # the lab's tags: extract_answer's strict reading
+    ("<think>7 x 4 = 28</think> 28", "28"),
+    ("<answer>28</answer><answer>29</answer>", None),
+    ("", None),
+])
+def test_extract_stated_answer_reads_the_answer_a_reply_gives(text, stated):
+    assert extract_stated_answer(text) == stated
+    assert extract_stated_answer(conv(text)) == stated
+
+
+def test_right_answer_reward_pays_the_stated_answer_only():
+    texts = ["Emma has 3 x 2 = 6 apples.", "The answer is 3.", "Emma has 3 + 2 = 5 apples, not 6.", "6 or 7",
+             "6 apples", "There are 6 apples, so the answer is 6."]
+    for completions in both_formats(texts):
+        assert right_answer_reward(completions, answer=["6"] * len(texts)) == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    assert right_answer_reward(["6"], answer=["six"]) == [None]  # no gold number: TRL skips the reward
+
+
+LONG_RIGHT = "There are 3 bags with 2 apples each, so Emma has 3 x 2 = 6 apples in total. " * 3
+SHORT_WRONG = ["The answer is 3.", "3", "Emma has 5 apples.", "6 or 3", "The answer is 3. 6"]
+
+
+@pytest.mark.parametrize("wrong", SHORT_WRONG)
+def test_a_short_wrong_answer_never_beats_a_right_one(wrong):
+    """The hack notebook 04 showed ("3 x 2 = 6 apples" -> "The answer is 3."): brevity is at most a shaping
+    term, so the shortest wrong answer scores below the longest right one, whatever the brevity reward says."""
+    from labkit.presets import get_preset
+    from labkit.rewards import named_rewards
+
+    preset = get_preset("cpu-smollm2")
+    shaped = combine_rewards([right_answer_reward, short_answer_reward], [1.0, 0.1])
+    recipe = combine_rewards(*named_rewards(preset.rewards, preset.reward_weights))
+    for total in (shaped, recipe):
+        right, short_wrong = total([LONG_RIGHT, wrong], answer=["6", "6"])
+        assert right >= 1.0 and short_wrong < right, (total, wrong)
+    assert short_answer_reward([wrong])[0] == 1.0 or "or" in wrong  # the wrong ones are short: the hack's bait
+    # and the recipe's weights keep it so for any brevity term in [0, 1]: correctness outweighs the rest
+    funcs, weights = named_rewards(preset.rewards, preset.reward_weights)
+    right_weight = weights[funcs.index(right_answer_reward)]
+    others = sum(abs(w) * max(abs(v) for v in f.value_range) for f, w in zip(funcs, weights) if f is not right_answer_reward)
+    assert others < right_weight
+
+
 # ----------------------------------------------------------------------------- the checker
 
 
@@ -509,12 +572,14 @@ def test_every_reward_returns_a_finite_float_in_range_on_any_text(text, gold):
             assert len(values) == 2, name
             for value in values:
                 if value is None:
-                    assert name in ("accuracy_reward", "combined_reward", "expression_reward"), name
+                    assert name in ("accuracy_reward", "combined_reward", "expression_reward", "right_answer_reward",
+                                    "right_and_short"), name
                     continue
                 assert type(value) is float and math.isfinite(value), (name, value)
                 lo, hi = fn.value_range
                 assert lo <= value <= hi, (name, value)
-    extract_answer(text), extract_last_number(text), answers_match(text, gold), evaluate_expression(text)
+    extract_answer(text), extract_last_number(text), extract_stated_answer(text), answers_match(text, gold)
+    evaluate_expression(text)
 
 
 @settings(max_examples=200, deadline=None)

@@ -29,6 +29,10 @@ BENCHMARKS = {
     "rehearsal": ("rehearsal", "GPU presets + an 18-row grid + Unsloth's setting rehearsed on fake tensors, beside the "
                                "estimate -> results/rehearsal.csv"),
     "smollm2-demo": ("real_demo", "GRPO on SmolLM2-135M-Instruct on CPU: 3 seeds and a learning-rate-0 control -> results/"),
+    "smollm2-experiments": ("smollm2_experiments", "one recipe trial of the SmolLM2 CPU experiment (per seed) "
+                            "-> results/smollm2_experiments.json"),
+    "smollm2-long-run": ("smollm2_long_run", "the SmolLM2 CPU recipe for hundreds of steps, held-out curve written "
+                         "as it goes -> results/smollm2_long_run/ (an hour or more; background)"),
     "full-vs-lora": ("full_vs_lora",
                      "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),
     "reward-hacking": ("reward_hacking",

@@ -21,12 +21,12 @@ from fractions import Fraction
 
 from labkit.rewards.parse import (
     ANSWER_CLOSE, ANSWER_OPEN, FORMAT_TAGS, MAX_MAGNITUDE, THINK_CLOSE, THINK_OPEN, _evaluate, _numbers_equal, _parse,
-    answers_match, completion_text, extract_answer,
+    answers_match, completion_text, extract_answer, extract_stated_answer,
 )
 
 __all__ = [
     "format_reward", "soft_format_reward", "tag_count_reward", "accuracy_reward", "int_answer_reward",
-    "expression_reward", "short_answer_reward", "overlong_penalty", "OverlongPenalty",
+    "expression_reward", "right_answer_reward", "short_answer_reward", "overlong_penalty", "OverlongPenalty",
     "combine_rewards", "CombinedReward", "weighted_sum", "gsm8k_rewards", "named_rewards", "score_completions",
 ]
 
@@ -164,6 +164,25 @@ def expression_reward(completions, target, nums=None, numbers=None, **kwargs) ->
         correct = (result is not None and Counter(result[1]) == Counter(available)
                    and _numbers_equal(result[0], goal.value))
         out.append(1.0 if correct else 0.0)
+    return out
+
+
+@_value_range(0.0, 1.0)
+def right_answer_reward(completions, answer, **kwargs) -> list[float | None]:
+    """Return 1.0 per completion whose *stated* answer is the gold number, 0.0 otherwise, None if no gold.
+
+    For free-text replies (the CPU mode's word problems, :class:`labkit.tasks.WordProblems`): the
+    answer is read with :func:`extract_stated_answer` (an ``<answer>`` tag, else ``"answer is N"``,
+    else the result of the last ``=``, else the last number) and compared with :func:`answers_match`.
+    The gold number merely appearing in the reply earns nothing: ``"7 + 5 = 13, not 12"`` states 13.
+    A hedge (``"12 or 13"``) states no answer. Range {0, 1}.
+    """
+    out = []
+    for completion, gold in zip(completions, answer, strict=True):
+        if _parse(gold) is None:
+            out.append(None)
+            continue
+        out.append(1.0 if answers_match(extract_stated_answer(completion), gold) else 0.0)
     return out
 
 

@@ -22,7 +22,8 @@ from fractions import Fraction
 __all__ = [
     "THINK_OPEN", "THINK_CLOSE", "ANSWER_OPEN", "ANSWER_CLOSE", "FORMAT_TAGS",
     "MAX_ANSWER_CHARS", "MAX_EXPRESSION_CHARS", "MAX_MAGNITUDE", "UNIT_WORDS",
-    "completion_text", "extract_answer", "extract_last_number", "parse_number", "answers_match",
+    "completion_text", "extract_answer", "extract_last_number", "extract_stated_answer", "parse_number",
+    "answers_match",
     "evaluate_expression", "clear_parse_caches",
 ]
 
@@ -124,6 +125,57 @@ def extract_last_number(text) -> str | None:
         after = reversed_text[end:end + 2]
     glued = len(after) > 1 and (after[1].isalnum() or after[1] in "_)]")
     return f"-{number}" if after[:1] in ("-", "\u2212") and not glued else number
+
+
+_STATED_WINDOW = 40  # characters after "answer is" or "=" in which the stated number must start
+_ANSWER_PHRASE = re.compile(r"answer\s*(?:is|:|=)", re.IGNORECASE)
+_WINDOW_NUMBER = re.compile(r"[-\u2212]?\$?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-\u2212]?\$?\d+(?:\.\d+)?")
+_HEDGE = re.compile(r"\s*(?:or|to|/)\s*[-\u2212]?\$?\d", re.IGNORECASE)
+
+
+def _number_after(text: str, start: int) -> str | None:
+    window = text[start:start + _STATED_WINDOW]
+    match = _WINDOW_NUMBER.search(window)
+    if match is None:
+        return None
+    if _HEDGE.match(window, match.end()):  # "6 or 7", "6 to 7", "6/7": not one stated number
+        return ""
+    return match.group(0).replace(",", "").replace("$", "").replace("\u2212", "-")
+
+
+def extract_stated_answer(text) -> str | None:
+    """Return the number a free-text reply *states* as its answer, or ``None``.
+
+    For replies without the lab's tags (a small instruct model answering a word problem in a
+    sentence). Read in this order, the first rule that applies decides:
+
+    1. an ``<answer>`` tag: :func:`extract_answer`'s strict reading;
+    2. the last ``"answer is N"`` (or ``"answer: N"``): ``N``;
+    3. the last ``=``: the number right after it, the result of the last equation
+       (``"There are 5 x 2 = 10 apples in Emma's 5 bags."`` states 10, not 5);
+    4. otherwise the last number (:func:`extract_last_number`); an equation left without its
+       result (``"7 x 4 = "``, a reply cut off) states none.
+
+    Rules 2 and 3 look at most ``_STATED_WINDOW`` characters on; a hedge there (``"6 or 7"``,
+    ``"6/7"``) states no answer. So the reward pays the answer a reply gives, not any number it
+    mentions on the way: ``"Mia has 7 + 5 = 13 stickers, not 12."`` states 13. Linear time.
+    """
+    if not isinstance(text, str):
+        text = completion_text(text)
+    if ANSWER_OPEN in text or ANSWER_CLOSE in text:
+        return extract_answer(text)
+    for phrase in reversed(list(_ANSWER_PHRASE.finditer(text))):
+        number = _number_after(text, phrase.end())
+        if number is not None:
+            return number or None
+    equals = text.rfind("=")
+    if equals >= 0:
+        number = _number_after(text, equals + 1)
+        if number is not None:
+            return number or None
+        if _FIRST_DIGIT.search(text, equals + 1) is None:  # "7 x 4 = " and no number after: no result stated
+            return None
+    return extract_last_number(text)
 
 
 # ----------------------------------------------------------------------------- numbers
