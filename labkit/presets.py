@@ -189,8 +189,8 @@ PRESETS: dict[str, Preset] = {
             model="Qwen/Qwen2.5-1.5B-Instruct",
             method="lora",
             description=f"Free Colab T4 ({CARDS['t4'].gib:g} GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
-                        "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes, sized to "
-                        "the card: batch 28 x 4 (112 completions a step); rehearsed peak 9.3 GiB (fake tensors).",
+                        "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes; batch 28 x 4 "
+                        "(112 completions a step), sized by rehearsal: peak 9.3 GiB (fake tensors).",
             per_device_train_batch_size=28,
             max_completion_length=512,
             optim="paged_adamw_8bit",

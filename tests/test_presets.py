@@ -78,7 +78,7 @@ def test_a_preset_round_trips_through_json():
 
 @pytest.mark.parametrize("overrides, device, expected", [
     # TRL needs each prompt's G completions in one generation batch
-    (dict(gradient_accumulation_steps=3), LAPTOP, r"multiple of num_generations \(4\).*gradient_accumulation_steps=4"),
+    (dict(per_device_train_batch_size=1, gradient_accumulation_steps=3), LAPTOP, r"multiple of num_generations \(4\).*gradient_accumulation_steps=4"),
     (dict(per_device_train_batch_size=2, gradient_accumulation_steps=1, num_generations=8), LAPTOP,
      r"gradient_accumulation_steps=4"),
     (dict(num_generations=1), LAPTOP, r"num_generations must be at least 2"),
@@ -99,7 +99,7 @@ def test_a_preset_round_trips_through_json():
     (dict(trl_options={"learning_rate": 1e-5}), LAPTOP, r"may not set 'learning_rate'.*--set FIELD=VALUE"),
     (dict(trl_options={"generation_batch_size": 8}), LAPTOP, r"may not set 'generation_batch_size'.*steps_per_generation"),
     # steps_per_generation may be set (the generation batch), but it must hold whole groups, as TRL says
-    (dict(trl_options={"steps_per_generation": 3}), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
+    (dict(per_device_train_batch_size=1, trl_options={"steps_per_generation": 3}), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
     (dict(trl_options={"bf16": True}), T4, r"may not set 'bf16'.*from precision"),
 ])
 def test_bad_combinations_fail_with_what_to_change(overrides, device, expected):
