@@ -565,12 +565,15 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     # per_device_train_batch_size=16).
     kv_prompt = 2 * L * kv * hb * generation_batch_ * prompt_len
     kv_full = 2 * L * kv * hb * generation_batch_ * seq
-    prefill = kv_prompt + generation_batch_ * prompt_len * (3 * shape.intermediate_size + 2 * h) * hb
+    # PEFT's fp32 casts (below) peak at down_proj's LoRA, when SwiGLU's gate and up outputs are freed: two i-wide
+    # tensors then coexist with them, not three (matches the rehearsal within 1 % at batch 1-24 on laptop-16gb)
+    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if method == "lora" else 0
+    mlp_wide = 2 if widest >= shape.intermediate_size else 3
+    prefill = kv_prompt + generation_batch_ * prompt_len * (mlp_wide * shape.intermediate_size + 2 * h) * hb
     decode_end = kv_full + kv_full // L + generation_batch_ * V * (b + 3 * 4)  # logits, fp32 copy, sampling buffers
     # Generation transients the rehearsal (labkit.rehearsal) showed: PEFT casts a LoRA input to fp32 and dropout
     # keeps an fp32 output and a mask (prefill only: one token wide while decoding); autocast copies an fp32 LM
     # head (QLoRA, fp32 masters) and caches the copies of every fp32 master weight (every forward: both moments).
-    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if method == "lora" else 0
     prefill_casts = generation_batch_ * prompt_len * widest * (4 + (5 if lora_dropout > 0 else 0))
     transients = 0
     if b < 4 and (method == "qlora" or masters):
