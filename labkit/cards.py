@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Card", "CARDS", "card", "card_gib"]
+__all__ = ["Card", "CARDS", "card", "card_gib", "SIZING_CONTEXT_GIB", "SIZING_FRAGMENTATION", "SIZING_TARGET",
+           "sized_gib", "sizing_fits"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,24 @@ def card(key: str) -> Card:
 def card_gib(key: str) -> float:
     """Return the GiB the card ``key`` reports to PyTorch (``torch.cuda.mem_get_info()``'s total)."""
     return card(key).gib
+
+
+# --------------------------------------------------------------------------- sizing a preset from a rehearsal
+
+# The one statement of the allowance the 16 GB / T4 presets are sized with (issue 25, "Use the card"). A
+# rehearsal (labkit.rehearsal) counts the tensors a step keeps alive; a real card also spends:
+SIZING_CONTEXT_GIB = 1.0  # the CUDA context and cuBLAS workspace, outside PyTorch's allocator (about 0.3-0.5 GiB;
+#                           labkit.memory.estimate's docstring), rounded up to 1 GiB
+SIZING_FRAGMENTATION = 0.10  # PyTorch's caching allocator reserves more than is live (rounded, split blocks): +10 %
+SIZING_TARGET = 0.80  # and the sized peak stays within 80 % of the card: room for prompts longer than planned,
+#                       another process on the card (a desktop), and the estimate-vs-rehearsal margin of +-10 %
+
+
+def sized_gib(rehearsed_gib: float) -> float:
+    """Return a rehearsed peak plus the sizing allowance: ``rehearsed x 1.10 + 1 GiB`` (the constants above)."""
+    return rehearsed_gib * (1 + SIZING_FRAGMENTATION) + SIZING_CONTEXT_GIB
+
+
+def sizing_fits(rehearsed_gib: float, card_gib_: float) -> bool:
+    """True when ``sized_gib(rehearsed_gib)`` is within :data:`SIZING_TARGET` (80 %) of a card of ``card_gib_``."""
+    return sized_gib(rehearsed_gib) <= SIZING_TARGET * card_gib_

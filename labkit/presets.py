@@ -11,10 +11,12 @@ The precision is never part of a preset: :mod:`labkit.device` picks it for the c
 (bf16 on Ampere+, fp16 on a T4, fp32 on a CPU) unless you ask for one, and asking for one
 the card cannot do fails in :func:`validate`.
 
-``laptop-16gb`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile
+``laptop-16gb-published`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile
 (REFERENCES.md): per-device batch 1, gradient accumulation 4, 4 generations, prompts up
 to 256 tokens, completions up to 786, LoRA on q/k/o/up/down, 8-bit AdamW, gradient
-checkpointing.
+checkpointing; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4`` and ``qlora-3b``
+take the largest ``per_device_train_batch_size`` (in multiples of ``num_generations``: whole prompt
+groups) whose rehearsed peak plus :func:`labkit.cards.sized_gib`'s allowance is within 80 % of the card.
 
 Prompt length. TRL 1.16's ``GRPOConfig`` has no ``max_prompt_length``: ``GRPOTrainer``
 tokenises the whole chat-templated prompt and never truncates it. Cutting a maths question
@@ -169,18 +171,27 @@ PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
         Preset(
-            name="laptop-16gb",
+            name="laptop-16gb-published",
             model="Qwen/Qwen2.5-1.5B-Instruct",
             method="lora",
-            description="The published 16 GB laptop recipe (RTX 3080 Mobile): LoRA, batch 1 x 4, G=4, "
-                        "256 + 786 tokens, 8-bit AdamW, gradient checkpointing.",
+            description="The published 16 GB laptop recipe (RTX 3080 Mobile), kept for comparison: LoRA, batch 1 x 4, "
+                        "G=4, 256 + 786 tokens, 8-bit AdamW, gradient checkpointing; a fifth of the card (rehearsed).",
+        ),
+        # the next three: sized by rehearsal (module docstring; results/rehearsal.csv)
+        Preset(
+            name="laptop-16gb", model="Qwen/Qwen2.5-1.5B-Instruct", method="lora",
+            description="The published laptop recipe (laptop-16gb-published) sized to the card: batch 24 x 4 (96 "
+                        "completions of 24 prompts a step, not 4 of 1); rehearsed peak 10.4 GiB (fake tensors).",
+            per_device_train_batch_size=24,
         ),
         Preset(
             name="colab-t4",
             model="Qwen/Qwen2.5-1.5B-Instruct",
             method="lora",
             description=f"Free Colab T4 ({CARDS['t4'].gib:g} GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
-                        "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes.",
+                        "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes; batch 28 x 4 "
+                        "(112 completions a step), sized by rehearsal: peak 9.3 GiB (fake tensors).",
+            per_device_train_batch_size=28,
             max_completion_length=512,
             optim="paged_adamw_8bit",
             card_gib=CARDS["t4"].gib,
@@ -190,7 +201,9 @@ PRESETS: dict[str, Preset] = {
             model="Qwen/Qwen2.5-3B-Instruct",
             method="qlora",
             description="A 3B model on a 16 GB card: the frozen base in 4-bit NF4 (QLoRA), LoRA adapters "
-                        "trained in the card's precision, the laptop recipe otherwise.",
+                        "trained in the card's precision, the laptop recipe otherwise, sized to the card: "
+                        "batch 12 x 4 (48 completions a step); rehearsed peak 10.2 GiB (fake tensors).",
+            per_device_train_batch_size=12,
             optim="paged_adamw_8bit",
         ),
         Preset(
@@ -264,6 +277,7 @@ _PRESET_CARDS = {
     "colab-t4": "t4",  # Turing: fp16 only
     "workshop": "t4",  # notebook 04's default on a GPU: a free Colab T4
     "laptop-16gb": "rtx3080-laptop-16gb",  # Ampere: bf16
+    "laptop-16gb-published": "rtx3080-laptop-16gb",
     "qlora-3b": "rtx3080-laptop-16gb",
 }
 

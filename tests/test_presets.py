@@ -14,7 +14,7 @@ T4 = CARDS["t4"].device()
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
 SMALL_CAP = 4.0  # GiB: a cap below every card of labkit.cards, so that preflight has to plan
 MPS = dev.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
-CARDS = {"laptop-16gb": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "workshop": T4}
+CARDS = {"laptop-16gb": LAPTOP, "laptop-16gb-published": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "workshop": T4}
 
 
 def test_every_preset_has_a_card_to_validate_on():
@@ -26,13 +26,43 @@ def test_every_preset_validates_on_its_card(name):
     assert validate(PRESETS[name], CARDS[name]) == []
 
 
-def test_laptop_preset_is_the_published_recipe():
-    p = PRESETS["laptop-16gb"]
+def test_the_published_laptop_recipe_keeps_its_own_name_and_laptop_16gb_differs_only_in_its_batch():
+    p = PRESETS["laptop-16gb-published"]
     assert (p.per_device_train_batch_size, p.gradient_accumulation_steps, p.num_generations) == (1, 4, 4)
     assert (p.max_prompt_length, p.max_completion_length) == (256, 786)
     assert set(p.target_modules) == {"q_proj", "k_proj", "o_proj", "up_proj", "down_proj"}
     assert p.optim == "adamw_bnb_8bit" and p.gradient_checkpointing and p.method == "lora"
+    sized = PRESETS["laptop-16gb"]
+    assert sized.per_device_train_batch_size > 1
+    assert sized.replace(name=p.name, description=p.description, per_device_train_batch_size=1) == p
     assert PRESETS["qlora-3b"].method == "qlora" and "3B" in PRESETS["qlora-3b"].model
+
+
+def test_sized_presets_are_the_largest_batch_their_recorded_rehearsal_fits_in_80_percent_of_the_card():
+    """results/rehearsal.csv (python -m labkit bench rehearsal) holds each sized preset at its current size,
+    fitting with the allowance of labkit.cards.sized_gib, and one step up (sizing rows) not fitting."""
+    import csv
+    from pathlib import Path
+
+    from labkit.bench.rehearsal import SIZED
+    from labkit.cards import SIZING_TARGET, sizing_fits
+
+    path = Path(__file__).resolve().parents[1] / "results" / "rehearsal.csv"
+    rows = {r["name"]: r for r in csv.DictReader(path.open()) if r["status"] == "ok"}
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
+            "max_prompt_length", "max_completion_length", "optim", "model", "method")
+    for name in SIZED:
+        p = PRESETS[name]
+        row = rows[name]
+        assert {k: row[k] for k in keys} == {k: str(getattr(p, k)) for k in keys}, (name, "rehearse it again")
+        assert float(row["card_gib"]) == p.card_gib and p.per_device_train_batch_size % p.num_generations == 0
+        assert sizing_fits(float(row["rehearsed_peak_gib"]), p.card_gib), name
+        assert float(row["sized_fraction_of_card"]) <= SIZING_TARGET, name
+        step = p.per_device_train_batch_size + p.num_generations
+        bigger = rows[f"{name}-batch{step}"]
+        assert int(bigger["per_device_train_batch_size"]) == step
+        assert not sizing_fits(float(bigger["rehearsed_peak_gib"]), p.card_gib), (name, step)
+    assert int(rows["laptop-16gb-published"]["per_device_train_batch_size"]) == 1
 
 
 def test_a_preset_round_trips_through_json():
@@ -48,7 +78,7 @@ def test_a_preset_round_trips_through_json():
 
 @pytest.mark.parametrize("overrides, device, expected", [
     # TRL needs each prompt's G completions in one generation batch
-    (dict(gradient_accumulation_steps=3), LAPTOP, r"multiple of num_generations \(4\).*gradient_accumulation_steps=4"),
+    (dict(per_device_train_batch_size=1, gradient_accumulation_steps=3), LAPTOP, r"multiple of num_generations \(4\).*gradient_accumulation_steps=4"),
     (dict(per_device_train_batch_size=2, gradient_accumulation_steps=1, num_generations=8), LAPTOP,
      r"gradient_accumulation_steps=4"),
     (dict(num_generations=1), LAPTOP, r"num_generations must be at least 2"),
@@ -69,7 +99,7 @@ def test_a_preset_round_trips_through_json():
     (dict(trl_options={"learning_rate": 1e-5}), LAPTOP, r"may not set 'learning_rate'.*--set FIELD=VALUE"),
     (dict(trl_options={"generation_batch_size": 8}), LAPTOP, r"may not set 'generation_batch_size'.*steps_per_generation"),
     # steps_per_generation may be set (the generation batch), but it must hold whole groups, as TRL says
-    (dict(trl_options={"steps_per_generation": 3}), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
+    (dict(per_device_train_batch_size=1, trl_options={"steps_per_generation": 3}), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
     (dict(trl_options={"bf16": True}), T4, r"may not set 'bf16'.*from precision"),
 ])
 def test_bad_combinations_fail_with_what_to_change(overrides, device, expected):
@@ -135,12 +165,12 @@ def test_batch_rule_agrees_with_trl(tmp_path, processes):
 def test_preflight_agrees_with_the_memory_estimate():
     from labkit.memory import estimate
 
-    report = preflight("laptop-16gb", LAPTOP)
+    report = preflight("laptop-16gb-published", LAPTOP)
     direct = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", num_generations=4, per_device_train_batch_size=1,
                       gradient_accumulation_steps=4, max_prompt_length=256, max_completion_length=786,
                       optim="adamw_bnb_8bit",
                       gradient_checkpointing=True, beta=0.0, precision="bf16", lora_rank=16,
-                      lora_targets=list(PRESETS["laptop-16gb"].target_modules),
+                      lora_targets=list(PRESETS["laptop-16gb-published"].target_modules),
                       padded=True)  # TRL always passes a padding mask (the plan's estimate, as the rehearsal runs)
     assert math.isclose(report.estimate_gib, direct.total, rel_tol=1e-9)
     assert report.fits is True and report.changes == []

@@ -170,7 +170,10 @@ def test_oom_during_generation_puts_completion_length_first(tmp_path, monkeypatc
     assert (report.step, report.phase, report.checkpoint) == (1, "generation", None)
     # cpu-tiny generates 4 x 2 completions at once (steps_per_generation = accumulation): first, fewer at once
     assert report.changes[0].updates == {"steps_per_generation": 1}
-    assert {"max_completion_length": 128} in [c.updates for c in report.changes]
+    # cpu-tiny's 512-token prompts make the prefill the larger moment of generation (labkit.memory.estimate: the
+    # peak is the larger of prefill and the end of decoding): a shorter completion would not lower it, so the
+    # doctor, which offers only changes that lower the phase, leaves it out
+    assert not any("max_completion_length" in c.updates for c in report.changes)
     assert "batch" not in {c.kind for c in report.changes}  # half the batch, twice the steps: the same KV cache
     assert "starts again from step 0" in str(report)
 

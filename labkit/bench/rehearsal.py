@@ -4,7 +4,9 @@ rehearsed on fake tensors (:mod:`labkit.rehearsal`) beside :func:`labkit.memory.
 Rows: each preset with a card; Qwen2.5 0.5B / 1.5B / 3B x full / LoRA / QLoRA x bf16 / fp16 on the
 laptop-16gb recipe (the precision decides the card: bf16 an Ampere 16 GB card, fp16 a T4); and
 Unsloth's "GRPO in 5 GB" setting: Qwen2.5-1.5B LoRA, G = 8 completions of 512 tokens in one
-micro-batch. Writes results/rehearsal.csv (one row per configuration, with provenance). Every peak is
+micro-batch; and the sizing rows: each preset sized to its card (laptop-16gb, colab-t4, qlora-3b) one
+step up (``per_device_train_batch_size + num_generations``), the size that no longer fits
+(:func:`labkit.cards.sizing_fits`). Writes results/rehearsal.csv (one row per configuration, with provenance). Every peak is
 **rehearsed (fake tensors)**: no GPU ran it; ``bench memory`` measures on a real card.
 """
 from __future__ import annotations
@@ -15,13 +17,15 @@ import sys
 import time
 import traceback
 
-from labkit.cards import card_gib
+from labkit.cards import card_gib, sized_gib
 from labkit.bench import append_csv, results_dir
 from labkit.lab import provenance
 from labkit.memory import GIB
 from labkit.presets import PRESETS, Preset, get_preset
 
-__all__ = ["main", "configurations", "rehearse_row", "FIELDS"]
+__all__ = ["main", "configurations", "rehearse_row", "FIELDS", "SIZED"]
+
+SIZED = ("laptop-16gb", "colab-t4", "qlora-3b")  # the presets sized to their card by rehearsal (labkit.presets)
 
 GRID_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 # Unsloth's headline (docs: "GRPO ... in 5GB of VRAM" for Qwen2.5 1.5B): 8 completions of 512 tokens in one step.
@@ -35,7 +39,7 @@ FIELDS = ["date", "device", "kind", "name", "figure", "model", "method", "precis
           "rehearsed_weights_gib", "rehearsed_gradients_gib", "rehearsed_optimizer_states_gib",
           "rehearsed_activations_gib", "estimated_total_gib", "estimated_generation_gib", "estimated_training_gib",
           "ratio_estimated_over_rehearsed", "ratio_generation", "ratio_training", "status", "error",
-          "wall_s", "cpu_s", "loadavg_1m", "torch", "transformers", "trl", "peft", "bitsandbytes"]
+          "sized_gib", "sized_fraction_of_card", "wall_s", "cpu_s", "loadavg_1m", "torch", "transformers", "trl", "peft", "bitsandbytes"]
 
 
 def configurations(which: str = "all") -> list[tuple[str, str, object]]:
@@ -56,7 +60,18 @@ def configurations(which: str = "all") -> list[tuple[str, str, object]]:
                                                                         else "rtx3080-laptop-16gb"))))
     if which in ("all", "unsloth"):
         rows.append(("unsloth", "unsloth-headline", Preset(name="unsloth-headline", **UNSLOTH)))
+    if which in ("all", "sizing"):  # one step past each sized preset: the evidence that it is the largest that fits
+        for name in SIZED:
+            p = PRESETS[name]
+            step = p.per_device_train_batch_size + p.num_generations
+            rows.append(("sizing", f"{name}-batch{step}", p.replace(per_device_train_batch_size=step)))
     return rows
+
+
+def _sizing(row: dict) -> dict:
+    """The allowance columns: rehearsed peak x 1.1 + 1 GiB (labkit.cards.sized_gib) and its share of the card."""
+    sized = sized_gib(float(row["rehearsed_peak_gib"]))
+    return dict(sized_gib=round(sized, 3), sized_fraction_of_card=round(sized / float(row["card_gib"]), 3))
 
 
 def rehearse_row(kind: str, name: str, preset) -> dict:
@@ -107,6 +122,7 @@ def rehearse_row(kind: str, name: str, preset) -> dict:
         wall_s=round(time.perf_counter() - started, 1), cpu_s=round(time.process_time() - cpu, 1),
         loadavg_1m=round(os.getloadavg()[0], 2),
     )
+    row.update(_sizing(row))
     return row
 
 
@@ -121,7 +137,7 @@ def _card_for(preset):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit bench rehearsal", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="all", choices=("all", "presets", "grid", "unsloth"))
+    parser.add_argument("--only", default="all", choices=("all", "presets", "grid", "unsloth", "sizing"))
     parser.add_argument("--name", nargs="*", help="only these row names")
     parser.add_argument("--out", default=None, help="CSV to write (default results/rehearsal.csv, replaced)")
     parser.add_argument("--reestimate", action="store_true",
@@ -172,7 +188,7 @@ def _reestimate(path: str) -> int:
                    estimated_training_gib=round(est.bytes["training_phase"] / GIB, 4),
                    ratio_estimated_over_rehearsed=round(est.total / peak, 4),
                    ratio_generation=round(est.bytes["generation_phase"] / GIB / gen, 4),
-                   ratio_training=round(est.bytes["training_phase"] / GIB / train, 4))
+                   ratio_training=round(est.bytes["training_phase"] / GIB / train, 4), **_sizing(row))
         print(f"{row['name']:<32} estimated {row['estimated_total_gib']} GiB, rehearsed {peak} GiB, "
               f"ratio {row['ratio_estimated_over_rehearsed']}")
     with open(path, "w", newline="") as fh:
