@@ -486,8 +486,9 @@ def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
             image = cell.locator(".jp-OutputArea-output img")
             image.wait_for()
             labels = [text.strip() for text in cell.locator(".widget-label").all_inner_texts() if text.strip()]
-            for expected in ("model", "method", "num_generations (completions per prompt)",
-                             "completion length (tokens)", "beta (KL coefficient; > 0 loads a reference model)"):
+            for expected in ("model", "method", "per_device_train_batch_size (completions per pass)",
+                             "steps_per_generation (generation batch = batch x this)", "max_completion_length (tokens)",
+                             "beta (KL coefficient; > 0 loads a reference model)"):
                 assert expected in labels, labels
             assert image.count() == 1  # drawn once
             before = image.get_attribute("src")
