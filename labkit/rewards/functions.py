@@ -101,6 +101,12 @@ def tag_count_reward(completions, **kwargs) -> list[float]:
     return out
 
 
+def _gold_rewards(completions, answer, read) -> list[float | None]:
+    """Return 1.0 where ``read(completion)`` matches the gold number, 0.0 where not, None where the gold is no number."""
+    return [None if _parse(gold) is None else 1.0 if answers_match(read(completion), gold) else 0.0
+            for completion, gold in zip(completions, answer, strict=True)]
+
+
 @_value_range(0.0, 1.0)
 def accuracy_reward(completions, answer, **kwargs) -> list[float | None]:
     """Return 1.0 per completion whose ``<answer>`` states the gold number, 0.0 otherwise, None if no gold.
@@ -110,13 +116,7 @@ def accuracy_reward(completions, answer, **kwargs) -> list[float | None]:
     :func:`answers_match` (numerically: ``"$1,200.00"`` equals ``"1200"``). A gold value that is
     not a number gives ``None``: TRL then ignores this reward for that completion. Range {0, 1}.
     """
-    out = []
-    for completion, gold in zip(completions, answer, strict=True):
-        if _parse(gold) is None:
-            out.append(None)
-            continue
-        out.append(1.0 if answers_match(extract_answer(completion), gold) else 0.0)
-    return out
+    return _gold_rewards(completions, answer, extract_answer)
 
 
 @_value_range(0.0, 1.0)
@@ -177,13 +177,7 @@ def right_answer_reward(completions, answer, **kwargs) -> list[float | None]:
     The gold number merely appearing in the reply earns nothing: ``"7 + 5 = 13, not 12"`` states 13.
     A hedge (``"12 or 13"``) states no answer. Range {0, 1}.
     """
-    out = []
-    for completion, gold in zip(completions, answer, strict=True):
-        if _parse(gold) is None:
-            out.append(None)
-            continue
-        out.append(1.0 if answers_match(extract_stated_answer(completion), gold) else 0.0)
-    return out
+    return _gold_rewards(completions, answer, extract_stated_answer)
 
 
 SHORT_ANSWER_WORDS = 10
