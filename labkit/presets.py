@@ -41,6 +41,7 @@ from labkit.cards import CARDS, card
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
 from labkit.models import METHODS, check_method
 from labkit.rewards import named_rewards
+from labkit.training import too_few_prompts
 from labkit.validation import (SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, _field_errors,
                                _trl_config_errors)
 
@@ -491,6 +492,9 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
                 f"{g} completions in one batch. Set gradient_accumulation_steps={accumulation}, or "
                 f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
             )
+        elif p.train_limit and too_few_prompts(p.train_limit, generation_batch, p.num_generations):
+            errors.append(f"train_limit: {too_few_prompts(p.train_limit, generation_batch, p.num_generations)} Set "
+                          f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch.")
     errors.extend(_trl_option_errors(p.trl_options))
     if not errors:
         errors.extend(_trl_config_errors(p))
@@ -680,20 +684,3 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
             current, current_total = resolve(current.preset.apply(change.updates), current.card), after
             report.plan.append((change, after))
     return report
-
-
-# --------------------------------------------------------------------------- data and rewards
-
-
-# --------------------------------------------------------------------------- checkpoints and resume
-
-
-# --------------------------------------------------------------------------- the run
-
-
-# --------------------------------------------------------------------------- command line
-
-
-# --------------------------------------------------------------------------- benchmark
-
-

@@ -107,7 +107,7 @@ _CONFIG.update({name: [v for v in ("bogus", "1", "none") if v not in choices] fo
 _CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "max_steps": ["4"], "hub_token": ["hf_x"],
                 "num_iteration": ["2"]})
 _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["0", "0.04"], "temperature": ["0.7"],
-          "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["1", "none"],
+          "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["2", "none"],
           "lora_alpha": ["32", "none", "8.5"], "target_modules": ["q_proj,v_proj", "down_proj"],
           "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"]}
 _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
@@ -373,3 +373,37 @@ def test_full_fine_tuning_in_pure_bf16_warns_where_updates_round_away(learning_r
     assert not torch.equal(small + learning_rate, small)
     assert not any("rounds away" in w for w in validate(full.replace(precision="fp32"), ampere))
     assert not any("rounds away" in w for w in validate(get_preset("laptop-16gb"), ampere))  # LoRA: fp32 adapters
+
+
+# ----------------------------------------------------------------------------- a run that would train nothing
+
+
+@pytest.mark.parametrize("preset, limit, needed", [("cpu-tiny", 1, 2), ("laptop-16gb", 8, 24), ("qlora-3b", 11, 12)])
+def test_fewer_prompts_than_one_generation_batch_are_refused_before_loading(preset, limit, needed):
+    # Found by CI at stop 27: resizing laptop-16gb to 24 x 4 left a test's 8 prompts short of one generation
+    # batch, and TRL's sampler, which drops a batch that is not full, trained 0 steps with only a logged warning.
+    with pytest.raises(PresetError, match=f"train_limit: {limit} training prompts give no training step") as err:
+        validate(get_preset(preset, train_limit=limit), CPU)
+    assert f"takes {needed} prompts" in str(err.value) and f"at least {needed}" in str(err.value)
+    validate(get_preset(preset, train_limit=needed, model="tiny:qwen2"), CPU)  # one full batch is enough
+
+
+def test_the_prompt_rule_is_trls_sampler():
+    # the rule is TRL's own: RepeatSampler yields nothing for fewer prompts than a chunk, and all of one chunk
+    from trl.trainer.utils import RepeatSampler
+
+    from labkit.training import too_few_prompts
+
+    for prompts, generation_batch, generations in [(8, 96, 4), (24, 96, 4), (1, 8, 4), (2, 8, 4), (3, 16, 8)]:
+        sampler = RepeatSampler(list(range(prompts)), mini_repeat_count=generations,
+                                batch_size=generation_batch // generations)
+        assert (len(list(sampler)) == 0) == bool(too_few_prompts(prompts, generation_batch, generations))
+
+
+def test_build_trainer_refuses_a_dataset_that_gives_no_step(tmp_path):
+    from labkit.data import load_gsm8k
+    from labkit.training import build_trainer, grpo_config
+
+    args = grpo_config(tmp_path, device=CPU, max_steps=1, per_device_train_batch_size=8, num_generations=2)
+    with pytest.raises(ValueError, match="3 training prompts give no training step: .* takes 4 prompts"):
+        build_trainer("unused", [len], load_gsm8k("train", limit=3), args)
