@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 from typing import Callable
 
-__all__ = ["figure_png", "explore", "Explorer"]
+__all__ = ["figure_png", "explore", "Explorer", "note_bundle"]
 
 
 def figure_png(figure, dpi: int = 90) -> bytes:
@@ -52,6 +52,25 @@ class Explorer:
             self.handle.update(Image(self.png))
 
 
+# JupyterLab's widget renderer gives its own node the class "jupyter-widgets" only when it fails (a live view puts
+# the class on the control inside it): in a cell that carries the note, a failed view is hidden, leaving the note.
+_HIDE_FAILED_VIEW = ("<style>.jp-Cell:has(.labkit-widget-note) "
+                     ".jp-OutputArea-output.jupyter-widgets{display:none}</style>")
+
+
+def note_bundle(sentence: str) -> dict:
+    """Return a display bundle for ``sentence``, the note beside controls that need a running kernel.
+
+    As HTML in JupyterLab it also hides the cell's "Error displaying widget: model not found" after
+    a reopen: a style rule, no script (JupyterLab's sanitiser keeps ``<style>``, and asks before
+    running a script in a notebook it does not trust); as plain text everywhere else.
+    """
+    from html import escape
+
+    return {"text/plain": sentence,
+            "text/html": f'<div class="labkit-widget-note">{escape(sentence)}</div>{_HIDE_FAILED_VIEW}'}
+
+
 def explore(draw: Callable, controls: dict, *, dpi: int = 90) -> Explorer:
     """Display ``controls`` and, below them, the figure ``draw(**values)`` returns; redraw it when one moves.
 
@@ -74,9 +93,9 @@ def explore(draw: Callable, controls: dict, *, dpi: int = 90) -> Explorer:
     bundle = box._repr_mimebundle_()
     names = ", ".join(str(control.description) for control in controls.values())
     sentence = f"Controls: {names}. They need a running kernel: after reopening the notebook, run this cell to use them."
-    # Shown as plain text above the controls, live and after a save: JupyterLab draws a saved widget view as
+    # Shown as text above the controls, live and after a save: JupyterLab draws a saved widget view as
     # "Error displaying widget: model not found" and never shows the text/plain fallback below.
-    display({"text/plain": sentence}, raw=True)
+    display(note_bundle(sentence), raw=True)
     bundle["text/plain"] = f"[{sentence}]"  # where no widget manager runs (GitHub, nbviewer): the same sentence
     display(bundle, raw=True)
     explorer.handle = display(Image(explorer.png), display_id=True)

@@ -56,8 +56,21 @@ def test_the_saved_controls_say_what_they_are_without_a_kernel(monkeypatch):
     explore(_draw, {"height": widgets.IntSlider(value=2, description="height (units)")})
     sentence = ("Controls: height (units). They need a running kernel: after reopening the notebook, run this cell "
                 "to use them.")
-    assert shown[0] == ({"text/plain": sentence}, {"raw": True})  # plain text: JupyterLab shows it after a save too
+    assert shown[0][0]["text/plain"] == sentence and shown[0][1] == {"raw": True}  # JupyterLab shows it after a save
     bundle, options = shown[1]
     assert options == {"raw": True} and "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"] == f"[{sentence}]"
     assert type(shown[2][0]).__name__ == "Image" and shown[2][1] == {"display_id": True}  # then the picture
+
+
+def test_the_note_hides_only_a_failed_widget_view_in_its_own_cell():
+    from labkit.explorer import note_bundle
+
+    bundle = note_bundle("Controls: a <b> & c. Run this cell.")
+    assert bundle["text/plain"] == "Controls: a <b> & c. Run this cell."
+    html = bundle["text/html"]
+    assert "a &lt;b&gt; &amp; c" in html and "<script" not in html  # escaped text; no script to be trusted
+    note_class = html.split('class="')[1].split('"')[0]
+    rule = html.split("<style>")[1].split("</style>")[0]
+    # scoped to the cell that holds this note, and to the renderer's failure class (a live view's node lacks it)
+    assert rule.startswith(f".jp-Cell:has(.{note_class}) ") and ".jp-OutputArea-output.jupyter-widgets" in rule
