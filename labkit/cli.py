@@ -29,6 +29,8 @@ COMMANDS = {
                  "rehearse a preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase"),
 }
 
+MODEL_COMMANDS = ("demo", "bench", "train", "rehearse")  # they load or build models through transformers and TRL
+
 
 class UsageError(ValueError):
     """A command-line value that cannot be used; the message says what to write instead."""
@@ -52,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if command in MODEL_COMMANDS:  # as labkit.setup() does in a notebook: TRL's deprecated calls, load bars
+        from labkit.lab import quiet_library_noise
+
+        quiet_library_noise()
     module_name, func_name = COMMANDS[command][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)  # an ImportError here is a real one: raised
     return int(func(rest) or 0)
@@ -358,7 +364,7 @@ def demo_cli(argv: list[str] | None = None) -> int:
     """``python -m labkit demo``: the main job; a model learns with GRPO on a CPU, held-out figures before and after.
 
     Without ``--model``: the nano task (a tiny model learns to carry). With ``--model smollm2-135m``:
-    a real instruct model learns to answer word problems briefly (:func:`labkit.demo.real_model_demo`).
+    a real instruct model learns to get word problems right (:func:`labkit.demo.real_model_demo`).
     """
     parser = demo_parser("python -m labkit demo", "Warm a tiny model up on sloppy worked additions, then GRPO "
                          "(or, with --model smollm2-135m, GRPO on a real instruct model): held-out figures before "

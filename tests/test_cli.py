@@ -84,3 +84,18 @@ def test_every_benchmark_module_has_a_main():
 
     for name, (module, _) in BENCHMARKS.items():
         assert callable(importlib.import_module(f"labkit.bench.{module}").main), name
+
+
+@pytest.mark.parametrize("command, quiet", [("demo", True), ("train", True), ("bench", True), ("estimate", False)])
+def test_commands_that_load_models_silence_library_noise_first(monkeypatch, command, quiet):
+    # the long SmolLM2 run printed TRL's deprecated `is_gradient_checkpointing` FutureWarning at every evaluation
+    import importlib
+
+    import labkit.lab
+
+    calls = []
+    monkeypatch.setattr(labkit.lab, "quiet_library_noise", lambda: calls.append("quiet"))
+    monkeypatch.setitem(COMMANDS, command, ("labkit.cli:parse_value", ""))
+    monkeypatch.setattr(importlib.import_module("labkit.cli"), "parse_value", lambda rest: calls.append("run"))
+    assert main([command]) == 0
+    assert calls == (["quiet", "run"] if quiet else ["run"])
