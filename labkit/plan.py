@@ -28,7 +28,7 @@ from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.memory import ModelShape, estimate as _estimate_memory, model_shape
 from labkit.models import LOCAL_MODELS, adapter_dtype, resolve_model
 
-__all__ = ["Plan", "resolve", "estimate", "plan_precision"]
+__all__ = ["Plan", "resolve", "estimate", "plan_precision", "grpo_arguments"]
 
 _COMPUTE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -48,7 +48,8 @@ class Plan:
     adapter_dtype: torch.dtype | None  # trainable LoRA weights: fp32 (PEFT), QLoRA per adapter_dtype()
     quantization: dict | None  # transformers.BitsAndBytesConfig keyword arguments (QLoRA)
     lora: dict | None  # labkit.models.lora_config keyword arguments (LoRA, QLoRA)
-    grpo: dict = field(default_factory=dict)  # GRPOConfig values the preset sets, in TRL's names
+    grpo: dict = field(default_factory=dict)  # GRPOConfig values the preset sets, in TRL's names, and derived ones
+    config: dict = field(default_factory=dict)  # the GRPOConfig arguments build_run passes: grpo_arguments(preset)
     card: DeviceInfo | None = None
 
     @property
@@ -111,24 +112,15 @@ def resolve(preset, card: DeviceInfo | None) -> Plan:
     lora = None
     if method in ("lora", "qlora"):
         lora = dict(rank=preset.lora_rank, alpha=preset.lora_alpha, target_modules=list(preset.target_modules))
+    config = grpo_arguments(preset)
     # TRL's default: steps_per_generation = gradient_accumulation_steps (GRPOConfig.__post_init__)
-    steps_per_generation = preset.trl_options.get("steps_per_generation") or preset.gradient_accumulation_steps
+    steps_per_generation = config.get("steps_per_generation") or config["gradient_accumulation_steps"]
     grpo = dict(
-        seed=preset.seed,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
+        config,
         steps_per_generation=steps_per_generation,
-        generation_batch_size=preset.per_device_train_batch_size * steps_per_generation,
-        num_generations=preset.num_generations,
+        generation_batch_size=config["per_device_train_batch_size"] * steps_per_generation,
         max_prompt_length=preset.max_prompt_length,  # labkit's prompt filter; GRPOConfig has no such field
-        max_completion_length=preset.max_completion_length,
-        learning_rate=preset.learning_rate,
-        optim=preset.optim,
-        activation_checkpointing=preset.gradient_checkpointing,
-        beta=preset.beta,
-        temperature=preset.temperature,
-        max_steps=preset.max_steps,
-        loss_type=preset.trl_options.get("loss_type", "dapo"),
+        loss_type=config.get("loss_type", "dapo"),  # TRL 1.16's default
         bf16=precision == "bf16",
         fp16=precision == "fp16",
     )
@@ -136,7 +128,35 @@ def resolve(preset, card: DeviceInfo | None) -> Plan:
                 shape_name=_shape_name(preset, model_path), method=method, precision=precision,
                 weight_dtype=torch_dtype(precision, method), compute_dtype=compute,
                 adapter_dtype=(adapter_dtype(precision) if method == "qlora" else torch.float32) if lora else None,
-                quantization=quantization, lora=lora, grpo=grpo, card=card)
+                quantization=quantization, lora=lora, grpo=grpo, config=config, card=card)
+
+
+def grpo_arguments(preset) -> dict:
+    """Return the ``GRPOConfig`` arguments ``preset`` sets: its fields in TRL's names, then its ``trl_options``.
+
+    The one mapping from a preset to TRL: :func:`labkit.run.build_run` passes these (with the
+    precision flags of :func:`labkit.training.grpo_config` and the reward weights) and the plan's
+    estimate and rehearsal read them. Every key a preset field sets is in ``labkit.presets._SET_BY_PRESET``.
+    """
+    return dict(
+        seed=preset.seed,
+        per_device_train_batch_size=preset.per_device_train_batch_size,
+        gradient_accumulation_steps=preset.gradient_accumulation_steps,
+        num_generations=preset.num_generations,
+        max_completion_length=preset.max_completion_length,
+        learning_rate=preset.learning_rate,
+        optim=preset.optim,
+        activation_checkpointing=preset.gradient_checkpointing,
+        # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
+        activation_checkpointing_kwargs={"use_reentrant": False} if preset.gradient_checkpointing else None,
+        beta=preset.beta,
+        temperature=preset.temperature,
+        max_steps=preset.max_steps,
+        save_strategy="steps" if preset.save_steps else "no",
+        save_steps=preset.save_steps or 500,
+        save_total_limit=preset.save_total_limit,
+        **preset.trl_options,
+    )
 
 
 def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None):

@@ -366,28 +366,6 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _grpo_settings(preset: Preset, seed: int) -> dict:
-    """Return the ``GRPOConfig`` fields a preset's own fields set (every key is in :data:`_SET_BY_PRESET`)."""
-    return dict(
-        seed=seed,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
-        num_generations=preset.num_generations,
-        max_completion_length=preset.max_completion_length,
-        learning_rate=preset.learning_rate,
-        optim=preset.optim,
-        activation_checkpointing=preset.gradient_checkpointing,
-        # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
-        activation_checkpointing_kwargs={"use_reentrant": False} if preset.gradient_checkpointing else None,
-        beta=preset.beta,
-        temperature=preset.temperature,
-        max_steps=preset.max_steps,
-        save_strategy="steps" if preset.save_steps else "no",
-        save_steps=preset.save_steps or 500,
-        save_total_limit=preset.save_total_limit,
-    )
-
-
 def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
               train_dataset=None, callbacks=None, seed: int | None = None, num_processes: int | None = None,
               print_logs: bool = True, **config_overrides) -> Run:
@@ -427,9 +405,8 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     name = plan.model_path
     output_dir = Path(output_dir)
 
-    settings = _grpo_settings(preset, seed)
+    settings = dict(plan.config)  # the preset's GRPOConfig arguments (labkit.plan.grpo_arguments)
     reward_funcs, settings["reward_weights"] = reward_functions(preset)
-    settings.update(preset.trl_options)
     if not print_logs:  # else trainer.py adds its own bar (NotebookProgressCallback in a notebook): a second clock
         settings["disable_tqdm"] = True
     settings.update(config_overrides)
