@@ -124,3 +124,30 @@ def test_real_model_demo_runs_trl_on_smollm2_and_the_control_changes_nothing(tmp
         text = example["before"]
         assert len(text.split()) >= 2 and sum(c.isalpha() for c in text) > len(text) / 3, text
     assert summary["provenance"]["versions"]["trl"]
+
+
+def test_experiments_collect_a_demo_bench_and_a_single_run(tmp_path):
+    """Every trial of the recipe search reads in one file: a 3-seed bench with its control, or one run's summary."""
+    from labkit.bench.smollm2_experiments import main
+
+    keys = ("right_number_before", "right_number_after", "rise_points", "mcnemar_p", "gained", "lost",
+            "short_answer_before", "short_answer_after", "last_number_before", "last_number_after", "mean_words_before",
+            "mean_words_after", "seconds", "cpu_seconds", "seconds_detail", "load_average_start", "load_average_end",
+            "threads", "reward_per_step", "reward_std_per_step", "mean_length_per_step", "examples")
+    preset = {"learning_rate": 1e-3, "max_steps": 24, "per_device_train_batch_size": 16, "num_generations": 8,
+              "max_completion_length": 24, "rewards": ["right_answer"], "reward_weights": None, "temperature": 1.0,
+              "beta": 0.0, "trl_options": {}}
+    run = {"seed": 0, "right_before": [True, False], **{k: 0.5 for k in keys}}
+    provenance = {"date": "2026-11-24"}
+    summary = {**run, "preset": preset, "command": "python -m labkit demo --model smollm2-135m",
+               "system_prompt": "short", "provenance": provenance}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    bench = {"preset": preset, "runs": [run, {**run, "seed": 1}], "control_lr0": [{**run, "rise_points": 0.0}],
+             "command": "python -m labkit bench smollm2-demo", "provenance": provenance}
+    (tmp_path / "demo.json").write_text(json.dumps(bench))
+    assert main(["--collect", str(tmp_path / "summary.json"), "--name", "two-prompts", "--out", str(tmp_path)]) == 0
+    assert main(["--collect", str(tmp_path / "demo.json"), "--out", str(tmp_path)]) == 0
+    records = json.loads((tmp_path / "smollm2_experiments.json").read_text())
+    assert [(r["name"], r["seed"]) for r in records] == [("two-prompts", 0), ("chosen-recipe", 0), ("chosen-recipe", 1),
+                                                         ("chosen-recipe-lr0-control", 0)]
+    assert records[0]["settings"]["prompts_per_step"] == 2 and records[3]["settings"]["learning_rate"] == 0.0

@@ -37,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m labkit bench smollm2-experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default=None, help="the trial's name in the results (required to run one)")
-    parser.add_argument("--collect", default=None, metavar="SMOLLM2_DEMO_JSON",
-                        help="instead of training: append the runs a `bench smollm2-demo` recorded (the chosen "
-                             "recipe's seeds and control) as trials, so the search reads in one file")
+    parser.add_argument("--collect", default=None, metavar="JSON",
+                        help="instead of training: append the runs a `bench smollm2-demo` recorded (its seeds and "
+                             "control; named --name, default chosen-recipe), or one `labkit demo` run's summary.json, "
+                             "as trials, so the search reads in one file")
     parser.add_argument("--note", default="", help="what the trial tests")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--lr", type=float, default=None, help="default: the preset's")
@@ -120,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _collect(args) -> int:
     demo = json.loads(open(args.collect).read())
+    if "runs" not in demo:  # one `labkit demo` run's summary.json: one trial, named by --name
+        demo = {"preset": demo["preset"], "runs": [demo], "control_lr0": [], "command": demo["command"],
+                "system_prompt": demo.get("system_prompt"), "provenance": demo["provenance"]}
     path = results_dir(args.out) / "smollm2_experiments.json"
     preset = demo["preset"]
     settings = {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size", "num_generations",
@@ -127,7 +131,8 @@ def _collect(args) -> int:
                                        "trl_options")}
     settings |= {"prompts_per_step": preset["per_device_train_batch_size"] // preset["num_generations"],
                  "system_prompt": demo.get("system_prompt"), "held_out_problems": len(demo["runs"][0]["right_before"])}
-    for tag, runs in (("chosen-recipe", demo["runs"]), ("chosen-recipe-lr0-control", demo["control_lr0"])):
+    name = args.name or "chosen-recipe"
+    for tag, runs in ((name, demo["runs"]), (f"{name}-lr0-control", demo["control_lr0"])):
         for run in runs:
             record = {"name": tag, "note": f"recorded by `{demo['command']}` ({args.collect}), collected here",
                       "seed": run["seed"], "command": demo["command"],
