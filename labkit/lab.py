@@ -241,10 +241,10 @@ def busy_note() -> str | None:
     if not hasattr(os, "getloadavg"):
         return None
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load <= cores:
+    if load < 1.2 * cores:  # a notebook's own threads keep the load near the core count
         return None
     return (f"this machine is busy (load average {load:.1f} on {cores} cores): the times the notebooks state "
-            f"are for an idle machine; expect up to about {load / cores:.0f}x as long")
+            f"are for an idle machine; expect up to about {load / cores:.1f}x as long")
 
 
 def data_dir() -> Path:
