@@ -278,6 +278,8 @@ def record_notebook_time(name: str, seconds: float, *, note: str = "", path: str
         "seconds": round(float(seconds), 1),
         "mode": "cpu",
         "note": note,
+        # the 1-minute load average as the notebook ended: its own threads count, other work shows above the cores
+        "load_average_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "provenance": provenance(),
     }
     record["notebooks"] = dict(sorted(record["notebooks"].items()))
