@@ -41,9 +41,8 @@ from labkit.cards import CARDS, card
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
 from labkit.models import METHODS, check_method
 from labkit.rewards import named_rewards
-from labkit.training import too_few_prompts
 from labkit.validation import (SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, _field_errors,
-                               _trl_config_errors)
+                               _trl_config_errors, too_few_prompts)
 
 __all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "resolve_plan", "card_device", "validate", "model_context_length", "Preflight",
            "preflight", "resolve_model", "METHODS", "EIGHT_BIT_OPTIMS"]
@@ -494,8 +493,8 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
                 f"{g} completions in one batch. Set gradient_accumulation_steps={accumulation}, or "
                 f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
             )
-        elif p.train_limit and too_few_prompts(p.train_limit, generation_batch, p.num_generations):
-            errors.append(f"train_limit: {too_few_prompts(p.train_limit, generation_batch, p.num_generations)} Set "
+        elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, p.num_generations)):
+            errors.append(f"train_limit: {problem} Set "
                           f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch.")
     errors.extend(_trl_option_errors(p.trl_options))
     if not errors:

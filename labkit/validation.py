@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only: labkit.presets imports this module
     from labkit.presets import Preset
 
-__all__ = ["SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors", "trl_config_errors"]
+__all__ = ["SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors", "trl_config_errors",
+           "too_few_prompts"]
 
 
 # Fields holding a credential: never accepted in a recipe (it is saved in the run folder and every
@@ -229,3 +230,19 @@ def _trl_config_errors(p: "Preset") -> list[str]:
 
 field_errors = _field_errors
 trl_config_errors = _trl_config_errors
+
+
+def too_few_prompts(prompts: int, generation_batch_size: int, num_generations: int) -> str | None:
+    """Say why ``prompts`` prompts give no training step, or return None when they give at least one.
+
+    TRL's ``RepeatSampler`` hands out prompts in chunks of ``generation_batch_size // num_generations``
+    and drops a chunk that is not full (trl/trainer/grpo_trainer.py ``_get_train_sampler``;
+    trl/trainer/utils.py ``RepeatSampler.__iter__``). With fewer prompts than one chunk the trainer
+    finds no batch and stops at step 0 with only a logged warning: a run that silently trains nothing.
+    """
+    needed = generation_batch_size // max(num_generations, 1)
+    if prompts >= needed:
+        return None
+    return (f"{prompts} training prompts give no training step: one generation batch of {generation_batch_size} "
+            f"completions takes {needed} prompts ({num_generations} completions each), and TRL's sampler drops a "
+            "batch that is not full, so the run would stop at step 0.")
