@@ -185,13 +185,14 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     import unsloth  # noqa: F401  (first: it patches transformers and TRL as it loads)
     from unsloth import FastLanguageModel
 
-    from labkit.device import choose_precision, detect_device, torch_dtype
+    from labkit.device import detect_device, torch_dtype
+    from labkit.plan import plan_precision
     from labkit.presets import get_preset, resolve_model
 
     preset = get_preset(preset)
     if preset.method not in ("lora", "qlora"):
         raise ValueError(f"the Unsloth path trains LoRA adapters: use a 'lora' or 'qlora' preset, not {preset.method!r}")
-    precision = preset.precision or choose_precision(detect_device())  # what build_run's GRPOConfig will use
+    precision = plan_precision(preset, detect_device())  # what build_run's GRPOConfig will use
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=resolve_model(preset.model),
         max_seq_length=preset.max_prompt_length + preset.max_completion_length,
@@ -248,9 +249,10 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
         import unsloth  # noqa: F401  (before labkit.presets imports transformers and TRL)
     import torch
 
-    from labkit.device import choose_precision, detect_device
+    from labkit.device import detect_device
     from labkit.evaluate import gsm8k_accuracy
     from labkit.lab import provenance
+    from labkit.plan import plan_precision
     from labkit.presets import get_preset
     from labkit.run import build_run
     from labkit.training import LogRecorder
@@ -260,7 +262,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
                            {"target_modules": tuple(target_modules)} if target_modules else {}))
     device = detect_device()
     cuda = device.kind == "cuda"
-    precision = preset.precision or choose_precision(device)
+    precision = plan_precision(preset, device)
     owned = output_dir is None
     output_dir = Path(output_dir or tempfile.mkdtemp(prefix=f"labkit-{backend}-"))
     recorder = LogRecorder(("reward",))

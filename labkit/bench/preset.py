@@ -88,13 +88,14 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
     """
     import torch
 
-    from labkit.device import choose_precision, detect_device
+    from labkit.device import detect_device
     from labkit.lab import provenance
     from labkit.oom import TrainingOutOfMemory
+    from labkit.plan import plan_precision
 
     preset = get_preset(preset)
     device = device or detect_device()
-    precision = preset.precision or choose_precision(device)
+    precision = plan_precision(preset, device)
     cuda = device.kind == "cuda"
     cap_note = None
     if cuda and (cap_gib is not None or preset.card_gib is not None):
