@@ -185,18 +185,17 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     import unsloth  # noqa: F401  (first: it patches transformers and TRL as it loads)
     from unsloth import FastLanguageModel
 
-    from labkit.device import detect_device, torch_dtype
-    from labkit.plan import plan_precision
-    from labkit.presets import get_preset, resolve_model
+    from labkit.device import detect_device
+    from labkit.presets import get_preset, resolve_plan
 
     preset = get_preset(preset)
     if preset.method not in ("lora", "qlora"):
         raise ValueError(f"the Unsloth path trains LoRA adapters: use a 'lora' or 'qlora' preset, not {preset.method!r}")
-    precision = plan_precision(preset, detect_device())  # what build_run's GRPOConfig will use
+    plan = resolve_plan(preset, detect_device())  # the precision and dtypes build_run's GRPOConfig will use
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=resolve_model(preset.model),
+        model_name=plan.model_path,
         max_seq_length=preset.max_prompt_length + preset.max_completion_length,
-        dtype=torch_dtype(precision, preset.method),
+        dtype=plan.weight_dtype,
         load_in_4bit=preset.method == "qlora",
         fast_inference=fast_inference,
         max_lora_rank=preset.lora_rank,
