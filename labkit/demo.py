@@ -170,7 +170,8 @@ def held_out_table(before, after=None):
     change, low, high = paired_bootstrap(before, after)
     row = {"problems": n, "before": round(sum(before) / n, 3), "before 95% CI": interval(sum(before)),
            "after": round(sum(after) / n, 3), "after 95% CI": interval(sum(after)), "change": round(change, 3),
-           "change 95% CI": f"[{low:.3f}, {high:.3f}]", "McNemar p": round(mcnemar_test(before, after).p_value, 4)}
+           # two significant figures as text: 2.4e-06, not a float rounded to 0.0
+           "change 95% CI": f"[{low:.3f}, {high:.3f}]", "McNemar p": f"{mcnemar_test(before, after).p_value:.2g}"}
     return pd.DataFrame([row], index=pd.Index(["right answer (held-out word problems)"], name="metric"))
 
 

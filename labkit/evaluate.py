@@ -300,7 +300,8 @@ def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_MET
     """Return a pandas DataFrame: each rate before and after, its Wilson interval, the change and a paired test.
 
     Columns: ``before``, ``before 95% CI`` (Wilson), ``after``, ``after 95% CI``, ``change``,
-    ``change 95% CI`` (paired bootstrap over problems) and ``McNemar p`` (exact). The paired
+    ``change 95% CI`` (paired bootstrap over problems) and ``McNemar p`` (exact, as text with two
+    significant figures, so 2e-06 never reads 0). The paired
     columns need the per-problem records of both results (what :func:`gsm8k_accuracy` keeps);
     without them they say so. ``metrics`` picks rows (``"strict accuracy"``, ``"lenient accuracy"``,
     ``"format rate"``): show only the ones that can change in the run at hand.
@@ -331,7 +332,7 @@ def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_MET
             now = [r[record_key] for r in after.records]
             _, low, high = paired_bootstrap(was, now)
             row["change 95% CI"] = _interval(low, high)
-            row["McNemar p"] = round(mcnemar_test(was, now).p_value, 4)
+            row["McNemar p"] = f"{mcnemar_test(was, now).p_value:.2g}"  # two significant figures: 2e-06 is not 0
         else:
             row["change 95% CI"] = row["McNemar p"] = "needs per-problem records"
         rows.append(row)

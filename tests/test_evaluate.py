@@ -120,11 +120,21 @@ def test_before_after_table_pairs_the_problems():
     before = [False] * 10 + [True] * 2 + [True] * 6 + [False] * 6
     after = [True] * 10 + [False] * 2 + [True] * 6 + [False] * 6
     table = before_after_table(_result(before), _result(after))
-    assert table.loc["strict accuracy", "McNemar p"] == pytest.approx(round(scipy_stats.binomtest(2, 12).pvalue, 4))
-    assert table.loc["format rate", "McNemar p"] == 1.0  # nothing changed
+    assert table.loc["strict accuracy", "McNemar p"] == f"{scipy_stats.binomtest(2, 12).pvalue:.2g}"
+    assert table.loc["format rate", "McNemar p"] == "1"  # nothing changed
     change, low, high = paired_bootstrap(before, after)
     assert table.loc["strict accuracy", "change 95% CI"] == f"[{low:.3f}, {high:.3f}]"
     assert low > 0 and change == pytest.approx(8 / 24)
+
+
+def test_a_tiny_mcnemar_p_is_shown_not_rounded_to_zero():
+    # 30 gained, none lost: p = 2 x 0.5**30, about 1.9e-09; a table rounded to 4 places printed 0.0
+    from labkit.demo import held_out_table
+
+    table = before_after_table(_result([False] * 30 + [True] * 6), _result([True] * 36))
+    assert table.loc["strict accuracy", "McNemar p"] == "1.9e-09" == f"{scipy_stats.binomtest(0, 30).pvalue:.2g}"
+    summary = {"right_before": [False] * 30 + [True] * 6, "right_after": [True] * 36}
+    assert held_out_table(summary).iloc[0]["McNemar p"] == "1.9e-09"
 
 
 @pytest.mark.parametrize("k,n", [(0, 24), (24, 24), (3, 10), (50, 100), (1, 1319)])

@@ -94,7 +94,7 @@ def test_held_out_table_shows_wilson_intervals_and_the_paired_test():
     table = held_out_table(summary)
     row = table.iloc[0]
     assert row["before"] == 0.0 and row["before 95% CI"] != "[0.000, 0.000]"  # never zero-width at 0 of 24
-    assert row["problems"] == 24 and 0.0 < row["McNemar p"] <= 1.0
+    assert row["problems"] == 24 and 0.0 < float(row["McNemar p"]) <= 1.0
     assert "word problems" in table.index[0]
 
 
