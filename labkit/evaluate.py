@@ -38,7 +38,7 @@ from statistics import NormalDist
 import torch
 
 __all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95", "wilson_interval",
-           "McNemarResult", "mcnemar_test", "paired_bootstrap", "pass_at_k"]
+           "McNemarResult", "mcnemar_test", "paired_bootstrap", "paired_columns", "pass_at_k"]
 
 
 def ci95(rate: float, n: int) -> float:
@@ -296,12 +296,23 @@ def _interval(low: float, high: float) -> str:
     return f"[{low:.3f}, {high:.3f}]"
 
 
+def paired_columns(before, after) -> dict:
+    """Return a before/after table's paired columns for per-problem verdicts ``before`` and ``after``.
+
+    ``change 95% CI``: the paired bootstrap interval of the change (:func:`paired_bootstrap`);
+    ``McNemar p``: the exact test (:func:`mcnemar_test`) as text with two significant figures, so a
+    p of 2e-06 never reads 0. Used by :func:`before_after_table` and ``labkit.demo.held_out_table``.
+    """
+    _, low, high = paired_bootstrap(before, after)
+    return {"change 95% CI": _interval(low, high), "McNemar p": f"{mcnemar_test(before, after).p_value:.2g}"}
+
+
 def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_METRICS)):
     """Return a pandas DataFrame: each rate before and after, its Wilson interval, the change and a paired test.
 
     Columns: ``before``, ``before 95% CI`` (Wilson), ``after``, ``after 95% CI``, ``change``,
-    ``change 95% CI`` (paired bootstrap over problems) and ``McNemar p`` (exact, as text with two
-    significant figures, so 2e-06 never reads 0). The paired
+    ``change 95% CI`` (paired bootstrap over problems) and ``McNemar p`` (exact; both from
+    :func:`paired_columns`). The paired
     columns need the per-problem records of both results (what :func:`gsm8k_accuracy` keeps);
     without them they say so. ``metrics`` picks rows (``"strict accuracy"``, ``"lenient accuracy"``,
     ``"format rate"``): show only the ones that can change in the run at hand.
@@ -328,11 +339,7 @@ def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_MET
                "after": round(a, 3), "after 95% CI": _interval(*wilson_interval(round(a * after.n), after.n)),
                "change": round(a - b, 3)}
         if paired:
-            was = [r[record_key] for r in before.records]
-            now = [r[record_key] for r in after.records]
-            _, low, high = paired_bootstrap(was, now)
-            row["change 95% CI"] = _interval(low, high)
-            row["McNemar p"] = f"{mcnemar_test(was, now).p_value:.2g}"  # two significant figures: 2e-06 is not 0
+            row |= paired_columns([r[record_key] for r in before.records], [r[record_key] for r in after.records])
         else:
             row["change 95% CI"] = row["McNemar p"] = "needs per-problem records"
         rows.append(row)
