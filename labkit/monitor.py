@@ -361,6 +361,24 @@ class VRAMMonitor:
             self.phases.append(PhaseMark(name, step, start_s, time.perf_counter() - self._t0,
                                          start_bytes, end_bytes, int(top)))
 
+    @classmethod
+    def from_record(cls, record: dict) -> "VRAMMonitor":
+        """Return a stopped monitor holding a recorded run's samples and phase marks, to plot without its device.
+
+        ``record`` is what ``python -m labkit bench gpu`` keeps of a measured run
+        (``results/gpu/dashboard_laptop-16gb.json``: ``label``, ``timeline``, ``phases``): notebooks 04 and 05
+        replay a real 16 GB run's memory, phase by phase, on a CPU.
+        """
+        monitor = cls(device="cpu")
+        monitor.kind = "cuda" if record["label"] == "torch allocated" else "cpu"
+        timeline = record["timeline"]
+        monitor.times = list(timeline["t"])
+        monitor.used = [round(v * GIB) for v in timeline[record["label"]]]
+        monitor.reserved = [round(v * GIB) for v in timeline.get("torch reserved", [])]
+        monitor.device_used = [round(v * GIB) for v in timeline.get("whole GPU (NVML)", [])]
+        monitor.phases = [PhaseMark(**mark) for mark in record["phases"]]
+        return monitor
+
     def last_step_peaks(self) -> dict[str, int]:
         """Return ``{phase: peak bytes}`` for the last step marked (cheap: reads only that step)."""
         peaks: dict[str, int] = {}
@@ -402,10 +420,11 @@ class VRAMMonitor:
             row["kept_gib"] /= row["count"]
         return list(rows.values())
 
-    def plot(self, step: int | None = None, figsize: tuple[float, float] = (12.0, 4.0)):
+    def plot(self, step: int | None = None, figsize: tuple[float, float] = (12.0, 4.0), budget_gib: float | None = None):
         """Return a figure of where a step's memory goes: the timeline with its phases, and each phase's peak.
 
-        ``step=None`` shows the whole run, ``step=-1`` the last step, ``step=k`` step ``k``.
+        ``step=None`` shows the whole run, ``step=-1`` the last step, ``step=k`` step ``k``;
+        ``budget_gib`` draws the card's memory as a dashed line.
         """
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -438,6 +457,8 @@ class VRAMMonitor:
         for label, values in series.items():
             timeline_ax.plot([t[i] for i in keep], [values[i] for i in keep], label=label,
                              lw=1.8 if label == self.label else 1.0, color="black" if label == self.label else None)
+        if budget_gib:
+            timeline_ax.axhline(budget_gib, color="red", ls="--", lw=1, label=f"the card: {budget_gib:g} GiB")
         timeline_ax.set_xlabel("seconds since the monitor started")
         timeline_ax.set_ylabel("GiB")
         where = "whole run" if step is None else f"step {marks[0].step}" if marks else ""

@@ -24,6 +24,8 @@ BENCHMARKS = {
     "rewards": ("rewards", "worst-case reward time on adversarial inputs -> results/"),
     "dashboard": ("dashboard", "dashboard overhead per training step -> results/"),
     "preset": ("preset", "GRPO steps of a preset (random weights, full-length completions) under a GPU memory cap -> results/"),
+    "gpu": ("gpu", "the GPU half measured on a CUDA card: presets per phase (+ dashboard), estimator grid, generation "
+                   "speed -> results/gpu/ (--tiny: the CPU rehearsal of the command; --bundle DIR: offline wheels)"),
     "unsloth": ("unsloth", "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
     "demo": ("demo", "the main job over several seeds -> results/"),
     "rehearsal": ("rehearsal", "GPU presets + an 18-row grid + Unsloth's setting rehearsed on fake tensors, beside the "

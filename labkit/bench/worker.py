@@ -4,8 +4,8 @@ A peak memory figure means something only in a process that measured nothing bef
 (:func:`run`) starts one worker per measurement, hands it a JSON spec, and reads one JSON line
 back. The parent never touches CUDA, so its own context takes no memory from the measured run.
 Kinds: ``probe`` (which device is here), ``build`` (save a catalogue architecture with random
-weights), ``measure`` (:func:`labkit.bench.memory.measure_grpo`) and ``chunked``
-(:func:`labkit.bench.chunked_logps.measure_chunked`).
+weights), ``measure`` (:func:`labkit.bench.memory.measure_grpo`), ``chunked``
+(:func:`labkit.bench.chunked_logps.measure_chunked`) and ``gpu`` (:func:`labkit.bench.gpu.measure`).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ KINDS = {
     "build": "labkit.bench.worker:build",
     "measure": "labkit.bench.memory:measure_grpo",
     "chunked": "labkit.bench.chunked_logps:measure_chunked",
+    "gpu": "labkit.bench.gpu:measure",
 }
 
 

@@ -1,0 +1,492 @@
+"""``python -m labkit bench gpu``: the GPU half of the lab, measured on a real CUDA card.
+
+One command records, in ``results/gpu/`` (``measurements.csv`` and ``measurements.json``, a row each as
+it ends), what the estimator (:func:`labkit.plan.estimate`) and the rehearsal (:mod:`labkit.rehearsal`)
+only predict:
+
+- **presets**: each GPU preset for 2 real optimiser steps through :func:`labkit.run.build_run` (the
+  road ``labkit train`` takes), its architecture with random weights (memory depends on shapes, not
+  values), every completion forced to ``max_completion_length``, PyTorch capped at the preset's card
+  less the CUDA context the cap does not see. Per phase (generation, scoring, the loss's forward and
+  backward passes, the optimiser step): seconds, ``max_memory_allocated``, ``max_memory_reserved``;
+  fits or OOM, beside the estimate and the rehearsal of the same plan. The ``laptop-16gb`` row also
+  keeps its live dashboard (picture and memory timeline per phase).
+- **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, uncapped, each
+  beside the estimate.
+- **speed**: completion tokens a second of TRL's ``generate`` and of transformers' continuous batching
+  (``use_transformers_continuous_batching=True``) at the ``workshop`` and ``laptop-16gb`` settings.
+
+Each measurement runs in a fresh process (:mod:`labkit.bench.worker`): a peak means something only in
+a process that measured nothing before, and a crash or a kill loses one row, never the finished ones.
+``--budget-s`` runs the most valuable parts first and skips what would not finish in time.
+``--tiny`` runs the same code on a CPU with two-layer models (a test in the suite); ``--bundle DIR``
+prepares an offline GPU machine (:mod:`labkit.bench.gpu_bundle`). docs/gpu.md says how.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from labkit.memory import GIB
+from labkit.oom import PhaseTracker
+
+__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "PRESET_ORDER", "GRID", "COLUMNS", "LABEL"]
+
+LABEL = "measured on {device}, random weights, every completion at max_completion_length"
+# The presets a 16 GB card or a T4 is sized by; laptop-16gb first: its row also photographs the dashboard.
+PRESET_ORDER = ("laptop-16gb", "laptop-16gb-published", "workshop", "colab-t4", "qlora-3b")
+GRID = [(model, method, "bf16") for model in ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct",
+                                               "Qwen/Qwen2.5-3B-Instruct") for method in ("lora", "qlora", "full")]
+GRID += [("Qwen/Qwen2.5-0.5B-Instruct", method, "fp16") for method in ("lora", "qlora", "full")]
+# The grid's short recipe: 8 completions of 128 tokens per generation, 2 micro-batches of 4.
+GRID_SETTINGS = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+                     max_prompt_length=128, max_completion_length=128)
+# The CPU rehearsal of this command (--tiny): the same code, two layers, a small width and short sequences.
+TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=512)
+TINY_SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
+                     max_prompt_length=32, max_completion_length=8)
+PARTS = ("presets", "grid", "speed")
+PENDING = {"doctor": "the OOM doctor on real OOMs: not built yet", "qlora-both-ways": "not built yet",
+           "unsloth": "needs Unsloth's own environment (python -m labkit bench unsloth)"}
+# Seconds a row took on an H100 (results/gpu, 2026-11-26: wall_s plus ~15 s of process start), for --budget-s;
+# a row not timed yet gets its part's guess. Generation dominates: TRL's generate at ~80 ms a decoding step.
+EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225,
+              "grid-Qwen2.5-0.5B-lora-bf16": 45}
+PART_EXPECTED_S = {"presets": 170, "grid": 60, "speed": 150}
+PHASE_ORDER = ("generation", "scoring", "forward", "backward", "optimizer")
+COLUMNS = [
+    "date", "part", "name", "label", "status", "model", "method", "precision", "card", "cap_gib", "context_gib",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "num_generations",
+    "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "generation",
+    "steps_done", "completion_mean_length",
+    "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "fits", "fraction_of_card", "oom_phase",
+    *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib", "reserved_gib")],
+    "training_allocated_gib", "generation_tokens_per_s",
+    "estimated_total_gib", "estimated_generation_gib", "estimated_training_gib", "estimate_error_pct",
+    "estimate_generation_error_pct", "estimate_training_error_pct",
+    "rehearsed_peak_gib", "rehearsal_error_pct", "wall_s",
+    "device", "driver", "cuda", "torch", "transformers", "trl", "peft", "bitsandbytes", "error",
+]
+
+
+# --------------------------------------------------------------------------- one measurement (worker side)
+
+
+class PhasePeaks(PhaseTracker):
+    """Peak CUDA memory and seconds of each phase of a TRL GRPO step, phase by phase.
+
+    The OOM doctor's :class:`labkit.oom.PhaseTracker` (``_generate`` -> generation, its return ->
+    scoring, ``compute_loss`` -> forward, its return -> backward, the optimiser callbacks -> optimizer),
+    with one addition: at each change of phase it reads ``max_memory_allocated`` and
+    ``max_memory_reserved`` for the phase that ends and resets them, so each phase's figure is its own
+    peak. A running :class:`labkit.monitor.VRAMMonitor` (the dashboard's) gets the same phase marks.
+    """
+
+    def __init__(self, cuda: bool, monitor=None):
+        self.cuda, self.monitor = cuda, monitor
+        self.peaks: dict[str, dict] = {}
+        self._phase, self._since, self._mark = "setup", time.perf_counter(), None
+        super().__init__()
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        """End the current phase (its peaks and seconds are kept) and start ``name``."""
+        if name == self._phase:
+            return
+        self.close()
+        self._phase, self._since = name, time.perf_counter()
+        if self.monitor is not None and name in PHASE_ORDER:
+            self._mark = self.monitor.phase(name if name != "optimizer" else "optimizer step")
+            self._mark.__enter__()
+
+    def close(self) -> None:
+        """Keep the current phase's seconds and peaks (and reset CUDA's peak counters)."""
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        if self._mark is not None:
+            self._mark.__exit__(None, None, None)
+            self._mark = None
+        row = self.peaks.setdefault(self._phase, {"s": 0.0, "allocated": 0, "reserved": 0, "count": 0})
+        row["s"] += time.perf_counter() - self._since
+        row["count"] += 1
+        if self.cuda:
+            row["allocated"] = max(row["allocated"], torch.cuda.max_memory_allocated())
+            row["reserved"] = max(row["reserved"], torch.cuda.max_memory_reserved())
+            torch.cuda.reset_peak_memory_stats()
+
+
+def _driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # no NVML: a CPU, or a machine without the driver's library
+        return None
+
+
+def _bench_preset(spec: dict):
+    """Return the preset a spec measures: a named preset, or one the grid builds from ``laptop-16gb``."""
+    from labkit.presets import get_preset
+
+    return get_preset(spec["preset"], **spec.get("overrides", {}))
+
+
+def measure(spec: dict) -> dict:
+    """Return one row of ``bench gpu``: GRPO steps of ``spec``'s preset through ``build_run``, phase by phase.
+
+    Runs in a fresh process (``python -m labkit.bench.worker gpu SPEC``). ``spec``: ``preset`` (a name),
+    ``overrides`` (preset fields), ``config`` (extra ``GRPOConfig`` values), ``steps``, ``cap`` ("card":
+    the preset's card less the CUDA context; None: the whole device), ``precision`` (default: the preset
+    card's), ``tiny`` (a two-layer model on the CPU), ``dashboard`` (a folder for its picture and record).
+    """
+    import torch
+
+    from labkit.bench.preset import _fixed_length_prompts, card_cap_fraction
+    from labkit.device import detect_device, torch_dtype
+    from labkit.lab import provenance
+    from labkit.models import load_tokenizer, save_random_architecture
+    from labkit.oom import TrainingOutOfMemory
+    from labkit.plan import estimate, plan_precision, resolve
+    from labkit.presets import card_device
+    from labkit.run import build_run
+    from labkit.training import LogRecorder
+
+    tiny = bool(spec.get("tiny"))
+    cuda = torch.cuda.is_available() and not tiny
+    device = detect_device("cuda" if cuda else "cpu")
+    preset = _bench_preset(spec)
+    card = card_device(spec["preset"])
+    precision = spec.get("precision") or (plan_precision(preset, card) if cuda else "fp32")
+    preset = preset.replace(precision=precision)
+    plan = resolve(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
+    row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
+               card=card.name if card else None, generation=spec.get("generation", "generate"),
+               **{k: plan.grpo[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                            "generation_batch_size", "num_generations", "max_prompt_length",
+                                            "max_completion_length", "optim")},
+               gradient_checkpointing=preset.gradient_checkpointing)
+    context = cap_gib = None
+    if cuda:
+        torch.empty(1, device="cuda")  # the context exists from here on
+        free, total = torch.cuda.mem_get_info()
+        context = (total - free - torch.cuda.memory_reserved()) / GIB  # the driver's and kernels', outside the cap
+        if spec.get("cap") == "card" and card is not None:
+            cap_gib = card.total_memory_gib - context  # what PyTorch can have of that card
+            torch.cuda.set_per_process_memory_fraction(card_cap_fraction(cap_gib, total))
+    row.update(cap_gib=cap_gib, context_gib=context)
+
+    est = estimate(plan)
+    row.update(estimated_total_gib=est.total, estimated_generation_gib=est.generation_phase,
+               estimated_training_gib=est.training_phase)
+    folder = Path(tempfile.mkdtemp(prefix="labkit-gpu-"))
+    recorder = LogRecorder(("num_tokens", "completions/mean_length"))
+    monitor = dashboard = peaks = None
+    started = time.perf_counter()
+    try:
+        dtype = torch_dtype(precision, "lora" if preset.method == "qlora" else preset.method)
+        path = save_random_architecture(preset.model, folder / "model", dtype=dtype,
+                                        device="cuda" if cuda else "cpu", **(TINY_SHAPE if tiny else {}))
+        bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
+        tokenizer = load_tokenizer(path)
+        dataset = _fixed_length_prompts(tokenizer, max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2),
+                                        bench.max_prompt_length)
+        callbacks = [recorder]
+        if spec.get("dashboard"):
+            from labkit.dashboard import LiveDashboard
+            from labkit.monitor import VRAMMonitor
+
+            monitor = VRAMMonitor(interval_s=0.05).start()
+            dashboard = LiveDashboard(title=f"{spec['name']} on {device.name} (random weights)", frontend="none",
+                                      total_steps=bench.max_steps, monitor=monitor, autoshow=False, tick_s=None,
+                                      budget_gib=card.total_memory_gib if card and cuda else None)
+            callbacks.append(dashboard)
+        peaks = PhasePeaks(cuda, monitor)
+        run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
+                        callbacks=callbacks, print_logs=False,
+                        generation_kwargs={"min_new_tokens": bench.max_completion_length}, **spec.get("config", {}))
+        peaks.install(run.trainer)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            peaks.peaks["setup"] = {"s": 0.0, "allocated": torch.cuda.memory_allocated(),
+                                    "reserved": torch.cuda.memory_reserved(), "count": 1}
+        peaks.phase = "between steps"
+        row["oom_phase"], row["status"] = None, "ok"
+        try:
+            run.train(resume=False)
+        except TrainingOutOfMemory as exc:
+            row.update(status="oom", oom_phase=exc.report.phase, error=str(exc.report).splitlines()[0],
+                       oom_report=exc.report.as_dict())
+        peaks.close()
+    except Exception as exc:  # recorded in the row: one broken measurement never stops the others
+        row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:400])
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        row["wall_s"] = round(time.perf_counter() - started, 1)
+    if dashboard is not None and row["status"] != "error":
+        dashboard.record.finish("finished" if row["status"] == "ok" else "out of memory")
+        out = Path(spec["dashboard"])
+        out.mkdir(parents=True, exist_ok=True)
+        dashboard.save(out / f"dashboard_{spec['name']}.png")
+        (out / f"dashboard_{spec['name']}.json").write_text(json.dumps(_dashboard_record(dashboard, monitor)) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    _phase_columns(row, peaks.peaks if peaks else {}, cuda)
+    lengths = [x for x in recorder.values["completions/mean_length"] if x == x]
+    row["steps_done"] = len(recorder.values["step_time"])
+    row["completion_mean_length"] = round(sum(lengths) / len(lengths), 1) if lengths else None
+    gen_s = row.get("generation_s")
+    if gen_s and lengths:
+        count = peaks.peaks["generation"]["count"]
+        row["generation_tokens_per_s"] = round(row["completion_mean_length"] * bench.generation_batch_size * count
+                                               / gen_s, 1)
+    row.update(_compare(row, card))
+    info = provenance(device)
+    row.update(date=info["date"], device=device.name, driver=_driver(), cuda=torch.version.cuda,
+               label=LABEL.format(device=device.name) if cuda else "CPU rehearsal of the command (--tiny): no memory "
+                                                                  "measured", settings=preset.to_dict(),
+               **{k: info["versions"].get(k) for k in ("torch", "transformers", "trl", "peft", "bitsandbytes")})
+    return row
+
+
+def _phase_columns(row: dict, peaks: dict, cuda: bool) -> None:
+    for phase in PHASE_ORDER:
+        p = peaks.get(phase)
+        row[f"{phase}_s"] = round(p["s"], 2) if p else None
+        row[f"{phase}_allocated_gib"] = round(p["allocated"] / GIB, 3) if p and cuda else None
+        row[f"{phase}_reserved_gib"] = round(p["reserved"] / GIB, 3) if p and cuda else None
+    if cuda and peaks:
+        row["peak_allocated_gib"] = round(max(p["allocated"] for p in peaks.values()) / GIB, 3)
+        row["peak_reserved_gib"] = round(max(p["reserved"] for p in peaks.values()) / GIB, 3)
+        training = [row[f"{p}_allocated_gib"] for p in ("scoring", "forward", "backward", "optimizer")
+                    if row[f"{p}_allocated_gib"] is not None]
+        row["training_allocated_gib"] = max(training) if training else None
+
+
+def _pct(estimated, measured):
+    return round(100 * (estimated - measured) / measured, 1) if estimated is not None and measured else None
+
+
+def _compare(row: dict, card) -> dict:
+    """Return the row's verdicts: fits (reserved + context within the card), and the estimate's errors."""
+    out = {}
+    if row.get("peak_reserved_gib") is not None:
+        with_context = row["peak_reserved_gib"] + (row.get("context_gib") or 0)
+        out["peak_with_context_gib"] = round(with_context, 3)
+        if card is not None and row.get("cap_gib") is not None:
+            out["fits"] = row["status"] == "ok" and with_context <= card.total_memory_gib
+            out["fraction_of_card"] = round(with_context / card.total_memory_gib, 3)
+        out["estimate_error_pct"] = _pct(row["estimated_total_gib"], row["peak_allocated_gib"])
+        out["estimate_generation_error_pct"] = _pct(row["estimated_generation_gib"], row.get("generation_allocated_gib"))
+        out["estimate_training_error_pct"] = _pct(row["estimated_training_gib"], row.get("training_allocated_gib"))
+    for key in ("estimated_total_gib", "estimated_generation_gib", "estimated_training_gib"):
+        out[key] = round(row[key], 3)
+    return out
+
+
+def _dashboard_record(dashboard, monitor) -> dict:
+    """Return what notebooks replay of a measured run: metrics per step, memory samples, phase marks."""
+    from dataclasses import asdict
+
+    record = dashboard.record
+    return {"title": record.title, "budget_gib": record.budget_gib, "label": monitor.label,
+            "history": {k: [list(s), list(v)] for k, (s, v) in record.history.items()},
+            "timeline": monitor.timeline(), "phases": [asdict(m) for m in monitor.phases]}
+
+
+# --------------------------------------------------------------------------- the plan and the command
+
+
+def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: int = 2,
+              results: Path | None = None) -> list[dict]:
+    """Return the measurements to make, most valuable first: presets (the dashboard rides on laptop-16gb),
+    the grid, the generation speeds. Each is a spec for :func:`measure`."""
+    shrink = TINY_SETTINGS if tiny else {}
+    jobs = []
+    if "presets" in parts:
+        for name in presets:
+            jobs.append(dict(part="presets", name=name, preset=name, overrides=dict(shrink), steps=steps, cap="card",
+                             dashboard=str(results) if name == "laptop-16gb" and results else None))
+    if "grid" in parts:
+        for model, method, precision in GRID[:2] if tiny else GRID:
+            short = model.split("/")[-1].removesuffix("-Instruct")
+            jobs.append(dict(part="grid", name=f"grid-{short}-{method}-{precision}", preset="laptop-16gb",
+                             overrides=dict(GRID_SETTINGS, **shrink, model=model, method=method), precision=precision
+                             if not tiny else None, steps=2, cap=None))
+    if "speed" in parts:
+        for name in ("workshop", "laptop-16gb"):
+            for batching in (False, True):
+                jobs.append(dict(part="speed", name=f"speed-{name}-{'continuous' if batching else 'generate'}",
+                                 preset=name, overrides=dict(shrink), steps=1, cap=None,
+                                 generation="continuous batching" if batching else "generate",
+                                 config={"use_transformers_continuous_batching": True} if batching else {}))
+    for job in jobs:
+        job["tiny"] = tiny
+    return jobs
+
+
+def _rehearsed() -> dict:
+    """Return the rehearsal's preset rows (``python -m labkit bench rehearsal`` wrote them), by preset name."""
+    path = Path(__file__).resolve().parents[2] / "results" / "rehearsal.csv"  # the repository's, wherever rows go
+    if not path.exists():
+        return {}
+    with path.open() as fh:
+        return {r["name"]: r for r in csv.DictReader(fh) if r["kind"] == "preset"}
+
+
+def measured_rows(results: Path) -> dict:
+    """Return the rows on a CUDA device already in ``results/measurements.json`` (ok or OOM: both are findings),
+    by name, for the settings they were measured with: a preset changed since then is measured again."""
+    path = Path(results) / "measurements.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    return {r["name"]: r for r in rows if r.get("status") in ("ok", "oom") and r.get("cuda")}
+
+
+def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
+    """Return the ``jobs`` that ``results`` has no CUDA row for, at the preset's settings as they are now."""
+    done = measured_rows(results)
+    todo = []
+    for job in jobs:
+        row = done.get(job["name"])
+        if row is None or row.get("settings") != _bench_preset(job).replace(precision=row["precision"]).to_dict():
+            todo.append(job)
+    return todo
+
+
+def _write(results: Path, rows: list[dict]) -> None:
+    """Write every row: the CSV's columns and the full records (the OOM report, the settings) as JSON."""
+    from labkit.bench import append_csv
+
+    json_path = results / "measurements.json"
+    old = json.loads(json_path.read_text()) if json_path.exists() else []
+    tmp = json_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(old + rows, indent=1) + "\n")
+    os.replace(tmp, json_path)  # a kill leaves the old file or the new one, never half of one
+    append_csv(results / "measurements.csv", [{k: r.get(k) for k in COLUMNS} for r in rows])
+
+
+def _show(row: dict) -> str:
+    if row["status"] in ("error", "cut"):
+        return f"{row['name']:<34} error: {row.get('error')}"
+    peak = row.get("peak_allocated_gib")
+    mem = (f"peak {peak:.2f} GiB allocated, {row['peak_reserved_gib']:.2f} reserved"
+           + (f" (+{row['context_gib']:.2f} context) of {row['cap_gib'] + row['context_gib']:.2f}"
+              if row.get("cap_gib") else "")
+           + f"; estimate {row['estimated_total_gib']:.2f} ({row['estimate_error_pct']:+.1f} %)"
+           if peak is not None else "no CUDA memory (CPU)")
+    speed = f", {row['generation_tokens_per_s']:.0f} completion tok/s" if row.get("generation_tokens_per_s") else ""
+    return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
+           f"{mem}{speed}, {row['wall_s']} s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labkit bench gpu [--budget-s N] [--parts ...] [--tiny] [--bundle DIR]``: see the module docstring.
+
+    Exit code 0 when every planned row ran (fit or not: an OOM is a finding), 1 when a row broke or was
+    skipped, 2 on bad input (no CUDA device without --tiny, an unknown part).
+    """
+    from labkit.bench import worker
+
+    parser = argparse.ArgumentParser(prog="python -m labkit bench gpu", description=main.__doc__)
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to measure, in order")
+    parser.add_argument("--presets", nargs="+", default=list(PRESET_ORDER), choices=PRESET_ORDER)
+    parser.add_argument("--steps", type=int, default=2, help="optimiser steps per preset (>= 2: states exist)")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds")
+    parser.add_argument("--results", default=None, help="folder (default results/gpu; --tiny: a temporary one)")
+    parser.add_argument("--tiny", action="store_true", help="the same code on a CPU with two-layer models")
+    parser.add_argument("--bundle", default=None, help="prepare an offline GPU machine's wheels in this folder")
+    parser.add_argument("--redo", action="store_true",
+                        help="measure every row again (default: only rows the results lack at today's settings)")
+    args = parser.parse_args(argv)
+    if args.bundle:
+        from labkit.bench.gpu_bundle import install_command, make_bundle
+
+        make_bundle(args.bundle)
+        print(install_command(args.bundle))
+        return 0
+    if args.steps < 2 and "presets" in args.parts:
+        print("error: --steps must be at least 2: AdamW creates its states in the first step", file=sys.stderr)
+        return 2
+    probe = worker.run("probe", {"device": "cpu" if args.tiny else None}, timeout=300)
+    if probe.get("status") != "ok":
+        print(f"error: could not inspect the device: {probe.get('error')}", file=sys.stderr)
+        return 2
+    if probe["device"]["kind"] != "cuda" and not args.tiny:
+        print(f"error: no CUDA device here ({probe['device']['name']}): bench gpu measures a GPU. "
+              "Run --tiny for the CPU rehearsal of the command, or --bundle DIR for an offline GPU machine.",
+              file=sys.stderr)
+        return 2
+    results = Path(args.results or (tempfile.mkdtemp(prefix="labkit-gpu-tiny-") if args.tiny else "results/gpu"))
+    if args.tiny and measured_rows(results):
+        print(f"error: {results} holds rows measured on a GPU; --tiny (a CPU rehearsal of the command) never writes "
+              "beside them. Leave --results out (a temporary folder) or name an empty one.", file=sys.stderr)
+        return 2
+    results.mkdir(parents=True, exist_ok=True)
+    rehearsed = _rehearsed()
+    jobs = plan_jobs(args.parts, tiny=args.tiny, presets=args.presets, steps=args.steps, results=results)
+    if not args.redo:
+        kept = len(jobs)
+        jobs = still_to_measure(jobs, results)
+        if kept > len(jobs):
+            print(f"{kept - len(jobs)} rows already measured at today's settings (--redo measures them again)")
+    deadline = time.monotonic() + args.budget_s if args.budget_s else math.inf
+    done, skipped, broken = [], [], 0
+    print(f"bench gpu: {len(jobs)} rows -> {results}", flush=True)
+    from labkit.presets import card_device
+
+    device_gib = probe["device"].get("total_memory_gib") or math.inf
+    for job in jobs:
+        card = card_device(job["preset"]) if job.get("cap") == "card" and not args.tiny else None
+        if card is not None and card.total_memory_gib > device_gib:  # a cap larger than the card is refused
+            print(f"{job['name']:<34} refused: its card has {card.total_memory_gib:g} GiB, more than this device's "
+                  f"{device_gib:.2f} GiB; measure it on a card at least that large", flush=True)
+            skipped.append(job["name"])
+            continue
+        left = deadline - time.monotonic()
+        if left < EXPECTED_S.get(job["name"], PART_EXPECTED_S[job["part"]]) and not args.tiny:
+            skipped.append(job["name"])
+            continue
+        try:
+            row = worker.run("gpu", job, timeout=min(left, 900))
+        except subprocess.TimeoutExpired:
+            row = dict(part=job["part"], name=job["name"], status="cut", wall_s=round(min(left, 900)),
+                       error=f"stopped at the budget after {min(left, 900):.0f} s")
+        if "name" not in row:  # the worker died or ran out of time: say so in a row of its own
+            row = dict(part=job["part"], name=job["name"], status="error", error=row.get("error", "")[:400],
+                       wall_s=None)
+        reh = rehearsed.get(job["name"]) if job["part"] == "presets" else None
+        if reh and row.get("peak_allocated_gib"):
+            row["rehearsed_peak_gib"] = float(reh["rehearsed_peak_gib"])
+            row["rehearsal_error_pct"] = _pct(row["rehearsed_peak_gib"], row["peak_allocated_gib"])
+        broken += row["status"] in ("error", "cut")
+        _write(results, [row])
+        done.append(row)
+        print(_show(row), flush=True)
+    # What results/ holds now and what a GPU session should measure next (a --tiny run measures no memory).
+    pending = [] if args.tiny else [j["name"] for j in still_to_measure(plan_jobs(PARTS, results=results), results)]
+    status = {"measured": [r["name"] for r in done] if args.tiny else sorted(measured_rows(results)),
+              "pending": pending, "not built yet": PENDING, "skipped_for_budget": skipped,
+              "this_run": [r["name"] for r in done]}
+    (results / "status.json").write_text(json.dumps(status, indent=1) + "\n")
+    if skipped:
+        print(f"skipped (budget): {', '.join(skipped)}")
+    print(f"wrote {results / 'measurements.csv'} and measurements.json ({len(done)} rows)")
+    return 1 if broken or skipped else 0
