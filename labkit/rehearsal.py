@@ -630,12 +630,15 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
                      notes)
 
 
-def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "unsloth")):
+def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "unsloth"), gpu_csv=None):
     """Return a table of peak memory in three columns: estimated, rehearsed (fake tensors), measured.
 
-    ``rehearsal_csv`` is what ``python -m labkit bench rehearsal`` writes; ``memory_csv`` what
-    ``python -m labkit bench memory`` writes on a GPU (a measured peak is shown only for the same model,
-    method, precision, G and completion length; otherwise the column says a GPU is needed).
+    ``rehearsal_csv`` is what ``python -m labkit bench rehearsal`` writes. Measured peaks come from
+    ``gpu_csv`` (default: ``gpu/measurements.csv`` beside ``rehearsal_csv``, written by
+    ``python -m labkit bench gpu``: the same preset or grid row at the same settings, on a real card) and
+    from ``memory_csv`` (``python -m labkit bench memory``: the same model, method, precision, G and
+    completion length). The measured column is torch's ``max_memory_allocated``, the tensors the other two
+    columns count; where nothing was measured it says a GPU is needed.
     """
     import pandas as pd
 
@@ -649,6 +652,29 @@ def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "uns
         for _, m in gpu[(gpu.get("device_kind") == "cuda") & (gpu.get("status") == "ok")].iterrows():
             key = (m.model, m.method, m.precision, int(m.num_generations), int(m.completion_len))
             measured[key] = round(float(m.measured_peak_gib), 2)
+    settings = ["model", "method", "precision", "per_device_train_batch_size", "gradient_accumulation_steps",
+                "num_generations", "max_completion_length"]
+    def same(value) -> str:  # 24 and 24.0 (a column with a blank reads as floats) are the same setting
+        try:
+            number = float(value)
+            return str(int(number)) if number.is_integer() else str(number)
+        except (TypeError, ValueError):
+            return str(value)
+
+    gpu_csv = gpu_csv or os.path.join(os.path.dirname(str(rehearsal_csv)), "gpu", "measurements.csv")
+    by_name = {}
+    if os.path.exists(gpu_csv):
+        gpu = pd.read_csv(gpu_csv)
+        for _, m in gpu[gpu.status == "ok"].dropna(subset=["peak_allocated_gib"]).iterrows():
+            by_name[m["name"]] = (tuple(same(m[k]) for k in settings), round(float(m.peak_allocated_gib), 2))
+
+    def measured_gib(row):
+        found = by_name.get(row["name"])
+        if found and found[0] == tuple(same(row[k]) for k in settings):
+            return found[1]
+        key = (row.model, row.method, row.precision, int(row.num_generations), int(row.max_completion_length))
+        return measured.get(key, "needs a GPU")
+
     table = pd.DataFrame({
         "row": rows.name,
         "model": rows.model.str.split("/").str[-1],
@@ -657,8 +683,6 @@ def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "uns
         "G x len": [f"{g} x {c}" for g, c in zip(rows.num_generations, rows.max_completion_length)],
         "estimated GiB": rows.estimated_total_gib.round(2),
         "rehearsed GiB (fake tensors, full scale)": rows.rehearsed_peak_gib.round(2),
-        "measured GiB": [measured.get((m, me, p, int(g), int(c)), "needs a GPU")
-                         for m, me, p, g, c in zip(rows.model, rows.method, rows.precision, rows.num_generations,
-                                                   rows.max_completion_length)],
+        "measured GiB (a real card, torch allocated)": [measured_gib(row) for _, row in rows.iterrows()],
     })
     return table.reset_index(drop=True)

@@ -1,0 +1,209 @@
+"""``python -m labkit bench gpu``: the command's logic on a CPU, and the GPU rows it recorded.
+
+- no CUDA device: one line, exit 2, nothing written; ``--tiny`` never writes beside GPU rows;
+- ``--tiny`` runs every part through ``build_run`` with two-layer models (what would break on a GPU breaks here);
+- the budget: a row cut short is kept as "cut", rows that would not finish are listed as skipped;
+- rows measured at today's settings are not measured again, a changed preset is;
+- :class:`labkit.bench.gpu.PhasePeaks` names the phases in TRL's order;
+- the recorded laptop-16gb run: the replayed timeline (notebooks 04 and 05) agrees with the measured row.
+"""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from labkit.bench import gpu
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
+
+
+def _cuda_probe(total_gib=79.2):
+    return {"status": "ok", "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "total_memory_gib": total_gib,
+                                       "compute_capability": [9, 0], "bf16": True, "fp16": True}}
+
+
+def test_no_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "gpu"
+    assert gpu.main(["--results", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no CUDA device" in err and "--tiny" in err
+    assert not out.exists()
+
+
+def test_tiny_never_writes_beside_gpu_rows(tmp_path, capsys):
+    folder = tmp_path / "gpu"
+    folder.mkdir()
+    (folder / "measurements.json").write_text(json.dumps([{"name": "laptop-16gb", "status": "ok", "cuda": "13.0"}]))
+    before = (folder / "measurements.json").read_text()
+    assert gpu.main(["--tiny", "--results", str(folder)]) == 2
+    assert "holds rows measured on a GPU" in capsys.readouterr().err
+    assert (folder / "measurements.json").read_text() == before and not (folder / "measurements.csv").exists()
+
+
+@pytest.mark.slow
+def test_tiny_runs_presets_and_grid_through_build_run(tmp_path):
+    out = tmp_path / "gpu"
+    assert gpu.main(["--tiny", "--parts", "presets", "grid", "--results", str(out)]) == 0
+    rows = json.loads((out / "measurements.json").read_text())
+    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "grid-Qwen2.5-0.5B-lora-bf16", "grid-Qwen2.5-0.5B-qlora-bf16"]
+    for row in rows:
+        assert row["status"] == "ok", row.get("error")
+        assert row["steps_done"] == 2
+        # every completion forced to max_completion_length (min_new_tokens), the worst case on purpose
+        assert row["completion_mean_length"] == gpu.TINY_SETTINGS["max_completion_length"]
+        for phase in gpu.PHASE_ORDER:  # each phase of TRL's step was seen and timed
+            assert row[f"{phase}_s"] is not None, (row["name"], phase)
+        assert row["label"].startswith("CPU rehearsal") and row.get("peak_allocated_gib") is None
+    assert {r["method"] for r in rows} == {"lora", "qlora"}
+    header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
+    assert header == gpu.COLUMNS
+    assert (out / "dashboard_laptop-16gb.png").stat().st_size > 10_000
+    assert json.loads((out / "status.json").read_text())["this_run"] == [r["name"] for r in rows]
+
+
+def test_a_row_cut_by_the_budget_is_kept_and_the_rest_is_listed(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_run(kind, spec, timeout):
+        if kind == "probe":
+            return _cuda_probe()
+        calls.append((spec["name"], timeout))
+        raise subprocess.TimeoutExpired("worker", timeout)
+
+    import labkit.bench.worker as worker
+
+    monkeypatch.setattr(worker, "run", fake_run)
+    out = tmp_path / "gpu"
+    # workshop (60 s expected) starts inside a 100 s budget and is cut; laptop-16gb (170 s) would not finish.
+    code = gpu.main(["--parts", "presets", "--presets", "workshop", "laptop-16gb", "--budget-s", "100",
+                     "--results", str(out)])
+    assert code == 1
+    assert [name for name, _ in calls] == ["workshop"] and calls[0][1] <= 100
+    rows = json.loads((out / "measurements.json").read_text())
+    assert [(r["name"], r["status"]) for r in rows] == [("workshop", "cut")]
+    status = json.loads((out / "status.json").read_text())
+    assert status["skipped_for_budget"] == ["laptop-16gb"]
+    assert "workshop" in status["pending"] and "laptop-16gb" in status["pending"]
+    assert "skipped (budget): laptop-16gb" in capsys.readouterr().out
+
+
+def test_a_card_larger_than_the_device_is_refused(tmp_path, monkeypatch, capsys):
+    import labkit.bench.worker as worker
+
+    def fake_run(kind, spec, timeout):
+        if kind == "probe":
+            return _cuda_probe(total_gib=11.6)  # a 12 GB card cannot stand in for a 15.7 GiB one
+        raise AssertionError("nothing may be measured")
+
+    monkeypatch.setattr(worker, "run", fake_run)
+    assert gpu.main(["--parts", "presets", "--presets", "laptop-16gb", "--results", str(tmp_path)]) == 1
+    assert "refused: its card has 15.7 GiB, more than this device's 11.60 GiB" in capsys.readouterr().out
+
+
+def test_rows_measured_at_todays_settings_are_not_measured_again(tmp_path):
+    from labkit.presets import get_preset
+
+    jobs = gpu.plan_jobs(("presets",), presets=("laptop-16gb", "workshop"))
+    settings = get_preset("laptop-16gb").replace(precision="bf16").to_dict()
+    rows = [{"name": "laptop-16gb", "status": "ok", "cuda": "13.0", "precision": "bf16", "settings": settings},
+            # a row measured before the preset changed is measured again
+            {"name": "workshop", "status": "ok", "cuda": "13.0", "precision": "fp16",
+             "settings": get_preset("workshop").replace(precision="fp16", max_completion_length=128).to_dict()}]
+    (tmp_path / "measurements.json").write_text(json.dumps(rows))
+    assert [j["name"] for j in gpu.still_to_measure(jobs, tmp_path)] == ["workshop"]
+    rows[0]["cuda"] = None  # a CPU row (--tiny) measures nothing
+    (tmp_path / "measurements.json").write_text(json.dumps(rows))
+    assert [j["name"] for j in gpu.still_to_measure(jobs, tmp_path)] == ["laptop-16gb", "workshop"]
+
+
+def test_phase_peaks_follow_trls_step(monkeypatch):
+    class Trainer:
+        def __init__(self):
+            self.callbacks = []
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+        def _generate(self, prompts):
+            return "completions"
+
+        def compute_loss(self, model, inputs):
+            return 0.0
+
+    trainer = Trainer()
+    peaks = gpu.PhasePeaks(cuda=False).install(trainer)
+    state = type("State", (), {"global_step": 0})()
+    for _ in range(2):  # two optimiser steps of two micro-batches
+        trainer._generate([])
+        for _ in range(2):
+            trainer.compute_loss(None, None)
+        trainer.callbacks[0].on_pre_optimizer_step(None, state, None)
+        trainer.callbacks[0].on_optimizer_step(None, state, None)
+    peaks.close()
+    counts = {name: row["count"] for name, row in peaks.peaks.items()}
+    assert counts == {"setup": 1, "generation": 2, "scoring": 2, "forward": 4, "backward": 4, "optimizer": 2,
+                      "between steps": 2}
+
+
+def test_the_recorded_timeline_agrees_with_the_measured_row():
+    from labkit.memory import GIB
+    from labkit.monitor import VRAMMonitor
+
+    rows = {r["name"]: r for r in json.loads((RESULTS / "measurements.json").read_text())}
+    row = rows["laptop-16gb"]
+    assert row["status"] == "ok" and row["label"].startswith("measured on NVIDIA H100")
+    monitor = VRAMMonitor.from_record(json.loads((RESULTS / "dashboard_laptop-16gb.json").read_text()))
+    summary = {r["phase"]: r for r in monitor.phase_summary()}
+    for phase in ("generation", "forward", "backward"):
+        assert summary[phase]["peak_gib"] == pytest.approx(row[f"{phase}_allocated_gib"], abs=0.01)
+    assert summary["generation"]["count"] == 2 and summary["backward"]["count"] == 8  # 2 steps x 4 micro-batches
+    # the 20-a-second samples never exceed torch's exact peak, and come near it (spikes are short)
+    assert 0.85 * row["peak_allocated_gib"] <= max(monitor.used) / GIB <= row["peak_allocated_gib"] + 1e-6
+
+
+def test_every_measured_preset_row_fits_its_card_and_says_how_it_was_measured():
+    from labkit.presets import card_device
+
+    for row in json.loads((RESULTS / "measurements.json").read_text()):
+        if row["part"] != "presets" or row["status"] not in ("ok", "oom"):
+            continue
+        card = card_device(row["name"])
+        assert row["cap_gib"] + row["context_gib"] == pytest.approx(card.total_memory_gib)
+        assert row["fits"] is (row["peak_with_context_gib"] <= card.total_memory_gib and row["status"] == "ok")
+        assert row["driver"] and row["cuda"] and row["trl"] and row["bitsandbytes"] and row["date"]
+        assert "random weights" in row["label"]
+
+
+def test_the_memory_table_shows_a_measured_row_only_at_its_settings(tmp_path):
+    import shutil
+
+    from labkit.rehearsal import memory_columns
+
+    repo = Path(__file__).resolve().parents[1] / "results"
+    table = memory_columns(repo / "rehearsal.csv", None, kinds=("preset",)).set_index("row")
+    column = "measured GiB (a real card, torch allocated)"
+    rows = {r["name"]: r for r in json.loads((RESULTS / "measurements.json").read_text()) if r["status"] == "ok"}
+    assert table.loc["laptop-16gb", column] == round(rows["laptop-16gb"]["peak_allocated_gib"], 2)
+    assert table.loc["colab-t4", column] == "needs a GPU"  # not measured yet
+    # the same name at other settings is not the same row
+    (tmp_path / "gpu").mkdir()
+    shutil.copy(repo / "rehearsal.csv", tmp_path / "rehearsal.csv")
+    import pandas as pd
+
+    measured = pd.read_csv(RESULTS / "measurements.csv")
+    measured.loc[measured.name == "laptop-16gb", "per_device_train_batch_size"] = 12
+    measured.to_csv(tmp_path / "gpu" / "measurements.csv", index=False)
+    table = memory_columns(tmp_path / "rehearsal.csv", None, kinds=("preset",)).set_index("row")
+    assert table.loc["laptop-16gb", column] == "needs a GPU"
+
+
+def test_the_readme_and_docs_state_the_measured_figures():
+    repo = Path(__file__).resolve().parents[1]
+    readme, docs = (repo / "README.md").read_text(), (repo / "docs" / "gpu.md").read_text()
+    for row in json.loads((RESULTS / "measurements.json").read_text()):
+        if row["part"] != "presets" or row["status"] != "ok":
+            continue
+        for figure in (f"{row['peak_allocated_gib']:.2f}", f"{row['peak_with_context_gib']:.2f}",
+                       f"{row['estimate_error_pct']:+.1f} %", f"{row['rehearsal_error_pct']:+.1f} %"):
+            assert figure in readme and figure in docs, (row["name"], figure)
