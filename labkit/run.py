@@ -414,7 +414,10 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     if model is None and preset.method in ("full", "lora"):
         # TRL loads the model from its path (per process under accelerate); with a peft_config and
         # gradient checkpointing it calls enable_input_require_grads() itself.
-        settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch.")}
+        # The plan's dtype, under what the caller's model_init_kwargs add (a quantization_config: bench gpu's
+        # plain-TRL QLoRA row); before, a caller's model_init_kwargs were silently replaced.
+        settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
+                                         **(config_overrides.get("model_init_kwargs") or {})}
         if _num_processes(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
             settings["model_init_kwargs"]["device_map"] = None
         tokenizer = tokenizer or load_tokenizer(name)

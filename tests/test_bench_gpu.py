@@ -42,11 +42,16 @@ def test_tiny_never_writes_beside_gpu_rows(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_tiny_runs_presets_and_grid_through_build_run(tmp_path):
+def test_tiny_runs_presets_grid_and_qlora_through_build_run(tmp_path):
     out = tmp_path / "gpu"
-    assert gpu.main(["--tiny", "--parts", "presets", "grid", "--results", str(out)]) == 0
+    assert gpu.main(["--tiny", "--parts", "presets", "grid", "qlora", "--results", str(out)]) == 0
     rows = json.loads((out / "measurements.json").read_text())
-    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "grid-Qwen2.5-0.5B-lora-bf16", "grid-Qwen2.5-0.5B-qlora-bf16"]
+    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "qlora-3b-plain-trl", "grid-Qwen2.5-0.5B-lora-bf16",
+                                         "grid-Qwen2.5-0.5B-qlora-bf16"]
+    # QLoRA both ways: labkit's loader and the plain-TRL cell's (TRL loads it with the 4-bit config) are both 4-bit
+    qlora = {r["name"]: r for r in rows if r["method"] == "qlora"}
+    assert {r["loader"] for r in qlora.values()} == {"labkit", "plain-trl"}
+    assert all(r["weights_4bit"] for r in qlora.values())
     for row in rows:
         assert row["status"] == "ok", row.get("error")
         assert row["steps_done"] == 2
@@ -55,7 +60,6 @@ def test_tiny_runs_presets_and_grid_through_build_run(tmp_path):
         for phase in gpu.PHASE_ORDER:  # each phase of TRL's step was seen and timed
             assert row[f"{phase}_s"] is not None, (row["name"], phase)
         assert row["label"].startswith("CPU rehearsal") and row.get("peak_allocated_gib") is None
-    assert {r["method"] for r in rows} == {"lora", "qlora"}
     header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
     assert header == gpu.COLUMNS
     assert (out / "dashboard_laptop-16gb.png").stat().st_size > 10_000

@@ -11,6 +11,8 @@ only predict:
   backward passes, the optimiser step): seconds, ``max_memory_allocated``, ``max_memory_reserved``;
   fits or OOM, beside the estimate and the rehearsal of the same plan. The ``laptop-16gb`` row also
   keeps its live dashboard (picture and memory timeline per phase).
+- **qlora**: ``qlora-3b`` through notebook 04's plain-TRL cell (``GRPOTrainer`` loads and quantises the model;
+  TRL 1.16 never calls ``prepare_model_for_kbit_training``) beside its preset row (labkit's loader, which does).
 - **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, uncapped, each
   beside the estimate.
 - **speed**: completion tokens a second of TRL's ``generate`` and of transformers' continuous batching
@@ -55,19 +57,21 @@ TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, nu
                   num_key_value_heads=2, head_dim=16, vocab_size=512)
 TINY_SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
                      max_prompt_length=32, max_completion_length=8)
-PARTS = ("presets", "grid", "speed")
-PENDING = {"doctor": "the OOM doctor on real OOMs: not built yet", "qlora-both-ways": "not built yet",
+# Most valuable first: the presets (and the dashboard), then QLoRA both ways (one row that says which loader a
+# 16 GB card should trust), the estimator grid, the generation speeds.
+PARTS = ("presets", "qlora", "grid", "speed")
+PENDING = {"doctor": "the OOM doctor on real OOMs: not built yet",
            "unsloth": "needs Unsloth's own environment (python -m labkit bench unsloth)"}
 # Seconds a row took on an H100 (results/gpu, 2026-11-26: wall_s plus ~15 s of process start), for --budget-s;
 # a row not timed yet gets its part's guess. Generation dominates: TRL's generate at ~80 ms a decoding step.
 EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225,
               "grid-Qwen2.5-0.5B-lora-bf16": 45}
-PART_EXPECTED_S = {"presets": 170, "grid": 60, "speed": 150}
+PART_EXPECTED_S = {"presets": 170, "grid": 60, "qlora": 225, "speed": 150}
 PHASE_ORDER = ("generation", "scoring", "forward", "backward", "optimizer")
 COLUMNS = [
     "date", "part", "name", "label", "status", "model", "method", "precision", "card", "cap_gib", "context_gib",
     "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "num_generations",
-    "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "generation",
+    "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "generation", "loader", "weights_4bit", "embedding_dtype",
     "steps_done", "completion_mean_length",
     "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "fits", "fraction_of_card", "oom_phase",
     *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib", "reserved_gib")],
@@ -179,6 +183,7 @@ def measure(spec: dict) -> dict:
     plan = resolve(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
                card=card.name if card else None, generation=spec.get("generation", "generate"),
+               loader=spec.get("loader", "labkit" if preset.method == "qlora" else None),
                **{k: plan.grpo[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                             "generation_batch_size", "num_generations", "max_prompt_length",
                                             "max_completion_length", "optim")},
@@ -219,10 +224,21 @@ def measure(spec: dict) -> dict:
                                       budget_gib=card.total_memory_gib if card and cuda else None)
             callbacks.append(dashboard)
         peaks = PhasePeaks(cuda, monitor)
+        config = dict(spec.get("config", {}))
+        if spec.get("loader") == "plain-trl":  # notebook 04's plain-TRL cell: TRL loads and quantises the model
+            from transformers import BitsAndBytesConfig
+
+            bench = bench.replace(method="lora")  # build_run hands TRL the path; the 4-bit config goes with it
+            config["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
+                                           "quantization_config": BitsAndBytesConfig(**plan.quantization)}
         run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
                         callbacks=callbacks, print_logs=False,
-                        generation_kwargs={"min_new_tokens": bench.max_completion_length}, **spec.get("config", {}))
+                        generation_kwargs={"min_new_tokens": bench.max_completion_length}, **config)
         peaks.install(run.trainer)
+        if preset.method == "qlora":  # what each loader left in full precision (labkit's upcasts, TRL's does not)
+            model = run.trainer.model
+            row.update(weights_4bit=any(type(m).__name__ == "Linear4bit" for m in model.modules()),
+                       embedding_dtype=str(model.get_input_embeddings().weight.dtype).removeprefix("torch."))
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -317,8 +333,8 @@ def _dashboard_record(dashboard, monitor) -> dict:
 
 def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: int = 2,
               results: Path | None = None) -> list[dict]:
-    """Return the measurements to make, most valuable first: presets (the dashboard rides on laptop-16gb),
-    the grid, the generation speeds. Each is a spec for :func:`measure`."""
+    """Return the measurements to make, in the order of :data:`PARTS` (most valuable first; the dashboard rides
+    on the laptop-16gb preset row). Each is a spec for :func:`measure`."""
     shrink = TINY_SETTINGS if tiny else {}
     jobs = []
     if "presets" in parts:
@@ -331,6 +347,9 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
             jobs.append(dict(part="grid", name=f"grid-{short}-{method}-{precision}", preset="laptop-16gb",
                              overrides=dict(GRID_SETTINGS, **shrink, model=model, method=method), precision=precision
                              if not tiny else None, steps=2, cap=None))
+    if "qlora" in parts:  # qlora-3b's preset row is labkit's loader; this one is notebook 04's plain-TRL cell
+        jobs.append(dict(part="qlora", name="qlora-3b-plain-trl", preset="qlora-3b", overrides=dict(shrink),
+                         steps=steps, cap="card", loader="plain-trl"))
     if "speed" in parts:
         for name in ("workshop", "laptop-16gb"):
             for batching in (False, True):
@@ -340,7 +359,7 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
                                  config={"use_transformers_continuous_batching": True} if batching else {}))
     for job in jobs:
         job["tiny"] = tiny
-    return jobs
+    return sorted(jobs, key=lambda job: PARTS.index(job["part"]))  # stable: each part keeps its own order
 
 
 def _rehearsed() -> dict:

@@ -272,9 +272,10 @@ def repack_bitsandbytes(wheel_path: str | Path, keep: tuple[str, ...] = KEEP_LIB
     return wheel_path
 
 
-def install_command(folder: str | Path) -> str:
+def install_command(folder: str | Path, bench_args: str = "") -> str:
     """Return the one bash command that installs the bundle on the GPU machine and runs ``python3 -m labkit bench gpu``.
 
+    ``bench_args`` follow the command as they are (``--budget-s 480``).
     ``folder`` is the bundle as the GPU machine's repository root sees it (``.whl``); the wheels must be in it
     here too. The command reads the machine's pyarrow major version, picks the datasets set of
     :data:`DATASETS_CHOICES` (or stops with a message when pyarrow is older than every set allows), installs one
@@ -304,4 +305,5 @@ def install_command(folder: str | Path) -> str:
         + f" && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target {SITE} "
         + always + ' "${LABKIT_DATASETS[@]}"'
         + f" && export PYTHONPATH={SITE}:$PWD && python3 -m labkit bench gpu"
+        + (f" {bench_args}" if bench_args else "")
     )
