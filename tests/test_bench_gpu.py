@@ -44,11 +44,18 @@ def test_tiny_never_writes_beside_gpu_rows(tmp_path, capsys):
 @pytest.mark.slow
 def test_tiny_runs_presets_grid_and_qlora_through_build_run(tmp_path):
     out = tmp_path / "gpu"
-    assert gpu.main(["--tiny", "--parts", "presets", "grid", "qlora", "--results", str(out)]) == 0
+    assert gpu.main(["--tiny", "--parts", "presets", "grid", "qlora", "doctor", "--results", str(out)]) == 0
     rows = json.loads((out / "measurements.json").read_text())
-    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "qlora-3b-plain-trl", "grid-Qwen2.5-0.5B-lora-bf16",
+    # the doctor's capped rows need a GPU's phase peaks: on a CPU they say so, and only its base rows run
+    doctor = [r for r in rows if r["part"] == "doctor" and "base" not in r["name"]]
+    assert len(doctor) == 6 and all(r["status"] == "not isolated" and "not measured on a GPU" in r["error"]
+                                    for r in doctor)
+    rows = [r for r in rows if r not in doctor]
+    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "qlora-3b-plain-trl", "doctor-lora-base",
+                                         "doctor-full-base", "grid-Qwen2.5-0.5B-lora-bf16",
                                          "grid-Qwen2.5-0.5B-qlora-bf16"]
     # QLoRA both ways: labkit's loader and the plain-TRL cell's (TRL loads it with the 4-bit config) are both 4-bit
+    assert {r["method"] for r in rows} == {"lora", "qlora", "full"}
     qlora = {r["name"]: r for r in rows if r["method"] == "qlora"}
     assert {r["loader"] for r in qlora.values()} == {"labkit", "plain-trl"}
     assert all(r["weights_4bit"] for r in qlora.values())
@@ -63,7 +70,7 @@ def test_tiny_runs_presets_grid_and_qlora_through_build_run(tmp_path):
     header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
     assert header == gpu.COLUMNS
     assert (out / "dashboard_laptop-16gb.png").stat().st_size > 10_000
-    assert json.loads((out / "status.json").read_text())["this_run"] == [r["name"] for r in rows]
+    assert json.loads((out / "status.json").read_text())["this_run"][:len(gpu.PRESET_ORDER)] == list(gpu.PRESET_ORDER)
 
 
 def test_a_row_cut_by_the_budget_is_kept_and_the_rest_is_listed(tmp_path, monkeypatch, capsys):
@@ -211,3 +218,56 @@ def test_the_readme_and_docs_state_the_measured_figures():
         for figure in (f"{row['peak_allocated_gib']:.2f}", f"{row['peak_with_context_gib']:.2f}",
                        f"{row['estimate_error_pct']:+.1f} %", f"{row['rehearsal_error_pct']:+.1f} %"):
             assert figure in readme and figure in docs, (row["name"], figure)
+
+
+def test_the_doctor_cap_sits_between_the_earlier_phases_and_the_target():
+    base = {"phase_peaks_gib": {"setup": 3.0, "generation": 6.5, "scoring": 3.0, "forward": 7.8, "backward": 10.3,
+                                "optimizer": 3.1}}
+    assert gpu.doctor_cap(base, "generation") == pytest.approx(3.0 + 0.6 * 3.5)
+    assert gpu.doctor_cap(base, "backward") == pytest.approx(7.8 + 0.6 * 2.5)
+    assert gpu.doctor_cap(base, "optimizer") is None  # its peak is below the backward pass's: no cap isolates it
+    assert gpu.doctor_cap(base, "scoring") is None
+
+
+def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
+    import labkit.bench.worker as worker
+
+    seen = []
+    lora_peaks = {"setup": 3.0, "generation": 6.5, "scoring": 3.0, "forward": 7.8, "backward": 10.3, "optimizer": 3.1}
+    full_peaks = {"setup": 2.0, "generation": 2.4, "scoring": 2.1, "forward": 3.5, "backward": 4.2, "optimizer": 3.9}
+
+    def fake_run(kind, spec, timeout):
+        if kind == "probe":
+            return _cuda_probe()
+        seen.append(spec)
+        stage, target = spec["doctor"]["stage"], spec["doctor"].get("target")
+        row = dict(part="doctor", name=spec["name"], cuda="13.0", precision="bf16", estimated_total_gib=8.0,
+                   estimated_generation_gib=6.0, estimated_training_gib=8.0, wall_s=1.0)
+        if stage == "base":
+            peaks = lora_peaks if spec["name"] == "doctor-lora-base" else full_peaks
+            row.update(status="ok", phase_peaks_gib=peaks, **{f"{p}_allocated_gib": v for p, v in peaks.items()})
+        elif stage == "oom":
+            row.update(status="oom", oom_phase=target, first_change={"per_device_train_batch_size": 12,
+                                                                     "gradient_accumulation_steps": 8})
+        else:
+            assert spec["change"] == {"per_device_train_batch_size": 12, "gradient_accumulation_steps": 8}
+            row.update(status="ok", estimated_generation_gib=4.5, estimated_training_gib=6.0,
+                       **{f"{target}_allocated_gib": lora_peaks[target] - 2.0})
+        return row
+
+    monkeypatch.setattr(worker, "run", fake_run)
+    assert gpu.main(["--parts", "doctor", "--results", str(tmp_path)]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "measurements.json").read_text())}
+    # each OOM row was capped between the base's earlier phases and its target; the fix ran under the same cap
+    caps = {s["name"]: s.get("cap") for s in seen}
+    assert caps["doctor-generation-oom"] == caps["doctor-generation-fix"] == pytest.approx(3.0 + 0.6 * 3.5)
+    assert caps["doctor-backward-oom"] == caps["doctor-backward-fix"] == pytest.approx(7.8 + 0.6 * 2.5)
+    fix = rows["doctor-backward-fix"]
+    assert fix["fits_after_first_change"] is True and fix["measured_fall_gib"] == pytest.approx(2.0)
+    assert fix["predicted_fall_gib"] == pytest.approx(2.0) and fix["predicted_from"] == "estimated_training_gib"
+    assert rows["doctor-generation-fix"]["predicted_from"] == "estimated_generation_gib"
+    # full fine-tuning's optimiser step peaked below its backward pass here: a finding, not a measurement
+    assert rows["doctor-optimizer-oom"]["status"] == "not isolated"
+    assert "no cap makes doctor-full-base fail in optimizer" in rows["doctor-optimizer-oom"]["error"]
+    assert rows["doctor-optimizer-fix"]["status"] == "not isolated"
+    assert not any(s["name"].startswith("doctor-optimizer") for s in seen)

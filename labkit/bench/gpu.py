@@ -13,6 +13,9 @@ only predict:
   keeps its live dashboard (picture and memory timeline per phase).
 - **qlora**: ``qlora-3b`` through notebook 04's plain-TRL cell (``GRPOTrainer`` loads and quantises the model;
   TRL 1.16 never calls ``prepare_model_for_kbit_training``) beside its preset row (labkit's loader, which does).
+- **doctor**: the OOM doctor on real OOMs: a base recipe uncapped, then capped between the peak of the phases
+  before a target phase and its own (generation, backward, optimiser step), then with the report's first change
+  under the same cap (:data:`DOCTOR_BASES`, :func:`doctor_cap`, :func:`doctor_verdict`).
 - **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, uncapped, each
   beside the estimate.
 - **speed**: completion tokens a second of TRL's ``generate`` and of transformers' continuous batching
@@ -41,7 +44,8 @@ from pathlib import Path
 from labkit.memory import GIB
 from labkit.oom import PhaseTracker
 
-__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "PRESET_ORDER", "GRID", "COLUMNS", "LABEL"]
+__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "measured_rows", "doctor_cap",
+           "doctor_spec", "doctor_verdict", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL"]
 
 LABEL = "measured on {device}, random weights, every completion at max_completion_length"
 # The presets a 16 GB card or a T4 is sized by; laptop-16gb first: its row also photographs the dashboard.
@@ -59,15 +63,25 @@ TINY_SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=
                      max_prompt_length=32, max_completion_length=8)
 # Most valuable first: the presets (and the dashboard), then QLoRA both ways (one row that says which loader a
 # 16 GB card should trust), the estimator grid, the generation speeds.
-PARTS = ("presets", "qlora", "grid", "speed")
-PENDING = {"doctor": "the OOM doctor on real OOMs: not built yet",
-           "unsloth": "needs Unsloth's own environment (python -m labkit bench unsloth)"}
+PARTS = ("presets", "qlora", "doctor", "grid", "speed")
+PENDING = {"unsloth": "needs Unsloth's own environment (python -m labkit bench unsloth)"}
 # Seconds a row took on an H100 (results/gpu, 2026-11-26: wall_s plus ~15 s of process start), for --budget-s;
 # a row not timed yet gets its part's guess. Generation dominates: TRL's generate at ~80 ms a decoding step.
 EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225,
               "grid-Qwen2.5-0.5B-lora-bf16": 45}
-PART_EXPECTED_S = {"presets": 170, "grid": 60, "qlora": 225, "speed": 150}
+PART_EXPECTED_S = {"presets": 170, "grid": 60, "qlora": 225, "doctor": 90, "speed": 150}
 PHASE_ORDER = ("generation", "scoring", "forward", "backward", "optimizer")
+# The OOM doctor on real OOMs. For each phase: a base recipe measured uncapped, the same capped between the peak of
+# the phases before it and its own peak (so it runs out of memory there: the doctor's report from the real
+# torch.OutOfMemoryError), and the same with the report's first change under the same cap (does it fit now; did
+# the phase's peak fall by what the estimator predicted?). Scoring has no recipe: in every measured row its peak
+# is below generation's, so no cap can make a run fail there first.
+DOCTOR_BASES = {"doctor-lora-base": ("laptop-16gb", {"max_completion_length": 256}),
+                "doctor-full-base": ("workshop", {"method": "full", "optim": "adamw_torch",
+                                                   "max_completion_length": 64})}
+DOCTOR_TARGETS = (("generation", "doctor-lora-base"), ("backward", "doctor-lora-base"),
+                  ("optimizer", "doctor-full-base"))
+CAP_POSITION = 0.6  # the cap sits 60 % of the way from the earlier phases' peak to the target phase's
 COLUMNS = [
     "date", "part", "name", "label", "status", "model", "method", "precision", "card", "cap_gib", "context_gib",
     "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "num_generations",
@@ -78,7 +92,8 @@ COLUMNS = [
     "training_allocated_gib", "generation_tokens_per_s",
     "estimated_total_gib", "estimated_generation_gib", "estimated_training_gib", "estimate_error_pct",
     "estimate_generation_error_pct", "estimate_training_error_pct",
-    "rehearsed_peak_gib", "rehearsal_error_pct", "wall_s",
+    "rehearsed_peak_gib", "rehearsal_error_pct", "first_change", "fits_after_first_change", "measured_fall_gib",
+    "predicted_fall_gib", "wall_s",
     "device", "driver", "cuda", "torch", "transformers", "trl", "peft", "bitsandbytes", "error",
 ]
 
@@ -147,10 +162,11 @@ def _driver() -> str | None:
 
 
 def _bench_preset(spec: dict):
-    """Return the preset a spec measures: a named preset, or one the grid builds from ``laptop-16gb``."""
+    """Return the preset a spec measures: a named preset with ``overrides`` (the grid's, the doctor's), then the
+    OOM doctor's ``change`` (``Preset.apply``: GRPOConfig fields such as ``steps_per_generation`` too)."""
     from labkit.presets import get_preset
 
-    return get_preset(spec["preset"], **spec.get("overrides", {}))
+    return get_preset(spec["preset"], **spec.get("overrides", {})).apply(spec.get("change") or {})
 
 
 def measure(spec: dict) -> dict:
@@ -195,6 +211,9 @@ def measure(spec: dict) -> dict:
         context = (total - free - torch.cuda.memory_reserved()) / GIB  # the driver's and kernels', outside the cap
         if spec.get("cap") == "card" and card is not None:
             cap_gib = card.total_memory_gib - context  # what PyTorch can have of that card
+        elif isinstance(spec.get("cap"), (int, float)):  # the OOM doctor's rows: a cap between two phases' peaks
+            cap_gib = float(spec["cap"])
+        if cap_gib is not None:
             torch.cuda.set_per_process_memory_fraction(card_cap_fraction(cap_gib, total))
     row.update(cap_gib=cap_gib, context_gib=context)
 
@@ -250,7 +269,8 @@ def measure(spec: dict) -> dict:
             run.train(resume=False)
         except TrainingOutOfMemory as exc:
             row.update(status="oom", oom_phase=exc.report.phase, error=str(exc.report).splitlines()[0],
-                       oom_report=exc.report.as_dict())
+                       oom_report=exc.report.as_dict(),
+                       first_change=exc.report.changes[0].updates if exc.report.changes else None)
         peaks.close()
     except Exception as exc:  # recorded in the row: one broken measurement never stops the others
         row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:400])
@@ -266,6 +286,8 @@ def measure(spec: dict) -> dict:
         (out / f"dashboard_{spec['name']}.json").write_text(json.dumps(_dashboard_record(dashboard, monitor)) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     _phase_columns(row, peaks.peaks if peaks else {}, cuda)
+    if cuda and peaks:
+        row["phase_peaks_gib"] = {name: round(p["allocated"] / GIB, 3) for name, p in peaks.peaks.items()}
     lengths = [x for x in recorder.values["completions/mean_length"] if x == x]
     row["steps_done"] = len(recorder.values["step_time"])
     row["completion_mean_length"] = round(sum(lengths) / len(lengths), 1) if lengths else None
@@ -350,6 +372,16 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
     if "qlora" in parts:  # qlora-3b's preset row is labkit's loader; this one is notebook 04's plain-TRL cell
         jobs.append(dict(part="qlora", name="qlora-3b-plain-trl", preset="qlora-3b", overrides=dict(shrink),
                          steps=steps, cap="card", loader="plain-trl"))
+    if "doctor" in parts:
+        for base, (name, overrides) in DOCTOR_BASES.items():
+            jobs.append(dict(part="doctor", name=base, preset=name, overrides={**overrides, **shrink}, steps=2,
+                             cap=None, doctor={"stage": "base"}))
+        for target, base in DOCTOR_TARGETS:
+            name, overrides = DOCTOR_BASES[base]
+            for stage in ("oom", "fix"):
+                jobs.append(dict(part="doctor", name=f"doctor-{target}-{stage}", preset=name, steps=2,
+                                 overrides={**overrides, **shrink}, doctor={"stage": stage, "target": target,
+                                                                            "base": base}))
     if "speed" in parts:
         for name in ("workshop", "laptop-16gb"):
             for batching in (False, True):
@@ -371,6 +403,52 @@ def _rehearsed() -> dict:
         return {r["name"]: r for r in csv.DictReader(fh) if r["kind"] == "preset"}
 
 
+def doctor_cap(base_row: dict, target: str) -> float | None:
+    """Return the cap (GiB) that makes the base recipe run out of memory in ``target`` first, or None if none can:
+    above the peak of every phase before it (setup, then a step's phases in order), below its own."""
+    peaks = base_row.get("phase_peaks_gib") or {}
+    order = ("setup", *PHASE_ORDER)
+    earlier = [peaks[p] for p in order[:order.index(target)] if p in peaks]
+    if target not in peaks or not earlier or peaks[target] <= max(earlier):
+        return None
+    return round(max(earlier) + CAP_POSITION * (peaks[target] - max(earlier)), 3)
+
+
+def doctor_spec(job: dict, rows: dict) -> dict | str:
+    """Return the doctor job with its cap (and, for the fix, the report's first change), or why it cannot run."""
+    stage, target = job["doctor"]["stage"], job["doctor"].get("target")
+    if stage == "base":
+        return job
+    base = rows.get(job["doctor"]["base"])
+    if base is None or base.get("status") != "ok" or not base.get("phase_peaks_gib"):
+        return f"its base row {job['doctor']['base']} was not measured on a GPU"
+    cap = doctor_cap(base, target)
+    if cap is None:
+        return f"no cap makes {job['doctor']['base']} fail in {target} first: its peak there is below an earlier phase's"
+    if stage == "oom":
+        return dict(job, cap=cap)
+    oom = rows.get(f"doctor-{target}-oom")
+    if oom is None or oom.get("oom_phase") != target:
+        return f"doctor-{target}-oom did not run out of memory in {target} (it was {oom and oom.get('oom_phase')})"
+    if not oom.get("first_change"):
+        return f"the doctor offered no change for {target}"
+    return dict(job, cap=cap, change=oom["first_change"])
+
+
+def doctor_verdict(row: dict, rows: dict) -> dict:
+    """Return the fix row's verdict: did the first change fit, and how far the target phase's peak fell, measured
+    (the base row, uncapped, against this row) and predicted (the estimator's phase memory, as the doctor reads it)."""
+    from labkit.oom import PHASE_MEMORY
+
+    target = row["doctor"]["target"]
+    base = rows[row["doctor"]["base"]]
+    term = {"generation_phase": "estimated_generation_gib", "training_phase": "estimated_training_gib"}.get(
+        PHASE_MEMORY.get(target), "estimated_total_gib")
+    measured = (base.get(f"{target}_allocated_gib") or 0) - (row.get(f"{target}_allocated_gib") or 0)
+    return dict(fits_after_first_change=row["status"] == "ok", measured_fall_gib=round(measured, 3),
+                predicted_fall_gib=round(base[term] - row[term], 3), predicted_from=term)
+
+
 def measured_rows(results: Path) -> dict:
     """Return the rows on a CUDA device already in ``results/measurements.json`` (ok or OOM: both are findings),
     by name, for the settings they were measured with: a preset changed since then is measured again."""
@@ -382,8 +460,14 @@ def measured_rows(results: Path) -> dict:
 def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
     """Return the ``jobs`` that ``results`` has no CUDA row for, at the preset's settings as they are now."""
     done = measured_rows(results)
+    path = Path(results) / "measurements.json"
+    recorded = {r["name"]: r for r in (json.loads(path.read_text()) if path.exists() else [])}
     todo = []
     for job in jobs:
+        if job.get("doctor") and job["doctor"]["stage"] != "base":  # its cap and change come from other rows
+            if recorded.get(job["name"], {}).get("status") not in ("ok", "oom", "not isolated"):
+                todo.append(job)
+            continue
         row = done.get(job["name"])
         if row is None or row.get("settings") != _bench_preset(job).replace(precision=row["precision"]).to_dict():
             todo.append(job)
@@ -403,8 +487,8 @@ def _write(results: Path, rows: list[dict]) -> None:
 
 
 def _show(row: dict) -> str:
-    if row["status"] in ("error", "cut"):
-        return f"{row['name']:<34} error: {row.get('error')}"
+    if row["status"] in ("error", "cut", "not isolated"):
+        return f"{row['name']:<34} {row['status']}: {row.get('error')}"
     peak = row.get("peak_allocated_gib")
     mem = (f"peak {peak:.2f} GiB allocated, {row['peak_reserved_gib']:.2f} reserved"
            + (f" (+{row['context_gib']:.2f} context) of {row['cap_gib'] + row['context_gib']:.2f}"
@@ -483,14 +567,28 @@ def main(argv: list[str] | None = None) -> int:
         if left < EXPECTED_S.get(job["name"], PART_EXPECTED_S[job["part"]]) and not args.tiny:
             skipped.append(job["name"])
             continue
-        try:
-            row = worker.run("gpu", job, timeout=min(left, 900))
-        except subprocess.TimeoutExpired:
-            row = dict(part=job["part"], name=job["name"], status="cut", wall_s=round(min(left, 900)),
-                       error=f"stopped at the budget after {min(left, 900):.0f} s")
-        if "name" not in row:  # the worker died or ran out of time: say so in a row of its own
-            row = dict(part=job["part"], name=job["name"], status="error", error=row.get("error", "")[:400],
-                       wall_s=None)
+        recorded, planned = {}, job
+        if job.get("doctor"):  # the doctor's caps and changes come from the rows measured before
+            path = results / "measurements.json"
+            recorded = {r["name"]: r for r in (json.loads(path.read_text()) if path.exists() else [])}
+            planned = doctor_spec(job, recorded)
+        if isinstance(planned, str):  # a finding too: written as a row of its own
+            row = dict(part="doctor", name=job["name"], status="not isolated", error=planned, wall_s=0,
+                       doctor=job["doctor"])
+        else:
+            job = planned
+            try:
+                row = worker.run("gpu", job, timeout=min(left, 900))
+            except subprocess.TimeoutExpired:
+                row = dict(part=job["part"], name=job["name"], status="cut", wall_s=round(min(left, 900)),
+                           error=f"stopped at the budget after {min(left, 900):.0f} s")
+            if "name" not in row:  # the worker died or ran out of time: say so in a row of its own
+                row = dict(part=job["part"], name=job["name"], status="error", error=row.get("error", "")[:400],
+                           wall_s=None)
+            if job.get("doctor"):
+                row["doctor"] = job["doctor"]
+                if job["doctor"]["stage"] == "fix" and row["status"] in ("ok", "oom"):
+                    row.update(doctor_verdict(row, recorded))
         reh = rehearsed.get(job["name"]) if job["part"] == "presets" else None
         if reh and row.get("peak_allocated_gib"):
             row["rehearsed_peak_gib"] = float(reh["rehearsed_peak_gib"])
