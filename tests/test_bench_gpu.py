@@ -212,7 +212,8 @@ def test_the_memory_table_shows_a_measured_row_only_at_its_settings(tmp_path):
 def test_the_readme_and_docs_state_the_measured_figures():
     repo = Path(__file__).resolve().parents[1]
     readme, docs = (repo / "README.md").read_text(), (repo / "docs" / "gpu.md").read_text()
-    for row in json.loads((RESULTS / "measurements.json").read_text()):
+    latest = {r["name"]: r for r in json.loads((RESULTS / "measurements.json").read_text())}  # a re-measured row wins
+    for row in latest.values():
         if row["part"] != "presets" or row["status"] != "ok":
             continue
         for figure in (f"{row['peak_allocated_gib']:.2f}", f"{row['peak_with_context_gib']:.2f}",
@@ -271,3 +272,17 @@ def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
     assert "no cap makes doctor-full-base fail in optimizer" in rows["doctor-optimizer-oom"]["error"]
     assert rows["doctor-optimizer-fix"]["status"] == "not isolated"
     assert not any(s["name"].startswith("doctor-optimizer") for s in seen)
+
+
+def test_the_dashboards_peak_line_is_the_runs_peak_not_the_last_phases():
+    from types import SimpleNamespace
+
+    from labkit.memory import GIB
+    from labkit.monitor import PhaseMark
+
+    record = SimpleNamespace(history={"memory/peak": ([1, 2], [3.06, 3.06])})  # what the reset counters left
+    marks = [PhaseMark("generation", 0, 0, 1, 0, 0, int(6.5 * GIB)), PhaseMark("backward", 0, 1, 2, 0, 0, int(10.2 * GIB)),
+             PhaseMark("optimizer step", 0, 2, 3, 0, 0, int(3.0 * GIB)), PhaseMark("backward", 1, 3, 4, 0, 0,
+                                                                                  int(10.3 * GIB))]
+    gpu._restore_peak_series(record, SimpleNamespace(phases=marks))
+    assert record.history["memory/peak"][1] == pytest.approx([10.2, 10.3], abs=1e-6)

@@ -280,6 +280,7 @@ def measure(spec: dict) -> dict:
         row["wall_s"] = round(time.perf_counter() - started, 1)
     if dashboard is not None and row["status"] != "error":
         dashboard.record.finish("finished" if row["status"] == "ok" else "out of memory")
+        _restore_peak_series(dashboard.record, monitor)
         out = Path(spec["dashboard"])
         out.mkdir(parents=True, exist_ok=True)
         dashboard.save(out / f"dashboard_{spec['name']}.png")
@@ -338,6 +339,22 @@ def _compare(row: dict, card) -> dict:
     for key in ("estimated_total_gib", "estimated_generation_gib", "estimated_training_gib"):
         out[key] = round(row[key], 3)
     return out
+
+
+def _restore_peak_series(record, monitor) -> None:
+    """Give the dashboard's "peak" line the run's peak so far at each step, from the phase marks' exact peaks.
+
+    :class:`PhasePeaks` resets CUDA's peak counters at every phase, so the record read only the last phase's
+    peak at each step's end (a learner's run, which resets nothing, reads the run's peak). The monitor counts
+    steps from 0, TRL from 1.
+    """
+    steps, _ = record.history.get("memory/peak", ([], []))
+    running, by_step = 0, {}
+    for mark in monitor.phases:
+        running = max(running, mark.peak_bytes)
+        by_step[mark.step + 1] = running
+    if steps and all(step in by_step for step in steps):
+        record.history["memory/peak"] = (steps, [by_step[step] / GIB for step in steps])
 
 
 def _dashboard_record(dashboard, monitor) -> dict:
@@ -471,7 +488,9 @@ def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
         row = done.get(job["name"])
         if row is None or row.get("settings") != _bench_preset(job).replace(precision=row["precision"]).to_dict():
             todo.append(job)
-    return todo
+        elif job.get("dashboard") and not (Path(results) / f"dashboard_{job['name']}.png").exists():
+            todo.append(dict(job, picture_only=True))  # not whole without its picture: after its part's new rows
+    return sorted(todo, key=lambda job: (PARTS.index(job["part"]), bool(job.get("picture_only"))))
 
 
 def _write(results: Path, rows: list[dict]) -> None:
