@@ -297,7 +297,7 @@ def measure(spec: dict) -> dict:
         count = peaks.peaks["generation"]["count"]
         row["generation_tokens_per_s"] = round(row["completion_mean_length"] * bench.generation_batch_size * count
                                                / gen_s, 1)
-    row.update(_compare(row, card))
+    row.update(_compare(row))
     info = provenance(device)
     row.update(date=info["date"], device=device.name, driver=_driver(), cuda=torch.version.cuda,
                label=LABEL.format(device=device.name) if cuda else "CPU rehearsal of the command (--tiny): no memory "
@@ -324,15 +324,17 @@ def _pct(estimated, measured):
     return round(100 * (estimated - measured) / measured, 1) if estimated is not None and measured else None
 
 
-def _compare(row: dict, card) -> dict:
-    """Return the row's verdicts: fits (reserved + context within the card), and the estimate's errors."""
+def _compare(row: dict) -> dict:
+    """Return the row's verdicts: fits (reserved + context within the memory it was given: the card, or the OOM
+    doctor's cap plus the context), and the estimate's errors."""
     out = {}
     if row.get("peak_reserved_gib") is not None:
         with_context = row["peak_reserved_gib"] + (row.get("context_gib") or 0)
         out["peak_with_context_gib"] = round(with_context, 3)
-        if card is not None and row.get("cap_gib") is not None:
-            out["fits"] = row["status"] == "ok" and with_context <= card.total_memory_gib
-            out["fraction_of_card"] = round(with_context / card.total_memory_gib, 3)
+        if row.get("cap_gib") is not None:  # a card's cap is that card less the context: the sum is the card
+            given = row["cap_gib"] + (row.get("context_gib") or 0)
+            out["fits"] = row["status"] == "ok" and with_context <= given + 1e-6
+            out["fraction_of_card"] = round(with_context / given, 3)
         out["estimate_error_pct"] = _pct(row["estimated_total_gib"], row["peak_allocated_gib"])
         out["estimate_generation_error_pct"] = _pct(row["estimated_generation_gib"], row.get("generation_allocated_gib"))
         out["estimate_training_error_pct"] = _pct(row["estimated_training_gib"], row.get("training_allocated_gib"))
