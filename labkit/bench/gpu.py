@@ -44,7 +44,7 @@ from pathlib import Path
 from labkit.memory import GIB
 from labkit.oom import PhaseTracker
 
-__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "measured_rows", "doctor_cap",
+__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "recorded_rows", "measured_rows", "doctor_cap",
            "doctor_spec", "doctor_verdict", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL"]
 
 LABEL = "measured on {device}, random weights, every completion at max_completion_length"
@@ -179,10 +179,10 @@ def measure(spec: dict) -> dict:
     """
     import torch
 
-    from labkit.bench.preset import _fixed_length_prompts, card_cap_fraction
-    from labkit.device import detect_device, torch_dtype
+    from labkit.bench.preset import _fixed_length_prompts, _random_weights_model, card_cap_fraction
+    from labkit.device import detect_device
     from labkit.lab import provenance
-    from labkit.models import load_tokenizer, save_random_architecture
+    from labkit.models import load_tokenizer
     from labkit.oom import TrainingOutOfMemory
     from labkit.plan import estimate, plan_precision, resolve
     from labkit.presets import card_device
@@ -225,9 +225,8 @@ def measure(spec: dict) -> dict:
     monitor = dashboard = peaks = None
     started = time.perf_counter()
     try:
-        dtype = torch_dtype(precision, "lora" if preset.method == "qlora" else preset.method)
-        path = save_random_architecture(preset.model, folder / "model", dtype=dtype,
-                                        device="cuda" if cuda else "cpu", **(TINY_SHAPE if tiny else {}))
+        path = _random_weights_model(preset, folder / "model", precision, device="cuda" if cuda else "cpu",
+                                     **(TINY_SHAPE if tiny else {}))
         bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
         tokenizer = load_tokenizer(path)
         dataset = _fixed_length_prompts(tokenizer, max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2),
@@ -468,19 +467,22 @@ def doctor_verdict(row: dict, rows: dict) -> dict:
                 predicted_fall_gib=round(base[term] - row[term], 3), predicted_from=term)
 
 
+def recorded_rows(results: Path) -> list[dict]:
+    """Return every row in ``results/measurements.json``, oldest first (none when the file does not exist)."""
+    path = Path(results) / "measurements.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
 def measured_rows(results: Path) -> dict:
     """Return the rows on a CUDA device already in ``results/measurements.json`` (ok or OOM: both are findings),
     by name, for the settings they were measured with: a preset changed since then is measured again."""
-    path = Path(results) / "measurements.json"
-    rows = json.loads(path.read_text()) if path.exists() else []
-    return {r["name"]: r for r in rows if r.get("status") in ("ok", "oom") and r.get("cuda")}
+    return {r["name"]: r for r in recorded_rows(results) if r.get("status") in ("ok", "oom") and r.get("cuda")}
 
 
 def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
     """Return the ``jobs`` that ``results`` has no CUDA row for, at the preset's settings as they are now."""
     done = measured_rows(results)
-    path = Path(results) / "measurements.json"
-    recorded = {r["name"]: r for r in (json.loads(path.read_text()) if path.exists() else [])}
+    recorded = {r["name"]: r for r in recorded_rows(results)}
     todo = []
     for job in jobs:
         if job.get("doctor") and job["doctor"]["stage"] != "base":  # its cap and change come from other rows
@@ -500,9 +502,8 @@ def _write(results: Path, rows: list[dict]) -> None:
     from labkit.bench import append_csv
 
     json_path = results / "measurements.json"
-    old = json.loads(json_path.read_text()) if json_path.exists() else []
     tmp = json_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(old + rows, indent=1) + "\n")
+    tmp.write_text(json.dumps(recorded_rows(results) + rows, indent=1) + "\n")
     os.replace(tmp, json_path)  # a kill leaves the old file or the new one, never half of one
     append_csv(results / "measurements.csv", [{k: r.get(k) for k in COLUMNS} for r in rows])
 
@@ -528,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped, 2 on bad input (no CUDA device without --tiny, an unknown part).
     """
     from labkit.bench import worker
+    from labkit.presets import card_device
 
     parser = argparse.ArgumentParser(prog="python -m labkit bench gpu", description=main.__doc__)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to measure, in order")
@@ -574,8 +576,6 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.budget_s if args.budget_s else math.inf
     done, skipped, broken = [], [], 0
     print(f"bench gpu: {len(jobs)} rows -> {results}", flush=True)
-    from labkit.presets import card_device
-
     device_gib = probe["device"].get("total_memory_gib") or math.inf
     for job in jobs:
         card = card_device(job["preset"]) if job.get("cap") == "card" and not args.tiny else None
@@ -590,8 +590,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         recorded, planned = {}, job
         if job.get("doctor"):  # the doctor's caps and changes come from the rows measured before
-            path = results / "measurements.json"
-            recorded = {r["name"]: r for r in (json.loads(path.read_text()) if path.exists() else [])}
+            recorded = {r["name"]: r for r in recorded_rows(results)}
             planned = doctor_spec(job, recorded)
         if isinstance(planned, str):  # a finding too: written as a row of its own
             row = dict(part="doctor", name=job["name"], status="not isolated", error=planned, wall_s=0,

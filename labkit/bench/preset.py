@@ -19,9 +19,11 @@ from labkit.training import LogRecorder
 __all__ = ["main", "bench_preset", "card_cap_fraction"]
 
 
-def _random_weights_model(preset: Preset, folder: Path, precision: str) -> str:
+def _random_weights_model(preset: Preset, folder: Path, precision: str, device: str | None = None,
+                          **overrides) -> str:
     """Return a loadable path for the preset's model: its architecture with random weights, saved to ``folder``
-    (:func:`labkit.models.save_random_architecture`), or the tiny model's path."""
+    (:func:`labkit.models.save_random_architecture`; ``overrides`` change its shape), or the tiny model's path.
+    QLoRA's frozen base is saved in the LoRA dtype: it is quantised when loaded."""
     import torch
 
     from labkit.device import torch_dtype
@@ -31,8 +33,8 @@ def _random_weights_model(preset: Preset, folder: Path, precision: str) -> str:
         return resolve_model(preset.model)
     dtype = torch_dtype(precision, "lora" if preset.method == "qlora" else preset.method)
     # Random init is much faster on a GPU; the weights are saved and freed before the measured run starts.
-    return save_random_architecture(preset.model, folder, dtype=dtype,
-                                    device="cuda" if torch.cuda.is_available() else "cpu")
+    return save_random_architecture(preset.model, folder, dtype=dtype, **overrides,
+                                    device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _fixed_length_prompts(tokenizer, n: int, length: int):
