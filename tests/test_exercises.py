@@ -44,6 +44,16 @@ def test_known_mistake_is_named(toy):
         ex.check(toy.name, toy.mistakes["the std has no Bessel correction (unbiased=False)"])
 
 
+def test_a_mistake_matching_one_case_only_is_not_named(toy):
+    # Bessel's mistake on the first case, something else on the second: naming Bessel would mislead.
+    def wrong(x):
+        return (x - x.mean()) / x.std(unbiased=False) if len(x) == 4 else x
+
+    with pytest.raises(ExerciseFailed) as info:
+        ex.check(toy.name, wrong)
+    assert "four rewards" in str(info.value) and "Bessel" not in str(info.value)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (lambda x: -(x - x.mean()) / x.std(), "sign is flipped"),
     (lambda x: 2 * (x - x.mean()) / x.std(), "2.0 times the reference"),
@@ -126,3 +136,125 @@ def test_the_reward_exercise_is_called_as_trl_calls_a_reward():
     assert all({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "answer"}
                <= set(case.kwargs) for case in cases)
     assert any(isinstance(case.kwargs["completions"][0], list) for case in cases)  # conversational too
+
+
+# --------------------------------------------------------------------------- diagnoses of plausible wrong answers
+# Each learner below is written the way a learner would write it (not by calling the exercise's own mistake
+# functions). A known mistake is named only when it gives the learner's output on every case; otherwise the
+# verdict is about the failing case alone (its input, what was expected, what came back).
+
+import labkit.rewards  # noqa: E402
+
+
+def _verdict(name, fn) -> str:
+    with pytest.raises(ExerciseFailed) as info:
+        ex.verify(name, fn)
+    return str(info.value)
+
+
+def _named_mistakes(name, verdict) -> list[str]:
+    return [message for message in ex.exercise(name).mistakes if message in verdict]
+
+
+def _text(completion):
+    return completion if isinstance(completion, str) else labkit.rewards.completion_text(completion)
+
+
+def _extract_forgets_open_think(completion):
+    # follows the hint, but never checks for a <think> left open before the answer
+    text = _text(completion)
+    close = text.rfind("</think>")
+    if close >= 0:
+        text = text[close + len("</think>"):]
+    if text.count("<answer>") != 1 or text.count("</answer>") != 1:
+        return None
+    start, end = text.find("<answer>"), text.find("</answer>")
+    return (text[start + len("<answer>"):end].strip() or None) if start < end else None
+
+
+def _extract_last_findall(completion):
+    # the last <answer>...</answer> anywhere, lazily matched
+    found = re.findall(r"<answer>(.*?)</answer>", _text(completion), re.DOTALL)
+    return (found[-1].strip() or None) if found else None
+
+
+def _extract_greedy(completion):
+    # one greedy regex over the whole completion
+    match = re.search(r"<answer>(.*)</answer>", _text(completion), re.DOTALL)
+    return (match.group(1).strip() or None) if match else None
+
+
+def test_extract_answer_open_think_is_named_and_is_not_a_greedy_regex():
+    verdict = _verdict("extract_answer", _extract_forgets_open_think)
+    assert _named_mistakes("extract_answer", verdict) == [next(m for m in ex.exercise("extract_answer").mistakes
+                                                               if m.startswith("a <think> that is never closed"))]
+    assert "a <think> never closed" in verdict and "greedy" not in verdict
+
+
+def test_extract_answer_findall_last_gets_the_case_not_a_known_mistake():
+    # findall()[-1] agrees with a greedy regex and with "the answer inside <think> counts" on the first case it
+    # fails, but with neither on every case: the verdict names no mistake, only the case, expected and got.
+    verdict = _verdict("extract_answer", _extract_last_findall)
+    assert _named_mistakes("extract_answer", verdict) == []
+    assert "the only answer inside <think>" in verdict
+    assert "expected None" in verdict and "got      '18'" in verdict
+    assert "no known mistake gives your answers on every case" in verdict
+
+
+def test_extract_answer_greedy_regex_is_named():
+    verdict = _verdict("extract_answer", _extract_greedy)
+    assert _named_mistakes("extract_answer", verdict) == [next(m for m in ex.exercise("extract_answer").mistakes
+                                                               if m.startswith("a greedy regex"))]
+
+
+def _advantages_eps_in_sqrt(rewards, num_generations, scale_rewards="group"):
+    grouped = rewards.view(-1, num_generations)
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        advantages = advantages / (grouped.var(dim=1, keepdim=True) + 1e-4).sqrt()  # epsilon inside the sqrt
+    return advantages.flatten()
+
+
+def _advantages_transposed(rewards, num_generations, scale_rewards="group"):
+    grouped = rewards.reshape(num_generations, -1).T  # (num_prompts, G) in shape, but the wrong completions
+    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_rewards == "group":
+        advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)
+    return advantages.T.reshape(-1)
+
+
+def _advantages_transposed_unscaled(rewards, num_generations, scale_rewards="group"):
+    # transposed AND never divides: two mistakes at once, so neither known mistake reproduces it everywhere
+    grouped = rewards.reshape(num_generations, -1).T
+    return (grouped - grouped.mean(dim=1, keepdim=True)).T.reshape(-1)
+
+
+@pytest.mark.parametrize("learner, start", [
+    (_advantages_eps_in_sqrt, "1e-4 is added to the variance"),
+    (_advantages_transposed, "the groups are transposed"),
+])
+def test_group_advantages_diagnoses(learner, start):
+    verdict = _verdict("group_advantages", learner)
+    assert [m[:len(start)] for m in _named_mistakes("group_advantages", verdict)] == [start]
+
+
+def test_group_advantages_eps_in_sqrt_fails_on_close_rewards():
+    verdict = _verdict("group_advantages", _advantages_eps_in_sqrt)
+    assert "std about 0.01" in verdict  # the only case where std + 1e-4 and sqrt(var + 1e-4) part
+
+
+def test_group_advantages_two_mistakes_at_once_name_neither():
+    verdict = _verdict("group_advantages", _advantages_transposed_unscaled)
+    assert _named_mistakes("group_advantages", verdict) == []
+    assert "values differ" in verdict
+
+
+def _aggregate_token_mean(per_token_loss, completion_mask, loss_type, max_completion_length):
+    m = completion_mask.float()
+    return (per_token_loss * m).sum() / m.sum()  # whatever the loss_type
+
+
+def test_aggregate_loss_token_mean_everywhere_is_named_not_swapped():
+    # On the 'grpo' case this equals "token mean and sequence mean swapped"; on 'bnpo' it does not.
+    verdict = _verdict("aggregate_loss", _aggregate_token_mean)
+    assert [m[:30] for m in _named_mistakes("aggregate_loss", verdict)] == ["the token mean for every loss_"]

@@ -16,10 +16,12 @@ should use:
 - the reference, when the stub still raises ``NotImplementedError`` (it says so, and why), so a
   notebook run with every stub unfilled still runs end to end (CI runs it that way);
 - nothing: it raises :class:`ExerciseFailed` when a case fails, with the case, what was expected,
-  what came back and a diagnosis. The diagnosis names a *known mistake* when the learner's
-  output equals that mistake's output on the failing case (each exercise lists its plausible
+  what came back and a diagnosis. The diagnosis names a *known mistake* only when that mistake
+  gives the learner's output on **every** case of the exercise (each exercise lists its plausible
   wrong answers: the std without Bessel's correction, a missing clip side, the KL the wrong way
-  round...), else a generic one (shape, sign, a constant factor, NaN).
+  round...); a mistake that merely agrees on the failing case would name the wrong bug. Otherwise
+  it is about this case alone: a generic reason (shape, sign, a constant factor, NaN) or, for
+  answers that are not numbers, what was expected and what came back.
 
 The known mistakes double as the exercise's own tests: ``tests/test_exercises.py`` checks that the
 reference passes and that every listed mistake fails with its own message.
@@ -143,18 +145,52 @@ def _default_compare(expected, got, rtol: float = 1e-4, atol: float = 1e-5) -> s
     return "values differ"
 
 
-def diagnose(ex: Exercise, case: Case, expected, got) -> str:
-    """Return why ``got`` is wrong on ``case``: a known mistake's message if it matches, else a generic reason."""
+_RAISED = object()  # stands for "this call raised" when two functions are compared case by case
+
+
+def _outputs(fn: Callable, cases: list[Case]) -> list:
+    outputs = []
+    for case in cases:
+        try:
+            outputs.append(fn(*case.args, **case.kwargs))
+        except Exception:
+            outputs.append(_RAISED)
+    return outputs
+
+
+def _same_outputs(ex: Exercise, ours: list, theirs: list) -> bool:
+    return all((a is _RAISED) == (b is _RAISED) and (a is _RAISED or ex.differs(a, b) is None)
+               for a, b in zip(ours, theirs))
+
+
+def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None) -> str:
+    """Return why ``got`` is wrong on ``case``: a known mistake's message if it matches, else a generic reason.
+
+    A known mistake is named only when it reproduces ``got`` on ``case`` and, given the learner's
+    ``fn``, ``fn``'s output on every other case of the exercise too (a mistake that agrees on one
+    case only is a coincidence: naming it would send the learner after the wrong bug).
+    """
+    cases = learner = None  # fn's outputs on every case, computed when a mistake first matches this case
     for message, wrong in ex.mistakes.items():
         try:
             theirs = wrong(*case.args, **case.kwargs)
-        except Exception:  # a mistake that cannot run on this case says nothing about it
+        except Exception:  # a mistake that cannot run on this case does not reproduce it
             continue
-        if ex.differs(theirs, got) is None:
+        if ex.differs(theirs, got) is not None:
+            continue
+        if fn is None:
+            return message
+        if learner is None:
+            cases = ex.cases()  # one set of inputs for both: a comparison may follow a loss back to its inputs
+            learner = _outputs(fn, cases)
+        if _same_outputs(ex, _outputs(wrong, cases), learner):
             return message
     generic = ex.differs(expected, got) or ""
     e_vals, _ = _as_float_list(expected)
     g_vals, _ = _as_float_list(got)
+    if e_vals is None and generic == f"expected {_short(expected)}, got {_short(got)}":  # not numbers: this case
+        return (f"on this input the reference returns {_short(expected)} and yours {_short(got)}; no known "
+                "mistake gives your answers on every case, so look at what this case tests")
     if e_vals and g_vals and len(e_vals) == len(g_vals) and generic == "values differ":
         if all(math.isclose(g, -e, rel_tol=1e-4, abs_tol=1e-6) for g, e in zip(g_vals, e_vals)):
             return "the sign is flipped"
@@ -183,7 +219,7 @@ def verify(name: str, fn: Callable) -> None:
         if ex.differs(expected, got) is not None:
             raise ExerciseFailed(
                 f"{name}: wrong on {case.label}.\n  expected {_short(expected)}\n  got      {_short(got)}\n"
-                f"  what is wrong: {diagnose(ex, case, expected, got)}"
+                f"  what is wrong: {diagnose(ex, case, expected, got, fn)}"
                 + (f"\nHint: {ex.hint}" if ex.hint else "")
                 + (f"\nWorked solution: {ex.solution}" if ex.solution else ""))
 

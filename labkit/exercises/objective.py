@@ -30,12 +30,17 @@ def _advantages_cases() -> list[Case]:
     two_groups = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.0])
     uneven = torch.tensor([2.0, 0.0, 1.0, 1.0, 0.25, 3.0, 0.0, 1.0, 1.0])
     flat = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    # Rewards 0.01-0.02 apart (a small length penalty, say): std about 0.01, where std + 1e-4 and
+    # sqrt(var + 1e-4) part (0.0097 against 0.0138); with large stds the two agree to 1e-4.
+    close = torch.tensor([0.50, 0.50, 0.51, 0.52, 1.0, 0.98, 1.0, 0.99])
     return [
         Case("two groups of 4, scale_rewards='group' (TRL's default)", (two_groups, 4), {"scale_rewards": "group"}),
         Case("three groups of 3, scale_rewards='group'", (uneven, 3), {"scale_rewards": "group"}),
         Case("two groups of 4, scale_rewards='none' (Dr. GRPO)", (two_groups, 4), {"scale_rewards": "none"}),
         Case("three groups of 3, scale_rewards='none'", (uneven, 3), {"scale_rewards": "none"}),
         Case("a flat group (every reward 0) next to a mixed one, 'group'", (flat, 4), {"scale_rewards": "group"}),
+        Case("two groups of rewards 0.01 to 0.02 apart (std about 0.01), 'group'", (close, 4),
+             {"scale_rewards": "group"}),
     ]
 
 
@@ -65,6 +70,23 @@ def _adv_no_epsilon(rewards, num_generations, scale_rewards="group"):
     adv = grouped - grouped.mean(1, keepdim=True)
     if scale_rewards == "group":
         adv = adv / grouped.std(1, keepdim=True)
+    return adv.flatten()
+
+
+def _adv_eps_in_sqrt(rewards, num_generations, scale_rewards="group"):
+    grouped = rewards.view(-1, num_generations)
+    adv = grouped - grouped.mean(1, keepdim=True)
+    if scale_rewards == "group":
+        adv = adv / torch.sqrt(grouped.var(1, keepdim=True) + 1e-4)
+    return adv.flatten()
+
+
+def _adv_transposed(rewards, num_generations, scale_rewards="group"):
+    # (G, num_prompts) where (num_prompts, G) belongs: each "group" takes one completion of every prompt.
+    grouped = rewards.view(num_generations, -1)
+    adv = grouped - grouped.mean(0, keepdim=True)
+    if scale_rewards == "group":
+        adv = adv / (grouped.std(0, keepdim=True) + 1e-4)
     return adv.flatten()
 
 
@@ -100,11 +122,18 @@ GROUP_ADVANTAGES = register(Exercise(
         "scale_rewards='none' still divides by the std: 'none' (Dr. GRPO) only subtracts the group mean":
             _adv_always_scaled,
         "no epsilon: TRL divides by std + 1e-4, so a flat group gets advantage 0, not 0/0 = NaN": _adv_no_epsilon,
+        "1e-4 is added to the variance, inside the square root: TRL divides by std + 1e-4. The two agree when the "
+        "std is large; for rewards about 0.01 apart (std 0.0096) std + 1e-4 is 0.0097 but sqrt(var + 1e-4) is "
+        "0.0138, so every advantage shrinks by 30 %": _adv_eps_in_sqrt,
+        "the groups are transposed: TRL puts the num_generations completions of a prompt next to each other, so "
+        "rewards.view(-1, num_generations) has one prompt per row; view(num_generations, -1) makes each 'group' "
+        "one completion of every prompt": _adv_transposed,
         "that is RLOO's leave-one-out baseline (the mean of the OTHER completions); GRPO's mean includes the "
         "completion's own reward": _adv_leave_one_out,
     },
     hint="rewards.view(-1, num_generations) puts one group per row; subtract each row's mean; with "
-         "scale_rewards='group' divide by the row's std (torch.std, Bessel-corrected) + 1e-4; with 'none' do not divide.",
+         "scale_rewards='group' divide by the row's std (torch.std, Bessel-corrected) + 1e-4 (outside the square root); "
+         "with 'none' do not divide.",
     solution=f"{_SOLUTIONS_01}#exercise-group_advantages",
     reference_name="labkit.objective.group_advantages, equal to TRL's GRPOTrainer advantages",
 ))
@@ -245,6 +274,8 @@ def _agg_mistake(kind):
                                                                                loss_type, max_completion_length)
         if kind == "sum":  # no normalisation at all
             return (per_token_loss * m).sum()
+        if kind == "token_mean":  # one formula whatever the loss_type
+            return tok_mean
         return {"grpo": seq_mean, "dr_grpo": dr}.get(loss_type, tok_mean)
     return wrong
 
@@ -260,6 +291,9 @@ AGGREGATE_LOSS = register(Exercise(
         "'dr_grpo' divides by the token count: it divides by B * max_completion_length, a constant":
             _agg_mistake("dr_tokens"),
         "no normalisation: the loss is a sum, so it grows with the batch and the lengths": _agg_mistake("sum"),
+        "the token mean for every loss_type: right for 'bnpo' and 'dapo' only. 'grpo' averages each completion's "
+        "tokens first, then the completions (each completion weighs the same); 'dr_grpo' divides the sum by "
+        "B * max_completion_length": _agg_mistake("token_mean"),
     },
     hint="m = completion_mask.float(); grpo: ((loss * m).sum(1) / m.sum(1)).mean(); bnpo and dapo (one batch): "
          "(loss * m).sum() / m.sum(); dr_grpo: (loss * m).sum() / (B * max_completion_length).",

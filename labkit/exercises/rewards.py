@@ -62,6 +62,15 @@ def _ignores_think(text):
     return text[start + 8:end].strip() or None if start < end else None
 
 
+def _open_think_allowed(text):
+    # Every rule but one: an answer after a <think> that is never closed is read as the answer.
+    t = _text(text)
+    t = t[t.rfind("</think>") + 8:] if "</think>" in t else t
+    if t.count("<answer>") != 1 or t.count("</answer>") != 1 or t.find("</answer>") < t.find("<answer>"):
+        return None
+    return t[t.find("<answer>") + 8:t.find("</answer>")].strip() or None
+
+
 def _no_strip(text):
     answer = rewards.extract_answer(text)
     if answer is None:
@@ -90,6 +99,8 @@ EXTRACT_ANSWER = register(Exercise(
         "the first <answer> tag wins: a completion with two answers (or a draft inside <think>) is a hedge "
         "unless only the text after the last </think> is read, and it must hold exactly one <answer>": _first_tag,
         "the answer inside <think> counts: only the text after the last </think> holds the answer": _ignores_think,
+        "a <think> that is never closed is not checked: with no </think> the model never finished thinking, so an "
+        "<answer> after an opening <think> is still reasoning and must give None": _open_think_allowed,
         "the answer is not stripped: '  18 \\n' must read '18'": _no_strip,
         "an empty answer gives '': it must give None (no answer)": _empty_string,
     },
