@@ -15,7 +15,8 @@ and Colab) keeps part of it.
 Each :class:`Card` gives the name ``torch.cuda.get_device_name()`` prints, the ``total`` that
 ``torch.cuda.mem_get_info()`` reports in GiB (the smallest published figure, so a plan made for it fits
 every copy of the card), its compute capability (which decides bf16 or fp16, :mod:`labkit.device`) and
-the source of the figure (docs/references.md, "What cards report to PyTorch").
+the source of the figure (docs/references.md#t4-step-times; the laptop card's under
+docs/references.md#the-16-gb-laptop-recipe).
 """
 from __future__ import annotations
 
@@ -60,8 +61,10 @@ CARDS: dict[str, Card] = {
              "14.74 (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb). T4s on other clouds' newer "
              "drivers report 14.56-14.58 GiB (Zheng-Chong/CatVTON issue 133, QwenLM/Qwen3-VL issue 1046)"),
         Card("rtx3080-laptop-16gb", "NVIDIA GeForce RTX 3080 Laptop GPU", "16 GB", 15.7, (8, 6),
-             "a 16 GB card reports 15.7-15.99 GiB (16,077 MiB on a Windows laptop; an RTX 4080 16 GB "
-             "\"15.99 GiB total capacity\", aigc-apps/sd-webui-EasyPhoto issue 281): 15.7 fits every one"),
+             "Oxen.ai's 16 GB RTX 3080 laptop: \"GPU 0 has a total capacity of 15.73 GiB\" (the OOM message in "
+             "ghost.oxen.ai/grpo-vram-requirements-for-the-gpu-poor; docs/references.md#the-16-gb-laptop-recipe), "
+             "rounded down; 16 GB cards report 15.7-15.99 GiB (an RTX 4080 16 GB \"15.99 GiB total capacity\", "
+             "aigc-apps/sd-webui-EasyPhoto issue 281)"),
         Card("rtx4080-16gb", "NVIDIA GeForce RTX 4080", "16 GB", 15.99, (8, 9),
              "\"15.99 GiB total capacity\" (aigc-apps/sd-webui-EasyPhoto issue 281)"),
         Card("rtx3080-10gb", "NVIDIA GeForce RTX 3080", "10 GB", 10.0, (8, 6),
