@@ -132,8 +132,8 @@ GROUP_ADVANTAGES = register(Exercise(
         "completion's own reward": _adv_leave_one_out,
     },
     hint="rewards.view(-1, num_generations) puts one group per row; subtract each row's mean; with "
-         "scale_rewards='group' divide by the row's std (torch.std, Bessel-corrected) + 1e-4 (outside the square root); "
-         "with 'none' do not divide.",
+         "scale_rewards='group' divide by the row's std (torch.std, Bessel-corrected) + 1e-4 (outside the square "
+         "root); with 'none' do not divide.",
     solution=f"{_SOLUTIONS_01}#exercise-group_advantages",
     reference_name="labkit.objective.group_advantages, equal to TRL's GRPOTrainer advantages",
 ))
@@ -142,7 +142,8 @@ GROUP_ADVANTAGES = register(Exercise(
 # --------------------------------------------------------------------------- the clipped surrogate (01, section 3)
 
 
-def _surrogate_reference(logps, old_logps, advantages, epsilon=0.2, epsilon_high=0.28):
+def _surrogate_reference(logps, old_logps, advantages, epsilon=0.2, epsilon_high=0.2):
+    # TRL's defaults: epsilon=0.2, epsilon_high=None (the same as epsilon). Every case passes both.
     mask = torch.ones_like(logps)
     return objective.grpo_loss(logps, old_logps, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high,
                                loss_type="bnpo").per_token_loss
@@ -162,9 +163,9 @@ def _surrogate_cases() -> list[Case]:
     logps2 = old2 + 0.4 * torch.randn(6, 7, generator=g)
     adv2 = torch.tensor([1.2, -0.3, 0.0, 0.8, -1.1, 0.4])
     return [
-        Case("ratios 0.5 to 2.0 on both sides of both bounds, epsilon=0.2, epsilon_high=0.28",
+        Case("ratios 0.5 to 2.0 on both sides of both bounds, epsilon=0.2, epsilon_high=0.28 (DAPO's clip-higher)",
              (logps, old_logps, advantages), {"epsilon": 0.2, "epsilon_high": 0.28}),
-        Case("the same tokens with a symmetric clip, epsilon=epsilon_high=0.2",
+        Case("the same tokens with TRL's default symmetric clip, epsilon=epsilon_high=0.2",
              (logps, old_logps, advantages), {"epsilon": 0.2, "epsilon_high": 0.2}),
         Case("random (6, 7) log-probs, epsilon=0.1, epsilon_high=0.3", (logps2, old2, adv2),
              {"epsilon": 0.1, "epsilon_high": 0.3}),
@@ -183,19 +184,19 @@ CLIPPED_SURROGATE = register(Exercise(
     cases=_surrogate_cases,
     mistakes={
         "the upper clip side is missing: clamp the ratio to [1 - epsilon, 1 + epsilon_high], not only from below":
-            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.28: _sur(lp, olp, a, 1 - epsilon, None),
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, None),
         "the lower clip side is missing: clamp the ratio to [1 - epsilon, 1 + epsilon_high], not only from above":
-            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.28: _sur(lp, olp, a, None, 1 + epsilon_high),
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, None, 1 + epsilon_high),
         "epsilon_high is ignored: the upper bound is 1 + epsilon_high (DAPO's clip-higher), the lower 1 - epsilon":
-            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.28: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon),
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon),
         "max where min belongs: the surrogate takes the smaller objective (min), so the loss is -min(...)":
-            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.28: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon_high,
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon_high,
                                                                     combine=torch.max),
         "only the clipped term: without min(ratio * A, clipped * A) the update can no longer undo a mistake":
-            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.28: -torch.clamp(
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: -torch.clamp(
                 torch.exp(lp - olp), 1 - epsilon, 1 + epsilon_high) * a[:, None],
         "the ratio is upside down: it is pi_theta / pi_old = exp(logps - old_logps)":
-            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.28: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon_high,
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon_high,
                                                                     ratio=torch.exp(olp - lp)),
     },
     hint="ratio = exp(logps - old_logps), (B, T); A = advantages[:, None], (B, 1); per-token loss = "
