@@ -12,17 +12,24 @@ becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
 - the last checkpoint, which is kept (nothing is written after an OOM: the model and
   optimiser may be half updated), so the run resumes from there.
 
-Why the phase matters. Generation holds the KV cache of the generation batch: in TRL 1.16's
-units, ``per_device_train_batch_size x steps_per_generation`` sequences of prompt + completion
-tokens on each device (``steps_per_generation`` defaults to ``gradient_accumulation_steps``;
-``num_generations`` only groups them). The loss's forward and backward passes hold activations
-and, in the LM head, logits for ``per_device_train_batch_size`` sequences (Qwen's vocabulary is
-151,936; TRL 1.16 computes them in chunks of 4,096 tokens x 32,768 entries, so a tile rather than
-a full ``(B, T, V)`` tensor); the optimiser step allocates the AdamW states on the first step. Each
-has its own cure, and a cure for one can leave the other unchanged: halving the per-device batch
-at double the accumulation keeps the generation batch, so it does nothing for an OOM during
-generation. :func:`ordered_changes` offers only the changes that :func:`labkit.memory.estimate`
-says cut the memory of the phase that ran out.
+Why the phase matters. Each phase holds its own memory (:func:`phase_memory`, from the terms of
+:func:`labkit.memory.estimate`, in TRL 1.16's units), so each has its own cure:
+
+- **generation**: the KV cache of the whole generation batch, ``per_device_train_batch_size x
+  steps_per_generation`` sequences (``steps_per_generation`` defaults to
+  ``gradient_accumulation_steps``; ``num_generations`` only groups them). Halving the per-device
+  batch at double the accumulation keeps that batch, so it does nothing here.
+- **scoring** (old / reference log-probs, rewards): a ``torch.no_grad()`` forward with gradient
+  checkpointing switched off, ``per_device_train_batch_size`` sequences at a time, no saved
+  activations (:func:`scoring_memory`): checkpointing cannot change it.
+- the loss's **forward** and **backward** passes: the activations autograd keeps and the LM head's
+  tile of logits (TRL 1.16 computes Qwen's 151,936-entry logits in chunks of 4,096 tokens x 32,768
+  entries) for ``per_device_train_batch_size`` sequences: checkpointing, a smaller per-device batch
+  and shorter completions cut them.
+- the **optimiser step**: the activations are freed by then; weights, reference, gradients and the
+  AdamW states, allocated on the first step (:func:`optimizer_step_memory`).
+
+:func:`ordered_changes` offers only the changes that cut the memory of the phase that ran out.
 
 NaN. The same wrapper installs :class:`NaNGuard` and turns NaN logits met by sampling into
 :class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow, QLoRA or fp32),
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -50,6 +58,8 @@ __all__ = [
     "candidate_changes",
     "flat_settings",
     "phase_memory",
+    "scoring_memory",
+    "optimizer_step_memory",
     "ordered_changes",
     "OOMReport",
     "TrainingOutOfMemory",
@@ -66,7 +76,7 @@ __all__ = [
 PHASES = {
     "setup": "setup, before the first step (loading, optimiser creation)",
     "generation": "generation: sampling the completions (KV cache of the whole generation batch)",
-    "scoring": "scoring: rewards and the old / reference log-probs of the completions",
+    "scoring": "scoring: rewards and the old / reference log-probs of the completions (no_grad)",
     "forward": "the loss's forward pass (policy log-probs and logits of prompt + completion)",
     "backward": "the backward pass (activations and gradients)",
     "optimizer": "the optimiser step (AdamW states are allocated on the first one)",
@@ -78,25 +88,25 @@ _SMALLER = {
     "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
     "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-1B-Instruct",
 }
-# Which memory of labkit.memory.estimate each phase fills: generation holds the KV cache of the whole
-# generation batch; scoring, the loss's forward and backward passes and the optimiser step hold the
-# training pass's gradients, activations and LM-head buffers; setup holds what lives through both.
+# Which memory each phase fills (phase_memory): a term of labkit.memory.estimate (generation_phase,
+# training_phase), scoring_memory, optimizer_step_memory, or what lives through every phase (persistent).
 PHASE_MEMORY = {
     "generation": "generation_phase",
-    "scoring": "training_phase",
+    "scoring": "scoring",
     "forward": "training_phase",
     "backward": "training_phase",
-    "optimizer": "training_phase",
+    "optimizer": "optimizer_step",
     "setup": "persistent",
 }
-# Which changes to try first, by the phase that ran out of memory. Only changes that cut that phase's
-# memory (by labkit.memory.estimate) are offered: see ordered_changes.
+# Which changes to try first, by the phase that ran out of memory. A kind missing from a list cannot help there:
+# scoring runs with checkpointing switched off; at the optimiser step the activations are already freed, so
+# checkpointing, the per-device batch and the completion length change nothing. See ordered_changes.
 _ORDER = {
     "generation": ["generation_batch", "generations", "completion", "optim", "method", "beta", "model"],
-    "scoring": ["batch", "completion", "checkpointing", "optim", "method", "beta", "model"],
+    "scoring": ["batch", "completion", "optim", "method", "beta", "model"],
     "forward": ["checkpointing", "batch", "completion", "optim", "method", "beta", "model"],
     "backward": ["checkpointing", "batch", "completion", "optim", "method", "beta", "model"],
-    "optimizer": ["optim", "method", "checkpointing", "batch", "completion", "beta", "model"],
+    "optimizer": ["optim", "method", "beta", "model"],
     "setup": ["method", "optim", "beta", "model"],
 }
 _DEFAULT_ORDER = ["checkpointing", "batch", "generation_batch", "completion", "optim", "generations", "method",
@@ -223,11 +233,17 @@ def candidate_changes(settings: dict) -> list[Change]:
     return out
 
 
-def phase_memory(settings: dict, phase: str | None) -> int | None:
-    """Return the bytes :func:`labkit.memory.estimate` gives the memory ``phase`` fills (:data:`PHASE_MEMORY`)
-    for ``settings`` (preset / GRPOConfig field names), or None when it cannot estimate them (an unknown model).
+def _accepts(function, name: str) -> bool:
+    return name in inspect.signature(function).parameters
 
-    Phases without an entry (``between steps``, unknown) count the whole step's peak.
+
+def phase_memory(settings: dict, phase: str | None) -> int | None:
+    """Return the bytes ``phase`` fills (:data:`PHASE_MEMORY`) for ``settings`` (preset / GRPOConfig field names),
+    from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model).
+
+    generation: ``generation_phase``; forward, backward: ``training_phase``; scoring: :func:`scoring_memory`;
+    optimizer: :func:`optimizer_step_memory`; setup: weights + reference + optimiser states; any other
+    phase (``between steps``, unknown): the whole step's peak.
     """
     from labkit.memory import estimate
     from labkit.models import resolve_model
@@ -242,18 +258,102 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
                   max_completion_length=s.get("max_completion_length"), optim=s.get("optim"),
                   gradient_checkpointing=s.get("gradient_checkpointing"), beta=s.get("beta"),
                   precision=s.get("precision"), lora_rank=s.get("lora_rank"), lora_targets=s.get("target_modules"))
+    if _accepts(estimate, "prepare_model_for_kbit_training"):  # QLoRA with PEFT's fp32 upcast (a preset field)
+        kwargs["prepare_model_for_kbit_training"] = s.get("prepare_model_for_kbit_training")
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     kwargs["lora_targets"] = list(kwargs["lora_targets"]) if "lora_targets" in kwargs else None
-    model = s["model"]
-    try:
-        # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
-        est = estimate(resolve_model(model) if str(model).startswith("tiny:") else model, s["method"], **kwargs)
+    try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
+        name = resolve_model(s["model"]) if str(s["model"]).startswith("tiny:") else s["model"]
+        est = estimate(name, s["method"], **kwargs)
     except (KeyError, ValueError, TypeError, OSError):
         return None
     term = PHASE_MEMORY.get(phase or "", "total")
     if term == "persistent":
         return est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
+    if term == "scoring":
+        return scoring_memory(est, model=name, lora_targets=kwargs["lora_targets"],
+                              num_iterations=s.get("num_iterations") or 1)
+    if term == "optimizer_step":
+        return optimizer_step_memory(est, optim=s.get("optim"))
     return est.bytes[term]
+
+
+def optimizer_step_memory(est, optim: str | None = None) -> int:
+    """Return the bytes live during ``optimizer.step()`` for the :class:`labkit.memory.MemoryEstimate` ``est``.
+
+    ``weights + reference + gradients + optimizer`` (the estimate's terms; the AdamW states are
+    allocated on the first step), plus, for ``optim="adamw_torch"`` on CUDA, one temporary the size
+    of a moment: torch's foreach AdamW builds ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``
+    for all the parameters at once (torch/optim/adam.py, ``_multi_tensor_adam``, lines 762 and 790
+    in torch 2.13; foreach is torch's default for CUDA tensors, torch/optim/optimizer.py line 161).
+    Moments are in the parameter's dtype, like the gradients, so it is the gradients' size. The fused
+    and the 8-bit optimisers update in place. No activations: transformers calls the step after the
+    backward pass of the last micro-batch has freed them (transformers/trainer.py, lines 1931-1935:
+    clip, ``on_pre_optimizer_step``, ``optimizer.step()``). So gradient checkpointing, the per-device
+    batch and the completion length change nothing here.
+    """
+    terms = est.bytes
+    foreach_temporary = terms["gradients"] if optim == "adamw_torch" and est.settings.get("device") == "cuda" else 0
+    return terms["weights"] + terms["reference"] + terms["gradients"] + terms["optimizer"] + foreach_temporary
+
+
+def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 0.05, num_iterations: int = 1) -> int:
+    """Return the bytes of the scoring phase (old and reference log-probs) for the estimate ``est`` of ``model``.
+
+    TRL 1.16 scores the generation batch in ``GRPOTrainer._generate_and_score_completions`` under
+    ``torch.no_grad()`` with gradient checkpointing switched off (trl/trainer/grpo_trainer.py, line
+    2634, ``disable_gradient_checkpointing``), in chunks of ``B = per_device_train_batch_size``
+    sequences (line 2505; ``_get_per_token_logps_and_entropies``, lines 1440-1446) of
+    ``S = max_prompt_length + max_completion_length`` tokens, with no KV cache (trl/trainer/utils.py,
+    line 1612). It runs the policy only when the samples may be stale (lines 2642-2643:
+    ``gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0``) and the reference
+    only when ``beta > 0`` (line 2710); otherwise scoring is the reward functions alone. It counts:
+
+    - weights + reference + optimizer states, and the gradients of earlier micro-batches when a generation
+      starts mid-accumulation (``steps_per_generation x num_iterations`` not a multiple of the accumulation);
+    - a no-grad forward of ``B S`` tokens, one layer at a time (no autograd-saved activations): the
+      residual stream and the layer's largest moment, SwiGLU's intermediates,
+      ``B S (3 i + 2 h) hb`` as at the prefill of :func:`labkit.memory.estimate`, with PEFT's fp32
+      casts of the widest LoRA input; or, when larger, the fused LM head: the last hidden states
+      (``B S h hb``), the ``N`` scored positions copied (``N h hb``; ``N = B C`` on CUDA, ``B (S - 1)``
+      on CPU, trl/trainer/utils.py line 1645), seven fp32 statistics per position and one tile of
+      ``min(N, 4096) x min(V, 32768)`` logits (trl/kernels/chunked_logprob.py, lines 340-352); plus
+      autocast's 16-bit copies of fp32 master weights.
+
+    Neither checkpointing nor the generation batch changes it (only ``B`` and ``S`` do). Not counted: the
+    generation batch's token ids and log-probs (a few MiB), the reward functions' own memory.
+    """
+    from labkit.memory import (_CPU_TILE_COPIES, _TRL_TOKEN_CHUNK, _TRL_VOCAB_CHUNK, PRECISION_BYTES,
+                               adapter_bytes, hidden_state_bytes, model_shape)
+    from labkit.models import DEFAULT_LORA_TARGETS
+
+    s, terms = est.settings, est.bytes
+    accumulation, generate_every = s["gradient_accumulation_steps"], s["steps_per_generation"] * num_iterations
+    memory = terms["weights"] + terms["reference"] + terms["optimizer"]
+    if generate_every % accumulation:
+        memory += terms["gradients"]
+    if not (s["beta"] > 0 or accumulation % generate_every):
+        return memory
+    method, precision, device = s["method"], s["precision"], s.get("device", "cuda")
+    shape = model_shape(s["model"] if model is None else model)  # a name, a folder or a config
+    b = PRECISION_BYTES[precision]
+    upcast = bool(s.get("prepare_model_for_kbit_training"))
+    hb = (hidden_state_bytes(method, precision, prepare_model_for_kbit_training=upcast)
+          if _accepts(hidden_state_bytes, "prepare_model_for_kbit_training") else hidden_state_bytes(method, precision))
+    batch, seq = s["per_device_train_batch_size"], s["max_prompt_length"] + s["max_completion_length"]
+    tokens, h, i, V = batch * seq, shape.hidden_size, shape.intermediate_size, shape.vocab_size
+    # PEFT casts a LoRA layer's input to its adapters' fp32 (as in labkit.memory.estimate): LoRA, and QLoRA with
+    # fp32 adapters and 16-bit hidden states
+    casts = method == "lora" or (method == "qlora" and adapter_bytes(method, precision) == 4 and hb < 4)
+    widest = max((n for n, _ in shape.lora_targets(lora_targets or DEFAULT_LORA_TARGETS)), default=0) if casts else 0
+    layer = tokens * ((2 if widest >= i else 3) * i + 2 * h) * hb + tokens * widest * (4 + (5 if lora_dropout else 0))
+    if s.get("padded"):
+        layer += tokens * seq * b  # SDPA's additive mask of one layer, (B, 1, S, S)
+    scored = batch * s["max_completion_length"] if device == "cuda" else batch * (seq - 1)
+    tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * (b if device == "cuda" else 4 * _CPU_TILE_COPIES)
+    head = tokens * h * hb + scored * h * hb + scored * 7 * 4 + tile
+    weight_copies = shape.linear_weight_params * b if s.get("fp32_master_weights") else 0
+    return int(round(memory + max(layer, head) + weight_copies))
 
 
 def _applied(settings: dict, change: Change) -> dict:
@@ -265,12 +365,14 @@ def _applied(settings: dict, change: Change) -> dict:
 def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     """Return :func:`candidate_changes` that cut the memory of ``phase``, ordered for it (first = try first).
 
-    When :func:`phase_memory` can estimate the settings, a change is offered only if the estimator
-    says it lowers that phase's memory: halving the per-device batch at double the accumulation
-    leaves the generation batch (and the KV cache) unchanged, so it is not offered for an OOM during
-    generation; LoRA -> QLoRA costs more than it saves on a small model (fp32 embeddings and hidden
-    states), so it is not offered there. Without an estimate (a model the estimator cannot read), the
-    changes are ordered but not filtered.
+    Two filters. By kind (:data:`_ORDER`): no checkpointing for scoring (TRL switches it off there), no
+    checkpointing, smaller per-device batch or shorter completions for the optimiser step (the
+    activations are freed by then). By estimate, when :func:`phase_memory` can estimate the settings:
+    only changes that lower that phase's memory. So halving the per-device batch at double the
+    accumulation (the same KV cache) is not offered for generation, a smaller generation batch not for
+    scoring, and LoRA -> QLoRA not where it costs more than it saves (with
+    ``prepare_model_for_kbit_training``, fp32 hidden states on a small model). Without an estimate the
+    changes are ordered but not filtered by estimate.
     """
     order = _ORDER.get(phase or "", _DEFAULT_ORDER)
     rank = {kind: i for i, kind in enumerate(order)}
@@ -444,7 +546,11 @@ def settings_from_trainer(trainer) -> dict:
         "gradient_checkpointing": bool(args.activation_checkpointing),
         "beta": args.beta,
         "precision": _trainer_precision(args),
+        "num_iterations": getattr(args, "num_iterations", 1),
     }
+    if method == "qlora" and hasattr(model, "get_input_embeddings"):  # PEFT's upcast leaves fp32 embeddings
+        dtype = getattr(getattr(model.get_input_embeddings(), "weight", None), "dtype", None)
+        settings["prepare_model_for_kbit_training"] = dtype == torch.float32 and settings["precision"] != "fp32"
     peft_config = getattr(model, "peft_config", None)
     if isinstance(peft_config, dict) and peft_config:
         adapter = next(iter(peft_config.values()))

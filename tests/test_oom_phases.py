@@ -1,0 +1,144 @@
+"""The OOM doctor's phases: each change it offers lowers the memory of the phase that ran out.
+
+Scoring runs under no_grad with gradient checkpointing switched off, and the optimiser step comes after
+the backward pass has freed the activations, so neither phase is the training pass's memory (issue 31).
+Figures come from labkit.memory.estimate, never hard-coded, so they follow the estimator's changes.
+"""
+import pytest
+
+from labkit.memory import estimate
+from labkit.oom import (candidate_changes, optimizer_step_memory, ordered_changes, phase_memory,
+                        scoring_memory)
+from labkit.presets import PRESETS, _estimate, resolve_plan
+
+PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
+# Realistic settings: the 16 GB laptop preset (with and without a KL term), full fine-tuning of the same model
+# with torch's AdamW and no checkpointing, and QLoRA on the 3B model (bf16, and fp16 with a KL term, a T4).
+SETTINGS = {
+    "laptop-16gb": (PRESETS["laptop-16gb"], "bf16"),
+    "laptop-16gb, beta 0.04": (PRESETS["laptop-16gb"].replace(beta=0.04), "bf16"),
+    "full, adamw_torch": (PRESETS["laptop-16gb"].replace(method="full", optim="adamw_torch", beta=0.04,
+                                                         gradient_checkpointing=False, per_device_train_batch_size=8),
+                          "bf16"),
+    "qlora-3b": (PRESETS["qlora-3b"], "bf16"),
+    "qlora-3b, fp16, beta 0.04": (PRESETS["qlora-3b"].replace(beta=0.04), "fp16"),
+}
+
+
+def _peak(preset, precision, phase):
+    """The peak of ``phase`` for ``preset``, from the terms of labkit.memory.estimate (preflight's own call)."""
+    est = _estimate(resolve_plan(preset.replace(precision=precision)))
+    terms = est.bytes
+    if phase == "generation":
+        return terms["generation_phase"]
+    if phase in ("forward", "backward"):
+        return terms["training_phase"]
+    if phase == "optimizer":  # the activations are gone: what optimizer.step() has live
+        return terms["weights"] + terms["reference"] + terms["gradients"] + terms["optimizer"]
+    return scoring_memory(est, lora_targets=list(preset.target_modules),
+                          num_iterations=preset.trl_options.get("num_iterations", 1))
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_every_change_offered_lowers_the_peak_of_its_phase(name):
+    preset, precision = SETTINGS[name]
+    settings = {**preset.to_dict(), "precision": precision}
+    for phase in PHASES:
+        before = _peak(preset, precision, phase)
+        for change in ordered_changes(settings, phase):
+            after = _peak(preset.apply(change.updates), precision, phase)
+            assert after < before, (name, phase, str(change))
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_no_activation_cure_for_the_optimizer_step_and_no_checkpointing_for_scoring(name):
+    preset, precision = SETTINGS[name]
+    settings = {**preset.to_dict(), "precision": precision}
+    optimizer = {c.kind for c in ordered_changes(settings, "optimizer")}
+    assert not optimizer & {"checkpointing", "batch", "completion"}, optimizer
+    assert "checkpointing" not in {c.kind for c in ordered_changes(settings, "scoring")}
+
+
+def test_the_full_setting_has_the_activation_cures_where_they_help():
+    """Not vacuous: the cures left out above are candidates here, and the training pass gets them."""
+    preset, precision = SETTINGS["full, adamw_torch"]
+    settings = {**preset.to_dict(), "precision": precision}
+    assert {"checkpointing", "batch", "completion"} <= {c.kind for c in candidate_changes(settings)}
+    assert [c.kind for c in ordered_changes(settings, "backward")][:3] == ["checkpointing", "batch", "completion"]
+    assert [c.kind for c in ordered_changes(settings, "scoring")][:2] == ["batch", "completion"]
+    assert [c.kind for c in ordered_changes(settings, "optimizer")][0] == "optim"
+
+
+def _est(**overrides):
+    settings = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4, num_generations=8,
+                    max_prompt_length=256, max_completion_length=512, optim="adamw_bnb_8bit", beta=0.04,
+                    gradient_checkpointing=True, precision="bf16")
+    settings.update(overrides)
+    method = settings.pop("method", "lora")
+    return estimate(settings.pop("model", "Qwen/Qwen2.5-1.5B-Instruct"), method, **settings)
+
+
+def test_scoring_is_a_no_grad_forward_of_the_per_device_batch():
+    est = _est()
+    persistent = est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
+    scoring = scoring_memory(est)
+    # TRL switches checkpointing off and runs no_grad: checkpointing changes nothing
+    assert scoring_memory(_est(gradient_checkpointing=False)) == scoring
+    # the generation batch (8 x 4 or 8 x 2 sequences) is scored per_device_train_batch_size sequences at a time
+    assert scoring_memory(_est(gradient_accumulation_steps=2)) == scoring
+    # a generation every 2 of 4 micro-batches starts mid-accumulation: the gradients of the first two are alive
+    assert scoring_memory(_est(steps_per_generation=2)) == scoring + est.bytes["gradients"]
+    assert scoring_memory(_est(per_device_train_batch_size=16)) > scoring
+    assert scoring_memory(_est(max_completion_length=256)) < scoring
+    # no saved activations: far below the training pass without checkpointing
+    assert persistent < scoring < _est(gradient_checkpointing=False).bytes["training_phase"]
+    # beta = 0 with aligned steps: TRL runs no forward pass in scoring (rewards only)
+    unscored = _est(beta=0.0)
+    assert scoring_memory(unscored) == unscored.bytes["weights"] + unscored.bytes["optimizer"]
+    # samples that may be stale (accumulation 4, a generation every 3 micro-batches): the policy's old log-probs,
+    # with the gradients of earlier micro-batches alive (a generation starts mid-accumulation)
+    stale = _est(beta=0.0, per_device_train_batch_size=8, steps_per_generation=3)
+    assert scoring_memory(stale) > stale.bytes["weights"] + stale.bytes["optimizer"] + stale.bytes["gradients"]
+
+
+def test_the_optimizer_step_holds_weights_reference_gradients_and_states():
+    est = _est(method="full", optim="adamw_torch", beta=0.04)
+    held = est.bytes["weights"] + est.bytes["reference"] + est.bytes["gradients"] + est.bytes["optimizer"]
+    assert optimizer_step_memory(est, optim="adamw_torch_fused") == held
+    # torch's foreach AdamW: one moment-sized temporary (exp_avg_sq's square root), the gradients' size
+    assert optimizer_step_memory(est, optim="adamw_torch") == held + est.bytes["gradients"]
+    for changed in (dict(gradient_checkpointing=False), dict(per_device_train_batch_size=2),
+                    dict(max_completion_length=128)):
+        assert optimizer_step_memory(_est(method="full", optim="adamw_torch", beta=0.04, **changed),
+                                     optim="adamw_torch") == held + est.bytes["gradients"]
+
+
+def test_phase_memory_passes_prepare_model_for_kbit_training_through():
+    import inspect
+
+    if "prepare_model_for_kbit_training" not in inspect.signature(estimate).parameters:
+        pytest.skip("labkit.memory.estimate has no prepare_model_for_kbit_training yet")
+    settings = {**PRESETS["qlora-3b"].to_dict(), "precision": "fp16", "beta": 0.04}
+    upcast = {**settings, "prepare_model_for_kbit_training": True}
+    for phase in ("generation", "scoring", "forward"):  # fp32 hidden states cost more in every activation phase
+        assert phase_memory(upcast, phase) > phase_memory(settings, phase), phase
+
+
+def test_settings_from_trainer_reads_peft_upcast_and_num_iterations():
+    """A QLoRA model whose embeddings are fp32 under fp16 went through prepare_model_for_kbit_training."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from labkit.oom import settings_from_trainer
+
+    args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=2,
+                           num_generations=4, world_size=1, max_completion_length=256, optim="paged_adamw_8bit",
+                           activation_checkpointing=True, beta=0.0, fp16=True, bf16=False, num_iterations=2)
+    for dtype, upcast in ((torch.float32, True), (torch.float16, False)):
+        embeddings = torch.nn.Embedding(8, 4).to(dtype)
+        model = SimpleNamespace(is_loaded_in_4bit=True, get_input_embeddings=lambda e=embeddings: e,
+                                config=SimpleNamespace(_name_or_path="Qwen/Qwen2.5-3B-Instruct"))
+        settings = settings_from_trainer(SimpleNamespace(args=args, model=model))
+        assert settings["method"] == "qlora" and settings["num_iterations"] == 2
+        assert settings["prepare_model_for_kbit_training"] is upcast
