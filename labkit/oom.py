@@ -32,7 +32,8 @@ Why the phase matters. Each phase holds its own memory (:func:`phase_memory`, fr
 :func:`ordered_changes` offers only the changes that cut the memory of the phase that ran out.
 
 NaN. The same wrapper installs :class:`NaNGuard` and turns NaN logits met by sampling into
-:class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow, QLoRA or fp32),
+:class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow; QLoRA with
+``prepare_model_for_kbit_training=True``, or fp32),
 at the step where it first happens rather than as a sampling traceback.
 """
 from __future__ import annotations
@@ -216,15 +217,16 @@ def candidate_changes(settings: dict) -> list[Change]:
             "(watch completions/clipped_ratio)")
     optim = s.get("optim")
     if optim and optim not in EIGHT_BIT_OPTIMS:
-        add("optim", {"optim": "adamw_bnb_8bit"}, "8-bit AdamW keeps about 2 bytes of state per trainable parameter, not 8")
+        add("optim", {"optim": "adamw_bnb_8bit"}, "8-bit AdamW keeps about 2 bytes of state per trainable parameter, "
+            "not 8 (fp32 moments) or 4 (bf16 moments): torch's AdamW keeps its two moments in the parameter's dtype")
     method = s.get("method")
     if method == "full":
         add("method", {"method": "lora"}, "train small adapters: no gradients or AdamW states for the frozen weights")
     elif method == "lora":
         add("method", {"method": "qlora"},
-            "store the frozen Linear weights in 4 bits (about 0.5 byte per parameter instead of 2); QLoRA keeps "
-            "embeddings and hidden states in fp32 (prepare_model_for_kbit_training), so it cuts memory only where "
-            "the weights outweigh them")
+            "store the frozen Linear weights in 4 bits (about 0.5 byte per parameter instead of 2); activations "
+            "and KV cache are unchanged (the training precision), unless prepare_model_for_kbit_training=True "
+            "upcasts them to fp32")
     model = s.get("model")
     if model in _SMALLER:
         add("model", {"model": _SMALLER[model]}, "a smaller model of the same family")
@@ -600,14 +602,18 @@ def non_finite_advice(where: str, *, precision: str | None, step: int, checkpoin
     """Return the message of :class:`NonFiniteTraining`: where NaN/inf appeared and what to change.
 
     Under fp16 (a T4) the usual cause is overflow: Qwen2.5 in pure fp16 is known to overflow to NaN
-    or print "!!!!" (Qwen issues 761, 826, 868). QLoRA keeps the norms, embeddings and hidden states
-    in fp32 (only the 4-bit matmuls compute in fp16), so it is the cheapest way out on a T4.
+    or print "!!!!" (Qwen issues 761, 826, 868). The fix on a T4: QLoRA with
+    ``prepare_model_for_kbit_training=True`` (PEFT upcasts embeddings and norms, so the residual stream
+    is fp32 and cannot pass fp16's 65,504; QLoRA as TRL builds it keeps fp16 hidden states), or fp32
+    for a small model; bf16 on Ampere or newer.
     """
     lines = [f"NaN/inf at step {step}, in {where}."]
     if precision == "fp16":
         lines.append("Under fp16 (a T4) this is overflow: Qwen2.5 in pure fp16 is known to overflow (Qwen issues "
-                     "761, 826, 868). Change: method='qlora' (norms, embeddings and hidden states stay fp32; "
-                     "--set method=qlora), or precision='fp32' (slower), or a model that is stable in fp16.")
+                     "761, 826, 868). Change: method='qlora' with prepare_model_for_kbit_training=True (PEFT "
+                     "upcasts the embeddings and norms: an fp32 residual stream cannot overflow fp16's 65,504; "
+                     "--set method=qlora prepare_model_for_kbit_training=true), or precision='fp32' for a small "
+                     "model (slower); bf16 on an Ampere or newer card.")
     else:
         lines.append("Change: a lower learning_rate (--set learning_rate=...), or check the reward functions for "
                      "NaN; with beta > 0, a smaller beta.")

@@ -7,7 +7,7 @@ Figures come from labkit.memory.estimate, never hard-coded, so they follow the e
 import pytest
 
 from labkit.memory import estimate
-from labkit.oom import (candidate_changes, optimizer_step_memory, ordered_changes, phase_memory,
+from labkit.oom import (candidate_changes, non_finite_advice, optimizer_step_memory, ordered_changes, phase_memory,
                         scoring_memory)
 from labkit.presets import PRESETS, _estimate, resolve_plan
 
@@ -122,6 +122,17 @@ def test_phase_memory_passes_prepare_model_for_kbit_training_through():
     upcast = {**settings, "prepare_model_for_kbit_training": True}
     for phase in ("generation", "scoring", "forward"):  # fp32 hidden states cost more in every activation phase
         assert phase_memory(upcast, phase) > phase_memory(settings, phase), phase
+
+
+def test_the_advice_texts_follow_trl():
+    laptop = {**PRESETS["laptop-16gb"].to_dict(), "optim": "adamw_torch"}
+    kinds = {c.kind: c for c in candidate_changes(laptop)}
+    assert "not 8 (fp32 moments) or 4 (bf16 moments)" in kinds["optim"].why
+    assert "4 bits" in kinds["method"].why and "unless prepare_model_for_kbit_training=True" in kinds["method"].why
+    advice = non_finite_advice("the logged entropy", precision="fp16", step=3)
+    first, fp32, bf16 = (advice.index(s) for s in ("method='qlora' with prepare_model_for_kbit_training=True",
+                                                   "precision='fp32'", "bf16"))
+    assert first < fp32 < bf16 and "65,504" in advice
 
 
 def test_settings_from_trainer_reads_peft_upcast_and_num_iterations():
