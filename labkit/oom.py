@@ -230,8 +230,9 @@ def candidate_changes(settings: dict) -> list[Change]:
     model = s.get("model")
     if model in _SMALLER:
         add("model", {"model": _SMALLER[model]}, "a smaller model of the same family")
-    if s.get("beta") and method == "full":
-        add("beta", {"beta": 0.0}, "beta = 0 drops the reference model (a second copy of the weights)")
+    if s.get("beta"):  # with PEFT the reference is the base with its adapters off: no weights, only its pass
+        add("beta", {"beta": 0.0}, "beta = 0 drops the reference model (a second copy of the weights)"
+            if method == "full" else "beta = 0 skips the reference log-probs in scoring (no KL term)")
     return out
 
 
@@ -344,8 +345,7 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
           if _accepts(hidden_state_bytes, "prepare_model_for_kbit_training") else hidden_state_bytes(method, precision))
     batch, seq = s["per_device_train_batch_size"], s["max_prompt_length"] + s["max_completion_length"]
     tokens, h, i, V = batch * seq, shape.hidden_size, shape.intermediate_size, shape.vocab_size
-    # PEFT casts a LoRA layer's input to its adapters' fp32 (as in labkit.memory.estimate): LoRA, and QLoRA with
-    # fp32 adapters and 16-bit hidden states
+    # PEFT casts a LoRA input to fp32 adapters' dtype (as labkit.memory.estimate): LoRA; QLoRA's on 16-bit states
     casts = method == "lora" or (method == "qlora" and adapter_bytes(method, precision) == 4 and hb < 4)
     widest = max((n for n, _ in shape.lora_targets(lora_targets or DEFAULT_LORA_TARGETS)), default=0) if casts else 0
     layer = tokens * ((2 if widest >= i else 3) * i + 2 * h) * hb + tokens * widest * (4 + (5 if lora_dropout else 0))

@@ -69,6 +69,14 @@ def test_the_full_setting_has_the_activation_cures_where_they_help():
     assert [c.kind for c in ordered_changes(settings, "optimizer")][0] == "optim"
 
 
+def test_beta_zero_is_offered_for_a_lora_run_only_where_it_helps_scoring():
+    """With PEFT the reference is the base model with the adapters off: beta = 0 skips its pass, nothing else."""
+    preset, precision = SETTINGS["laptop-16gb, beta 0.04"]
+    settings = {**preset.to_dict(), "precision": precision}
+    offered = {phase for phase in PHASES if "beta" in {c.kind for c in ordered_changes(settings, phase)}}
+    assert offered == {"scoring"}
+
+
 def _est(**overrides):
     settings = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4, num_generations=8,
                     max_prompt_length=256, max_completion_length=512, optim="adamw_bnb_8bit", beta=0.04,

@@ -205,7 +205,7 @@ def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
     assert kinds["generations"].updates == {"num_generations": 4, "steps_per_generation": 1}
     assert kinds["model"].updates == {"model": "Qwen/Qwen2.5-0.5B-Instruct"}
     assert kinds["beta"].updates == {"beta": 0.0} and kinds["method"].updates == {"method": "lora"}
-    done = dict(settings, method="qlora", per_device_train_batch_size=1, gradient_accumulation_steps=16,
+    done = dict(settings, method="qlora", beta=0.0, per_device_train_batch_size=1, gradient_accumulation_steps=16,
                 optim="paged_adamw_8bit", gradient_checkpointing=True, num_generations=2, max_completion_length=128)
     assert {c.kind: c.updates for c in candidate_changes(done)} == {
         "generation_batch": {"steps_per_generation": 8}, "model": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}}
