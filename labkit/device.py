@@ -129,17 +129,18 @@ def precision_flags(info: DeviceInfo | None = None, precision: str | None = None
 def torch_dtype(precision: str, method: str = "full") -> torch.dtype:
     """Return the dtype to load a policy's weights in, for a training precision and method.
 
-    - bf16: weights in bf16 (half the memory of fp32; no loss scaling needed).
-    - fp16 + full fine-tuning: weights stay fp32, because fp16 AMP keeps fp32 master
-      weights (the trainer refuses to unscale fp16 gradients).
-    - fp16 + LoRA/QLoRA: the frozen base is loaded in fp16; PEFT keeps the small adapters
-      in fp32, so the trainable part still has fp32 master weights.
+    - full fine-tuning: fp32 in every precision: 16-bit mixed precision computes under autocast and
+      keeps fp32 master weights, gradients and AdamW moments (16 bytes a parameter). Pure bf16
+      weights would halve that, but an AdamW step of a full fine-tuning learning rate rounds away on
+      most of them (notebook 05, section 11); under fp16 the trainer refuses to unscale fp16
+      gradients. TRL 1.16 also loads a model id in float32 unless told otherwise
+      (trl/trainer/utils.py 1332).
+    - LoRA/QLoRA under bf16 or fp16: the frozen base in that dtype; the small adapters train in
+      fp32 (PEFT) or bf16 (QLoRA under bf16, TRL's cast).
     - fp32: fp32.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "fp16" and method in ("lora", "qlora"):
-        return torch.float16
-    return torch.float32
+    if method == "full" or precision == "fp32":
+        return torch.float32
+    return torch.bfloat16 if precision == "bf16" else torch.float16

@@ -247,16 +247,17 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def hidden_state_bytes(method: str, precision: str) -> int:
+def hidden_state_bytes(method: str, precision: str, prepare_model_for_kbit_training: bool = False) -> int:
     """Return the bytes of one element of the hidden states (residual stream, checkpointed inputs, KV cache).
 
-    The precision's size (bf16/fp16 2, fp32 4) for full and LoRA; 4 for QLoRA in every precision:
-    ``prepare_model_for_kbit_training`` turns the embeddings and norms into fp32, and a bitsandbytes
+    The precision's size (bf16/fp16 2, fp32 4): full, LoRA, and QLoRA as TRL 1.16 builds it (the
+    embeddings and norms stay in the training precision). 4 for QLoRA with
+    ``prepare_model_for_kbit_training``: PEFT turns the embeddings and norms into fp32, and a bitsandbytes
     4-bit linear layer returns its input's dtype, so the whole residual stream, what checkpointing
-    keeps and the KV cache are fp32 (checked on a real 4-bit model in the tests).
+    keeps and the KV cache are fp32 (both checked on a real 4-bit model in the tests).
     """
     check_method(method)
-    return 4 if method == "qlora" else PRECISION_BYTES[precision]
+    return 4 if method == "qlora" and prepare_model_for_kbit_training else PRECISION_BYTES[precision]
 
 
 def adapter_bytes(method: str, precision: str) -> int:
@@ -267,11 +268,14 @@ def adapter_bytes(method: str, precision: str) -> int:
 
 def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, autocast_adapters: bool,
                             device: str, lora_rank: int, lora_targets, lora_dropout: float, padded: bool,
-                            seq_len: int, hidden_bytes: int | None = None) -> tuple[float, float]:
+                            seq_len: int, hidden_bytes: int | None = None,
+                            masters: bool = False) -> tuple[float, float]:
     """Return ``(bytes per token, bytes per layer)`` that autograd keeps for one decoder layer.
 
     Counted from what each operation saves for its backward (checked against
     :func:`saved_activation_bytes` on CPU in the tests). ``b`` is the activation dtype's size.
+    ``masters``: full fine-tuning with fp32 master weights under 16-bit autocast, whose residual
+    stream is fp32 (fp32 embeddings and norms; autocast only lowers the matmuls).
     """
     b = act_bytes
     hb = b if hidden_bytes is None else hidden_bytes  # QLoRA: fp32 outputs of the 4-bit projections
@@ -281,13 +285,15 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
     full = method == "full"
     # RMSNorm upcasts to fp32: pow and mul keep the fp32 input (4h) and rsqrt (4); the
     # weight multiply keeps the normalised input (b*h) only when the norm weight trains.
-    norm = 4 * h + 4 + (b * h if full else 0)
+    # With fp32 masters that input is the fp32 residual stream's.
+    norm = 4 * h + 4 + ((4 if masters else b) * h if full else 0)
     per_token = 2 * norm
     if full:
         # Inputs of the trainable projections, kept for their weight gradients: q/k/v share
         # one input, gate/up share one, down_proj's input is the gated product. o_proj's input
-        # is the attention output, already kept by SDPA (same storage).
-        per_token += b * h + b * h + b * i
+        # is the attention output, already kept by SDPA (same storage). With fp32 masters each
+        # projection casts the fp32 norm output itself: one 16-bit copy per projection.
+        per_token += (3 if masters else 1) * b * h + (2 if masters else 1) * b * h + b * i
     if shape.qk_norm:  # RMSNorm over each head of the queries and keys
         per_token += 4 * q + 4 * shape.num_heads + 4 * kv + 4 * shape.num_kv_heads
         if full:
@@ -388,7 +394,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
              gradient_checkpointing: bool = True, beta: float = 0.0, precision: str = "bf16",
              lora_rank: int = 16, lora_targets=None, lora_dropout: float = 0.05, device: str = "cuda",
              padded: bool = False, logits: str = "fused", fp32_master_weights: bool | None = None,
-             **renamed) -> MemoryEstimate:
+             prepare_model_for_kbit_training: bool = False, **renamed) -> MemoryEstimate:
     """Return a :class:`MemoryEstimate`: the peak memory of one GRPO step of TRL 1.16 on one device, term by term.
 
     The batch arguments are ``GRPOConfig``'s, in its units. Each forward/backward pass trains on
@@ -399,20 +405,21 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     ``num_generations`` only says how many of them share a prompt, so with the batch and the
     accumulation fixed it changes no term. ``P`` parameters (tied weights once), ``P_t``
     trainable ones; ``w`` the bytes of a weight and ``b`` of an activation (``precision``: bf16/fp16
-    2, fp32 4). Full fine-tuning with ``fp32_master_weights`` (the default under fp16, as labkit loads
-    on a T4) keeps fp32 weights under 16-bit autocast: fp32 weights, gradients and AdamW moments, 16
-    bytes a parameter, the recipe that learns; ``fp32_master_weights=False`` under bf16 (the default
-    there) is pure bf16, 8 bytes a parameter, whose AdamW steps round away at full fine-tuning's
-    learning rates (notebook 05, section 11): a memory figure, not a recipe. Layers ``L``, hidden
+    2, fp32 4). Full fine-tuning keeps fp32 master weights under 16-bit autocast by default (as labkit
+    loads it, and as TRL 1.16 loads a model id without a dtype: float32, trl/trainer/utils.py 1332): fp32
+    weights, gradients and AdamW moments, 16 bytes a parameter, the recipe that learns.
+    ``fp32_master_weights=False`` is pure bf16, 8 bytes a parameter, whose AdamW steps round away at full
+    fine-tuning's learning rates (notebook 05, section 11): a memory-only figure, not a recipe. Layers ``L``, hidden
     ``h``, MLP ``i``, vocabulary ``V``, KV heads x head size ``kv``.
 
     - **weights** ``= P w`` (full, LoRA base); LoRA adds ``P_lora x 4`` (PEFT keeps adapters in
       fp32); QLoRA stores the ``nn.Linear`` weights in NF4, ``0.5 + 1/64 + 1/4096`` bytes each
-      (4-bit codes, double-quantised absmax), and ``prepare_model_for_kbit_training`` turns every
-      other weight (embeddings, norms) into fp32: 4 bytes. Its adapters are bf16 under bf16 (TRL's
-      cast) and fp32 otherwise (:func:`labkit.models.match_adapter_dtype`). Its hidden states are
-      fp32 in every precision (:func:`hidden_state_bytes`): the checkpointed inputs, the SwiGLU
-      tensors, the LM head's input and the KV cache below count 4 bytes an element for QLoRA.
+      (4-bit codes, double-quantised absmax); every other weight (embeddings, norms) stays in the
+      training precision, as TRL 1.16 loads it. Its adapters are bf16 under bf16 (TRL's cast) and fp32
+      otherwise (:func:`labkit.models.match_adapter_dtype`). With ``prepare_model_for_kbit_training``
+      PEFT turns every other weight into fp32 (4 bytes) and the hidden states follow in every precision
+      (:func:`hidden_state_bytes`): the checkpointed inputs, the SwiGLU tensors, the LM head's input and
+      the KV cache below then count 4 bytes an element.
     - **reference** ``= P w`` when ``beta > 0`` and ``method == "full"``; 0 with ``beta = 0`` (TRL's
       default: no reference model) and with PEFT (the reference is the base with adapters disabled).
     - **gradients** ``= P_t x (bytes of a trainable weight)``.
@@ -440,8 +447,8 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
       decoding*: the full-length cache ``2 L kv b B_gen S``, one layer's copy of it while
       ``DynamicCache.update`` concatenates, and the sampling buffers (``B_gen V``).
     - **transients** (generation; :mod:`labkit.rehearsal` found them): LoRA's fp32 input casts at the prefill
-      (when the prefill is the larger moment), autocast's ``V h b`` copy of an fp32 LM head (QLoRA, fp32
-      masters) and of every fp32 master weight.
+      (when the prefill is the larger moment), autocast's ``V h b`` copy of an fp32 LM head (QLoRA with
+      ``prepare_model_for_kbit_training``, fp32 masters) and of every fp32 master weight.
 
     ``peak = weights + reference + optimizer + max(kv_cache + transients, gradients + activations + logits)``.
     Gradients and activations are added: with gradient accumulation the gradients of earlier
@@ -484,8 +491,11 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     targets = list(lora_targets or DEFAULT_LORA_TARGETS)
     b = PRECISION_BYTES[precision]
     # Weight dtype of the policy as labkit.device.torch_dtype chooses it.
-    if fp32_master_weights is None:  # what labkit.device.torch_dtype loads: fp32 masters under fp16, pure bf16
-        fp32_master_weights = precision == "fp16"
+    if prepare_model_for_kbit_training and method != "qlora":
+        raise ValueError(f"prepare_model_for_kbit_training applies to method='qlora' only, not {method!r}")
+    upcast = bool(prepare_model_for_kbit_training)
+    if fp32_master_weights is None:  # what labkit.device.torch_dtype loads: fp32 master weights under autocast
+        fp32_master_weights = True
     masters = method == "full" and precision != "fp32" and bool(fp32_master_weights)
     w = 4 if precision == "fp32" or masters else 2
     seq = prompt_len + completion_len
@@ -508,7 +518,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
             weights = shape.params * w + adapters * 4
         else:
             other = shape.params - shape.quantisable_params
-            weights = (math.ceil(shape.quantisable_params * QLORA_BYTES_PER_PARAM) + other * 4
+            weights = (math.ceil(shape.quantisable_params * QLORA_BYTES_PER_PARAM) + other * (4 if upcast else w)
                        + adapters * trainable_bytes)
     trainable = sum(trainable_numels)
     gradients = trainable * trainable_bytes
@@ -525,23 +535,30 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
 
     # --- activations of one forward/backward over micro_batch x seq tokens
     tokens = micro_batch * seq
-    hb = hidden_state_bytes(method, precision)
+    hb = hidden_state_bytes(method, precision, upcast)
+    # The residual stream: fp32 under fp32 masters too (fp32 embeddings and norms; autocast lowers only the matmuls,
+    # so the projections' outputs stay hb), and so the checkpointed layer inputs and, through RoPE's cos and sin in
+    # the stream's dtype (transformers' rotary embedding), the keys of the KV cache.
+    rb = 4 if masters else hb
+    # PEFT casts a LoRA layer's input to its fp32 adapters' dtype (peft/tuners/lora/layer.py); its 4-bit LoRA layer
+    # does not under autocast (peft/tuners/lora/bnb.py 543-546: requires_conversion = not is_autocast_enabled())
+    fp32_adapter_casts = method == "lora"
     autocast_adapters = method != "full" and b < 4
     per_token, per_layer = _layer_activation_bytes(
         shape, method=method, act_bytes=b, autocast_adapters=autocast_adapters, device=device,
         lora_rank=lora_rank, lora_targets=targets, lora_dropout=lora_dropout, padded=padded, seq_len=seq,
-        hidden_bytes=hb)
+        hidden_bytes=hb, masters=masters)
     layer = per_token * tokens + per_layer
-    final_norm = (4 * h + 4 + (b * h if method == "full" else 0)) * tokens
+    final_norm = (4 * h + 4 + (rb * h if method == "full" else 0)) * tokens
     input_ids = 8 * tokens if method == "full" else 0  # the embedding's gradient needs the token ids
     rotary = 2 * seq * shape.head_dim * b  # RoPE's cos and sin, shared by the batch and the layers
     if gradient_checkpointing:
-        activations = L * hb * h * tokens + layer + final_norm + input_ids
+        activations = L * rb * h * tokens + layer + final_norm + input_ids
     else:
         activations = L * layer + final_norm + input_ids + rotary
     if masters:
         activations += shape.linear_weight_params * 2  # autocast's 16-bit copies of the fp32 master weights
-    if method == "lora":  # PEFT's fp32 cast of the widest LoRA input and dropout's fp32 output (layer.py:1100)
+    if fp32_adapter_casts:  # PEFT's fp32 cast of the widest LoRA input and dropout's fp32 output (layer.py:1100)
         activations += tokens * max(i for i, _ in shape.lora_targets(targets)) * (4 + (4 if lora_dropout > 0 else 0))
 
     # --- the LM head and log-probabilities
@@ -551,7 +568,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * b
         if device == "cpu":  # without Triton, TRL folds each tile with torch ops: fp32 temporaries of its size
             tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * 4 * _CPU_TILE_COPIES
-        logits_bytes = scored * h * hb + scored * 16 + tile + scored * h * (4 + hb)
+        logits_bytes = scored * h * rb + scored * 16 + tile + scored * h * (4 + rb)
         if head_trains:
             logits_bytes += V * h * 4
     else:
@@ -563,20 +580,25 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     # (the full-length KV cache, one layer's copy while DynamicCache.update concatenates, the sampling buffers).
     # The phase's peak is the larger of the two, not their sum (the rehearsal showed the sum 1.3x too high at
     # per_device_train_batch_size=16).
-    kv_prompt = 2 * L * kv * hb * generation_batch_ * prompt_len
-    kv_full = 2 * L * kv * hb * generation_batch_ * seq
+    kv_prompt = L * kv * (rb + hb) * generation_batch_ * prompt_len  # keys in the stream's dtype, values in hb
+    kv_full = L * kv * (rb + hb) * generation_batch_ * seq
     # PEFT's fp32 casts (below) peak at down_proj's LoRA, when SwiGLU's gate and up outputs are freed: two i-wide
     # tensors then coexist with them, not three (matches the rehearsal within 1 % at batch 1-24 on laptop-16gb)
-    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if method == "lora" else 0
-    mlp_wide = 2 if widest >= shape.intermediate_size else 3
-    prefill = kv_prompt + generation_batch_ * prompt_len * (mlp_wide * shape.intermediate_size + 2 * h) * hb
+    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if fp32_adapter_casts else 0
+    mlp_wide, h_wide = (2 if widest >= shape.intermediate_size else 3), 2
+    if method == "qlora" and not upcast and any(o == shape.intermediate_size for _, o in shape.lora_targets(targets)):
+        # PEFT clones a 4-bit layer's output before adding the adapter's (peft/tuners/lora/bnb.py 527-533): at an
+        # adapted up_proj the rehearsal holds four i-wide tensors (SiLU's output, the 4-bit result, its clone, the
+        # product) and four h-wide ones (the embedding's output, two residual sums, the norm's output)
+        mlp_wide, h_wide = 4, 4
+    prefill = kv_prompt + generation_batch_ * prompt_len * (mlp_wide * shape.intermediate_size * hb + h_wide * h * rb)
     decode_end = kv_full + kv_full // L + generation_batch_ * V * (b + 3 * 4)  # logits, fp32 copy, sampling buffers
     # Generation transients the rehearsal (labkit.rehearsal) showed: PEFT casts a LoRA input to fp32 and dropout
     # keeps an fp32 output and a mask (prefill only: one token wide while decoding); autocast copies an fp32 LM
     # head (QLoRA, fp32 masters) and caches the copies of every fp32 master weight (every forward: both moments).
     prefill_casts = generation_batch_ * prompt_len * widest * (4 + (5 if lora_dropout > 0 else 0))
     transients = 0
-    if b < 4 and (method == "qlora" or masters):
+    if b < 4 and ((method == "qlora" and upcast) or masters):
         transients += V * h * b + (shape.linear_weight_params * b if method == "full" else 0)
     if prefill + prefill_casts >= decode_end:  # kv_cache + transients = the larger moment (plus the weight copies)
         kv_cache, transients = prefill, transients + prefill_casts
@@ -598,6 +620,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
                     max_prompt_length=prompt_len, max_completion_length=completion_len,
                     optim=optimizer, gradient_checkpointing=gradient_checkpointing, beta=beta,
                     precision=precision, fp32_master_weights=masters,
+                    prepare_model_for_kbit_training=upcast,
                     lora_rank=lora_rank if method != "full" else None, device=device, padded=padded, logits=logits)
     return MemoryEstimate(bytes=terms, settings=settings, trainable_params=trainable, total_params=shape.params)
 

@@ -39,6 +39,7 @@ __all__ = [
     "lora_config",
     "load_tokenizer",
     "load_policy",
+    "quantization_config",
     "adapter_dtype",
     "match_adapter_dtype",
     "count_parameters",
@@ -400,6 +401,20 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     return tokenizer
 
 
+def quantization_config(precision: str):
+    """Return QLoRA's ``BitsAndBytesConfig``: NF4 with double quantisation, computing in ``precision``.
+
+    The 4-bit matmuls dequantise to ``bnb_4bit_compute_dtype``: bf16, fp16, or fp32 on a CPU
+    (bitsandbytes 0.50 runs there). The same object goes to TRL (``GRPOTrainer(quantization_config=...)``)
+    and to :func:`load_policy`.
+    """
+    from transformers import BitsAndBytesConfig
+
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute)
+
+
 def adapter_dtype(precision: str) -> torch.dtype:
     """Return the dtype a QLoRA run's trainable adapters must have under ``precision``.
 
@@ -430,18 +445,25 @@ def match_adapter_dtype(model, precision: str) -> int:
 
 def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precision: str | None = None,
                 lora_rank: int = 16, lora_alpha: int | None = None, target_modules: list[str] | None = None,
-                gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False):
+                gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False,
+                prepare_model_for_kbit_training: bool = False):
     """Return ``(model, tokenizer)``: a policy ready to train with ``method`` full, lora or qlora.
 
-    - ``full``: every weight trains; weights in the dtype :func:`labkit.device.torch_dtype` picks.
+    - ``full``: every weight trains; weights in the dtype :func:`labkit.device.torch_dtype` picks
+      (fp32 master weights under 16-bit mixed precision).
     - ``lora``: the base is frozen in that dtype; PEFT adds rank-``lora_rank`` adapters.
-    - ``qlora``: the base is stored in 4-bit NF4 (bitsandbytes; about 0.5 byte a parameter)
-      with double quantisation; computation runs in the training precision. CUDA or CPU
-      (bitsandbytes 0.50 runs NF4 on a CPU, with ``device_map={"": "cpu"}``).
+    - ``qlora``: the base's Linear weights are stored in 4-bit NF4 (bitsandbytes; about 0.5 byte a
+      parameter) with double quantisation, every other weight (embeddings, norms) in the training
+      precision, and the adapters in :func:`adapter_dtype`: the model TRL 1.16's ``GRPOTrainer`` builds
+      from a ``quantization_config`` and a ``peft_config`` (it never calls PEFT's
+      ``prepare_model_for_kbit_training``; trl/trainer/grpo_trainer.py 529-539). With
+      ``prepare_model_for_kbit_training=True`` PEFT's function runs first: every weight that is not
+      4-bit becomes fp32, and so do the hidden states, the checkpointed inputs and the KV cache (fp16-safe,
+      at that memory's cost). CUDA, CPU (bitsandbytes 0.50 runs NF4 there, ``device_map={"": "cpu"}``) or MPS.
 
-    With ``gradient_checkpointing`` and a PEFT method, the input embeddings are made to
-    require grad: otherwise no tensor entering a checkpointed block requires grad and the
-    backward pass silently finds nothing to do (a classic LoRA pitfall).
+    With ``gradient_checkpointing`` and a PEFT method, the input embeddings are made to require grad,
+    as TRL does (grpo_trainer.py 529-530): with reentrant checkpointing and a frozen embedding nothing
+    entering a checkpointed block requires grad and the backward pass fails.
     ``trust_remote_code`` stays off unless you turn it on for a model you trust.
     """
     from transformers import AutoModelForCausalLM
@@ -449,6 +471,8 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
     from labkit.device import choose_precision, detect_device, torch_dtype
 
     check_method(method)
+    if prepare_model_for_kbit_training and method != "qlora":
+        raise ValueError(f"prepare_model_for_kbit_training applies to method='qlora' only, not {method!r}")
     info = detect_device()
     precision = precision or choose_precision(info)
     dtype = torch_dtype(precision, method)
@@ -456,20 +480,8 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
     if device_map is not None:
         kwargs["device_map"] = device_map
     if method == "qlora":
-        if info.kind == "mps":
-            raise RuntimeError(
-                "QLoRA stores weights in 4-bit with bitsandbytes, which runs on CUDA and on the CPU, not on "
-                f"{info}. Use method='lora' here."
-            )
-        from transformers import BitsAndBytesConfig
-
-        # The 4-bit matmuls compute in the training precision (fp32 on a CPU: bitsandbytes 0.50 runs there).
-        compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=compute,
-        )
-        kwargs.setdefault("device_map", {"": torch.cuda.current_device()} if info.kind == "cuda" else {"": "cpu"})
+        kwargs["quantization_config"] = quantization_config(precision)
+        kwargs.setdefault("device_map", {"": torch.cuda.current_device()} if info.kind == "cuda" else {"": info.kind})
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
     checkpointing_kwargs = {"use_reentrant": False}
     if device_map is None and method != "qlora" and info.kind != "cpu":
@@ -480,13 +492,18 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
             enable_checkpointing(model)
         return model, tokenizer
 
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
+    from peft import prepare_model_for_kbit_training as prepare_kbit
 
-    if method == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs=checkpointing_kwargs)
+    if prepare_model_for_kbit_training:
+        model = prepare_kbit(model, use_gradient_checkpointing=gradient_checkpointing,
+                             gradient_checkpointing_kwargs=checkpointing_kwargs)
     elif gradient_checkpointing:
         enable_checkpointing(model)
         model.enable_input_require_grads()
     model = get_peft_model(model, lora_config(lora_rank, lora_alpha, target_modules=target_modules))
+    if method == "qlora":  # TRL's cast of a 4-bit model's adapters (bf16), fp32 under fp16 (match_adapter_dtype)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(adapter_dtype(precision))
     return model, tokenizer

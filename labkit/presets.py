@@ -80,6 +80,12 @@ class Preset:
     learning_rate: float = 2e-4  # LoRA needs a larger rate than full fine-tuning (REFERENCES: about 2e-4)
     optim: str = "adamw_bnb_8bit"
     gradient_checkpointing: bool = True
+    # QLoRA only. False: the model as TRL 1.16's GRPOTrainer builds it from a quantization_config (4-bit Linear
+    # weights, every other weight in the training precision). True: PEFT's prepare_model_for_kbit_training first,
+    # which casts every weight that is not 4-bit (embeddings, norms, an untied head) to fp32, so the residual
+    # stream, the checkpointed inputs and the KV cache are fp32: safe from fp16's overflow on a T4, at that
+    # memory's cost (labkit.memory.estimate counts it).
+    prepare_model_for_kbit_training: bool = False
     precision: str | None = None  # None: labkit.device chooses for the card
     beta: float = 0.0  # TRL's default: no KL term, no reference pass
     temperature: float = 1.0
@@ -202,8 +208,9 @@ PRESETS: dict[str, Preset] = {
             method="qlora",
             description="A 3B model on a 16 GB card: the frozen base in 4-bit NF4 (QLoRA), LoRA adapters "
                         "trained in the card's precision, the laptop recipe otherwise, sized to the card: "
-                        "batch 12 x 4 (48 completions a step); rehearsed peak 10.2 GiB (fake tensors).",
-            per_device_train_batch_size=12,
+                        "batch 24 x 4 (96 completions a step); rehearsed peak 10.2 GiB (fake tensors). TRL's "
+                        "QLoRA: the embeddings and norms stay bf16 (prepare_model_for_kbit_training=False).",
+            per_device_train_batch_size=24,
             optim="paged_adamw_8bit",
         ),
         Preset(
@@ -436,16 +443,6 @@ def _under_fsdp() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
 
-def _pure_bf16_warning(learning_rate: float) -> str:
-    # bf16 keeps 8 significant bits: an update smaller than half a step between neighbouring bf16
-    # numbers, |w| x 2**-9, rounds away. AdamW moves a weight by about the learning rate.
-    frozen_above = learning_rate * 2 ** 9
-    return (f"method='full' in bf16 loads the weights in bf16 (as Open-R1's recipes do): an AdamW step of about "
-            f"learning_rate ({learning_rate:g}) rounds away on every weight larger than {frozen_above:.2g} in "
-            "magnitude, most of a model's weights (notebook 05, section 11). Set precision='fp32' (fp32 weights, "
-            "gradients and AdamW states: twice the memory, slower) or use method='lora', whose adapters train in fp32.")
-
-
 def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
@@ -457,7 +454,8 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
       completions land in one batch (``trl.GRPOConfig.__post_init__``); and G >= 2.
     - ``max_prompt_length + max_completion_length`` within the model's context.
     - the precision against the card (bf16 on a T4 or a CPU fails, via :mod:`labkit.device`).
-    - QLoRA and 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS.
+    - 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS (QLoRA's 4-bit
+      weights do; a warning says the lab has not tried them there); ``prepare_model_for_kbit_training`` only with QLoRA.
     - under FSDP (``fsdp=True``, or ``accelerate launch --config_file labkit/configs/fsdp.yaml``):
       no bitsandbytes 8-bit optimiser (it does not support FSDP's sharded parameters, bitsandbytes
       issue 1633) and no QLoRA (FSDP needs ``bnb_4bit_quant_storage`` equal to the compute dtype to
@@ -520,17 +518,21 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
         )
 
     try:
-        flags = precision_flags(device, p.precision)
+        precision_flags(device, p.precision)
     except ValueError as exc:
         errors.append(f"{exc} (preset field: precision)")
-    else:
-        if p.method == "full" and flags["bf16"] and p.learning_rate > 0:
-            warnings.append(_pure_bf16_warning(p.learning_rate))
-    if device.kind == "mps" and (p.method == "qlora" or p.optim in EIGHT_BIT_OPTIMS):
-        # bitsandbytes 0.50 runs its 4-bit weights and 8-bit optimisers on CUDA and on the CPU, not on MPS.
-        what = "QLoRA's 4-bit weights" if p.method == "qlora" else f"optim={p.optim!r} (8-bit)"
-        errors.append(f"{what} need bitsandbytes, which runs on CUDA and on the CPU, not on {device}. "
-                      f"Set method='lora' and optim='adamw_torch'.")
+    if device.kind == "mps" and p.optim in EIGHT_BIT_OPTIMS:
+        # bitsandbytes 0.50.2 registers its 8-bit optimiser kernel for CUDA, the CPU and XPU, not for MPS
+        # (backends/{cuda,cpu,xpu}/ops.py); its 4-bit kernels do run there (backends/mps/ops.py).
+        errors.append(f"optim={p.optim!r} (bitsandbytes' 8-bit AdamW) has no kernel for {device} in bitsandbytes "
+                      f"0.50: set optim='adamw_torch'.")
+    if device.kind == "mps" and p.method == "qlora":
+        warnings.append("QLoRA on Apple's MPS: bitsandbytes 0.50 has 4-bit kernels there (a compiled kernel on "
+                        "macOS 26, a slower torch fallback before), but the lab has not run it on a Mac; "
+                        "method='lora' is the tested path.")
+    if p.prepare_model_for_kbit_training and p.method != "qlora":
+        errors.append(f"prepare_model_for_kbit_training applies to 4-bit models (method='qlora') only, not "
+                      f"method={p.method!r}. Set prepare_model_for_kbit_training=false or method='qlora'.")
     if fsdp if fsdp is not None else _under_fsdp():
         if p.optim in EIGHT_BIT_OPTIMS:
             errors.append(f"optim={p.optim!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "

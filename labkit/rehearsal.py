@@ -6,8 +6,8 @@ is seen, with its dtype and shape checked by PyTorch's meta kernels. :func:`rehe
 run, for a :class:`labkit.plan.Plan`, the step ``build_run`` would run on the card:
 
 1. the policy at full size, built on the meta device from the architecture catalogue, set up in the
-   order TRL uses (QLoRA: 4-bit linear layers and ``prepare_model_for_kbit_training``; PEFT's LoRA;
-   non-reentrant checkpointing; input grads; TRL's bf16 cast of a 4-bit model's adapters and labkit's
+   order TRL uses (QLoRA: 4-bit linear layers, and ``prepare_model_for_kbit_training`` when the preset
+   asks; PEFT's LoRA; non-reentrant checkpointing; input grads; TRL's bf16 cast of a 4-bit model's adapters and labkit's
    fix of it; TRL's fused LM head), then materialised as fake tensors, embeddings re-tied;
 2. **generation**: prefill plus a fixed-length decoding loop to ``max_completion_length`` with
    transformers' KV cache and sampling buffers, under ``no_grad`` (``generate`` itself needs values);
@@ -337,7 +337,8 @@ def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None, *, num_layers
                 if isinstance(child, torch.nn.Linear) and child is not head:
                     setattr(parent, name, _Linear4bit(child, plan.compute_dtype))
         model.is_loaded_in_4bit = True
-        # labkit.models.load_policy: prepare_model_for_kbit_training turns every other weight into fp32
+    if plan.method == "qlora" and plan.preset.prepare_model_for_kbit_training:
+        # labkit.models.load_policy with the preset's option: PEFT turns every weight that is not 4-bit into fp32
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     elif checkpointing:
@@ -666,11 +667,14 @@ def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "uns
     if os.path.exists(gpu_csv):
         gpu = pd.read_csv(gpu_csv)
         for _, m in gpu[gpu.status == "ok"].dropna(subset=["peak_allocated_gib"]).iterrows():
-            by_name[m["name"]] = (tuple(same(m[k]) for k in settings), round(float(m.peak_allocated_gib), 2))
+            # a QLoRA row loaded by labkit ran PEFT's fp32 upcast (before 2026-11-26 the only QLoRA loader)
+            upcast = str(m.get("loader")) in ("labkit", "labkit-prepare-kbit")
+            by_name[m["name"]] = ((*(same(m[k]) for k in settings), upcast), round(float(m.peak_allocated_gib), 2))
 
     def measured_gib(row):
         found = by_name.get(row["name"])
-        if found and found[0] == tuple(same(row[k]) for k in settings):
+        upcast = str(row.get("prepare_model_for_kbit_training", False)) == "True"
+        if found and found[0] == (*(same(row[k]) for k in settings), upcast):
             return found[1]
         key = (row.model, row.method, row.precision, int(row.num_generations), int(row.max_completion_length))
         return measured.get(key, "needs a GPU")

@@ -376,16 +376,17 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     and LoRA config the run uses.
 
     ``model`` (with ``tokenizer``) is a policy you already loaded (for example with
-    :func:`labkit.models.load_policy`, to evaluate it first); without one, full and LoRA
-    runs hand the model's path to TRL, which loads it (the right way under ``accelerate
-    launch``, where each process or shard loads its part), and QLoRA runs load it with
-    :func:`labkit.models.load_policy`. ``config_overrides`` go to ``GRPOConfig``
+    :func:`labkit.models.load_policy`, to evaluate it first); without one, the run hands the model's
+    path to TRL, which loads it (the right way under ``accelerate launch``, where each process or shard
+    loads its part): QLoRA with the plan's ``quantization_config``, as notebook 04's plain-TRL cell does.
+    Only a QLoRA preset with ``prepare_model_for_kbit_training`` loads through
+    :func:`labkit.models.load_policy` (PEFT's fp32 upcast runs before the adapters). ``config_overrides`` go to ``GRPOConfig``
     (``logging_steps=5``, ``disable_tqdm=True``, ``generation_kwargs=...``).
     ``print_logs=False`` drops transformers' printing of every log line and its progress bar and
     "Step | Training Loss" table (``disable_tqdm=True``; a :class:`labkit.dashboard.LiveDashboard` shows both).
     """
     from labkit.device import detect_device
-    from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype
+    from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
     from labkit.plan import Plan
     from labkit.training import build_trainer, grpo_config
 
@@ -410,25 +411,29 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     if not print_logs:  # else trainer.py adds its own bar (NotebookProgressCallback in a notebook): a second clock
         settings["disable_tqdm"] = True
     settings.update(config_overrides)
-    peft_config = None
-    if model is None and preset.method in ("full", "lora"):
-        # TRL loads the model from its path (per process under accelerate); with a peft_config and
-        # gradient checkpointing it calls enable_input_require_grads() itself.
-        # The plan's dtype, under what the caller's model_init_kwargs add (a quantization_config: bench gpu's
-        # plain-TRL QLoRA row); before, a caller's model_init_kwargs were silently replaced.
+    peft_config = quantization = None
+    if model is None and not preset.prepare_model_for_kbit_training:
+        # TRL loads the model from its path (per process under accelerate) in the plan's dtype; with a
+        # peft_config and gradient checkpointing it calls enable_input_require_grads() itself. QLoRA too: TRL
+        # quantises the Linear weights with the quantization_config, keeps every other weight in that dtype
+        # and casts the adapters to bf16 (trl/trainer/grpo_trainer.py 336-348, 529-539): notebook 04's plain-TRL
+        # cell, the same model. The plan's dtype sits under what the caller's model_init_kwargs add (bench gpu).
         settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
                                          **(config_overrides.get("model_init_kwargs") or {})}
         if _num_processes(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
             settings["model_init_kwargs"]["device_map"] = None
+        if preset.method == "qlora":  # TRL places it: "auto" on one GPU, each process's own device under accelerate
+            quantization = quantization_config(precision)
         tokenizer = tokenizer or load_tokenizer(name)
-        if preset.method == "lora":
+        if preset.method in ("lora", "qlora"):
             peft_config = lora_config(**plan.lora)
         model = name
     args = grpo_config(output_dir, device=device, precision=precision, **settings)
-    if model is None:  # qlora: 4-bit loading goes through labkit (prepare_model_for_kbit_training, input grads)
+    if model is None:  # QLoRA with prepare_model_for_kbit_training: labkit's loader runs PEFT's upcast first
         model, tokenizer = load_policy(name, "qlora", precision=precision, lora_rank=plan.lora["rank"],
                                        lora_alpha=plan.lora["alpha"], target_modules=plan.lora["target_modules"],
-                                       gradient_checkpointing=preset.gradient_checkpointing)
+                                       gradient_checkpointing=preset.gradient_checkpointing,
+                                       prepare_model_for_kbit_training=True)
     elif not isinstance(model, str):
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with a loaded model")
@@ -441,7 +446,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         train_dataset, dropped = training_prompts(preset, tokenizer, seed=seed)
     callbacks = [*(callbacks or []), _preset_callback(preset)]
     trainer = build_trainer(model, reward_funcs, train_dataset, args, tokenizer=tokenizer,
-                            peft_config=peft_config, callbacks=callbacks)
+                            peft_config=peft_config, callbacks=callbacks, quantization_config=quantization)
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
     match_adapter_dtype(trainer.model, precision)
     if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead

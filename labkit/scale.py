@@ -187,6 +187,10 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
         raise ValueError("vllm_server needs gather_for_generation=True: TRL refuses vLLM with "
                          "ds3_gather_for_generation=False")
 
+    if zero_stage >= 1 and method == "full" and (master_weights is None or master_weights):
+        # DeepSpeed's bf16 / fp16 modes keep 16-bit weights on the GPU and the fp32 master copy inside the optimizer
+        # state (the 12 bytes below), not as fp32 weights under autocast (the one-GPU recipe's default)
+        estimate_kwargs.setdefault("fp32_master_weights", False)
     one = estimate(model, method, **estimate_kwargs)
     shape = model_shape(model)
     n = num_gpus

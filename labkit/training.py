@@ -41,7 +41,8 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
         report_to="none",
         save_strategy="no",
         use_cpu=device.kind == "cpu",
-        # TRL's default optimiser is the fused AdamW, which needs a GPU; plain AdamW on CPU.
+        # TRL's default optimiser is the fused AdamW (transformers' training_args.py 806-811), which steps on a CPU
+        # too (torch 2.13); the CPU mode keeps the plain loop that its recorded results were made with.
         optim="adamw_torch_fused" if device.kind == "cuda" else "adamw_torch",
         # Recompute activations in the backward pass on a GPU (memory is the constraint there);
         # transformers 5 renamed gradient_checkpointing to activation_checkpointing.
@@ -60,8 +61,11 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
 
 
 def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, peft_config=None,
-                  callbacks=None, eval_dataset=None):
+                  callbacks=None, eval_dataset=None, quantization_config=None):
     """Return a ``trl.GRPOTrainer`` for ``model`` (a path, hub id or loaded model).
+
+    ``quantization_config`` (QLoRA: :func:`labkit.models.quantization_config`) goes to TRL, which loads
+    a model given by name with it (trl/trainer/grpo_trainer.py 336-348).
 
     A model that was built in memory must be saved and passed as a path when ``beta > 0``:
     TRL then reloads the reference model from that name.
@@ -85,6 +89,8 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
     kwargs = dict(model=model if not isinstance(model, os.PathLike) else str(model), reward_funcs=reward_funcs,
                   args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=callbacks,
                   peft_config=peft_config)
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
     if tokenizer is not None:
         kwargs["processing_class"] = tokenizer
     return GRPOTrainer(**kwargs)

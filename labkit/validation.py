@@ -114,8 +114,9 @@ def _field_errors(p: "Preset") -> list[str]:
             errors.append(f"{name} must be a non-empty text, not {value!r}.")
     if isinstance(p.task, str) and p.task not in TASKS:
         errors.append(f"task must be one of {', '.join(TASKS)}, not {p.task!r}.")
-    if not isinstance(p.gradient_checkpointing, bool):
-        errors.append(f"gradient_checkpointing must be true or false, not {p.gradient_checkpointing!r}.")
+    for name in ("gradient_checkpointing", "prepare_model_for_kbit_training"):
+        if not isinstance(getattr(p, name), bool):
+            errors.append(f"{name} must be true or false, not {getattr(p, name)!r}.")
     if p.precision is not None and p.precision not in ("bf16", "fp16", "fp32"):
         errors.append(f"precision must be bf16, fp16, fp32 or None (the card decides), not {p.precision!r}.")
     for name in ("target_modules", "rewards"):

@@ -51,14 +51,15 @@ def test_tiny_runs_presets_grid_and_qlora_through_build_run(tmp_path):
     assert len(doctor) == 6 and all(r["status"] == "not isolated" and "not measured on a GPU" in r["error"]
                                     for r in doctor)
     rows = [r for r in rows if r not in doctor]
-    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "qlora-3b-plain-trl", "doctor-lora-base",
+    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "qlora-3b-prepare-kbit", "doctor-lora-base",
                                          "doctor-full-base", "grid-Qwen2.5-0.5B-lora-bf16",
                                          "grid-Qwen2.5-0.5B-qlora-bf16"]
-    # QLoRA both ways: labkit's loader and the plain-TRL cell's (TRL loads it with the 4-bit config) are both 4-bit
+    # QLoRA both ways: TRL's loader (the preset) and labkit's with PEFT's fp32 upcast are both 4-bit
     assert {r["method"] for r in rows} == {"lora", "qlora", "full"}
     qlora = {r["name"]: r for r in rows if r["method"] == "qlora"}
-    assert {r["loader"] for r in qlora.values()} == {"labkit", "plain-trl"}
+    assert qlora["qlora-3b"]["loader"] == "trl" and qlora["qlora-3b-prepare-kbit"]["loader"] == "labkit-prepare-kbit"
     assert all(r["weights_4bit"] for r in qlora.values())
+    assert qlora["qlora-3b-prepare-kbit"]["embedding_dtype"] == "float32"
     for row in rows:
         assert row["status"] == "ok", row.get("error")
         assert row["steps_done"] == 2
@@ -126,6 +127,22 @@ def test_rows_measured_at_todays_settings_are_not_measured_again(tmp_path):
     rows[0]["cuda"] = None  # a CPU row (--tiny) measures nothing
     (tmp_path / "measurements.json").write_text(json.dumps(rows))
     assert [j["name"] for j in gpu.still_to_measure(jobs, tmp_path)] == ["laptop-16gb", "workshop"]
+
+
+def test_a_qlora_row_from_before_the_option_counts_as_prepare_model_for_kbit_training(tmp_path):
+    """Before the preset option existed, labkit's QLoRA loader (loader "labkit") always ran PEFT's upcast: such a row
+    is not a measurement of today's qlora-3b (TRL's loader), and is measured again."""
+    from labkit.presets import get_preset
+
+    jobs = gpu.plan_jobs(("presets",), presets=("qlora-3b",))
+    old = get_preset("qlora-3b").replace(precision="bf16").to_dict()
+    del old["prepare_model_for_kbit_training"]
+    row = {"name": "qlora-3b", "status": "ok", "cuda": "13.0", "precision": "bf16", "settings": old}
+    (tmp_path / "measurements.json").write_text(json.dumps([dict(row, loader="labkit")]))
+    assert gpu.row_settings(dict(row, loader="labkit"))["prepare_model_for_kbit_training"] is True
+    assert [j["name"] for j in gpu.still_to_measure(jobs, tmp_path)] == ["qlora-3b"]
+    (tmp_path / "measurements.json").write_text(json.dumps([dict(row, loader="trl")]))
+    assert gpu.still_to_measure(jobs, tmp_path) == []
 
 
 def test_phase_peaks_follow_trls_step(monkeypatch):
@@ -243,7 +260,8 @@ def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
         seen.append(spec)
         stage, target = spec["doctor"]["stage"], spec["doctor"].get("target")
         row = dict(part="doctor", name=spec["name"], cuda="13.0", precision="bf16", estimated_total_gib=8.0,
-                   estimated_generation_gib=6.0, estimated_training_gib=8.0, wall_s=1.0)
+                   estimated_generation_gib=6.0, estimated_training_gib=8.0, wall_s=1.0,
+                   settings=gpu._bench_preset(spec).replace(precision="bf16").to_dict())
         if stage == "base":
             peaks = lora_peaks if spec["name"] == "doctor-lora-base" else full_peaks
             row.update(status="ok", phase_peaks_gib=peaks, **{f"{p}_allocated_gib": v for p, v in peaks.items()})
@@ -265,8 +283,13 @@ def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
     assert caps["doctor-backward-oom"] == caps["doctor-backward-fix"] == pytest.approx(7.8 + 0.6 * 2.5)
     fix = rows["doctor-backward-fix"]
     assert fix["fits_after_first_change"] is True and fix["measured_fall_gib"] == pytest.approx(2.0)
-    assert fix["predicted_fall_gib"] == pytest.approx(2.0) and fix["predicted_from"] == "estimated_training_gib"
-    assert rows["doctor-generation-fix"]["predicted_from"] == "estimated_generation_gib"
+    # predicted: the doctor's own memory model of the phase that ran out (labkit.oom.phase_memory), before and after
+    from labkit.oom import phase_memory
+
+    fall = (phase_memory(rows["doctor-lora-base"]["settings"], "backward")
+            - phase_memory(fix["settings"], "backward")) / 1024**3
+    assert fall > 0.5 and fix["predicted_fall_gib"] == pytest.approx(round(fall, 3))
+    assert "'backward'" in fix["predicted_from"] and "'generation'" in rows["doctor-generation-fix"]["predicted_from"]
     # full fine-tuning's optimiser step peaked below its backward pass here: a finding, not a measurement
     assert rows["doctor-optimizer-oom"]["status"] == "not isolated"
     assert "no cap makes doctor-full-base fail in optimizer" in rows["doctor-optimizer-oom"]["error"]

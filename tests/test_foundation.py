@@ -40,10 +40,11 @@ def test_this_machine_is_detected_and_never_bf16_on_cpu():
     assert dev.precision_flags(info) == {"bf16": False, "fp16": False}
 
 
-def test_weights_dtype_keeps_fp32_masters_for_full_fp16():
-    assert dev.torch_dtype("fp16", "full") == torch.float32
-    assert dev.torch_dtype("fp16", "lora") == torch.float16
-    assert dev.torch_dtype("bf16", "full") == torch.bfloat16
+def test_weights_dtype_keeps_fp32_masters_for_full_fine_tuning():
+    assert dev.torch_dtype("fp16", "full") == torch.float32 == dev.torch_dtype("bf16", "full")
+    assert dev.torch_dtype("fp16", "lora") == torch.float16 == dev.torch_dtype("fp16", "qlora")
+    assert dev.torch_dtype("bf16", "lora") == torch.bfloat16 == dev.torch_dtype("bf16", "qlora")
+    assert dev.torch_dtype("fp32", "lora") == torch.float32
 
 
 def test_grpo_config_takes_precision_from_the_device(tmp_path):
@@ -89,14 +90,9 @@ def test_lora_policy_trains_only_adapters(tiny_model_path):
     assert trainable and all("lora_" in n for n in trainable)
 
 
-def test_qlora_where_bitsandbytes_cannot_run_says_what_to_do(tiny_model_path, monkeypatch):
-    # bitsandbytes 0.50 runs 4-bit weights on CUDA and on the CPU (tests/test_realmode.py), not on Apple's MPS.
-    import labkit.device
-
-    mps = labkit.device.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
-    monkeypatch.setattr(labkit.device, "detect_device", lambda prefer=None: mps)
-    with pytest.raises(RuntimeError, match="method='lora'"):
-        load_policy(tiny_model_path, "qlora", precision="fp32")
+def test_prepare_model_for_kbit_training_is_for_qlora_only(tiny_model_path):
+    with pytest.raises(ValueError, match="method='qlora' only"):
+        load_policy(tiny_model_path, "lora", prepare_model_for_kbit_training=True)
 
 
 def test_unknown_method_is_refused(tiny_model_path):

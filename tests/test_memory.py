@@ -82,7 +82,8 @@ def _saved_by_layers(model_type, layers, method, precision, padded, batch=2, seq
     from labkit.models import lora_config
 
     torch.manual_seed(0)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    # full fine-tuning keeps fp32 master weights under bf16 autocast (labkit.device.torch_dtype); LoRA a bf16 base
+    dtype = torch.bfloat16 if precision == "bf16" and method != "full" else torch.float32
     model = AutoModelForCausalLM.from_config(_tiny_config(model_type, layers), dtype=dtype)
     if method == "lora":
         model = get_peft_model(model, lora_config(LORA_RANK))
@@ -149,26 +150,30 @@ def test_reference_model_only_with_beta_and_full_fine_tuning():
 
 def test_qlora_stores_linear_weights_in_about_half_a_byte():
     shape = model_shape("Qwen/Qwen2.5-7B-Instruct")
-    qlora = estimate(shape.name, "qlora", lora_rank=LORA_RANK)
     lora = estimate(shape.name, "lora", lora_rank=LORA_RANK)
-    adapters = qlora.trainable_params * 2  # bf16 adapters under bf16: TRL casts them (labkit.models.adapter_dtype)
-    linear_bytes = qlora.bytes["weights"] - adapters - (shape.params - shape.quantisable_params) * 4
-    assert 0.5 < linear_bytes / shape.quantisable_params < 0.52
-    # prepare_model_for_kbit_training turns the embeddings and the untied LM head into fp32: 4.4 GB of
-    # Qwen2.5-7B's 7.2 GiB under QLoRA. Still under half of LoRA's bf16 base.
-    assert qlora.bytes["weights"] < lora.bytes["weights"] / 1.9
+    other = shape.params - shape.quantisable_params  # embeddings, norms, the untied LM head
+    # TRL's QLoRA keeps them in the training precision (bf16: 2 bytes); PEFT's prepare_model_for_kbit_training
+    # turns them into fp32 (4 bytes): 4.4 GB of Qwen2.5-7B's weights then
+    for upcast, other_bytes in ((False, 2), (True, 4)):
+        qlora = estimate(shape.name, "qlora", lora_rank=LORA_RANK, prepare_model_for_kbit_training=upcast)
+        adapters = qlora.trainable_params * 2  # bf16 adapters under bf16: TRL casts them (labkit.models.adapter_dtype)
+        linear_bytes = qlora.bytes["weights"] - adapters - other * other_bytes
+        assert 0.5 < linear_bytes / shape.quantisable_params < 0.52
+        assert qlora.bytes["weights"] < lora.bytes["weights"] / (1.9 if upcast else 2.6)
+    with pytest.raises(ValueError, match="qlora"):
+        estimate(shape.name, "lora", prepare_model_for_kbit_training=True)
 
 
-def test_fp16_full_fine_tuning_keeps_fp32_master_weights():
+def test_full_fine_tuning_keeps_fp32_master_weights_by_default():
     fp16 = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="fp16")
     bf16 = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="bf16")
-    assert fp16.bytes["weights"] == 2 * bf16.bytes["weights"]
-    assert fp16.bytes["optimizer"] > bf16.bytes["optimizer"]
-    # the recipe that learns: fp32 weights, gradients and AdamW moments under bf16 autocast, 16 bytes a parameter
-    masters = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="bf16", fp32_master_weights=True)
+    pure = estimate("Qwen/Qwen2.5-0.5B-Instruct", "full", precision="bf16", fp32_master_weights=False)
+    # the recipe that learns: fp32 weights, gradients and AdamW moments under 16-bit autocast, 16 bytes a parameter,
+    # in both precisions; pure bf16 (8 bytes) only when asked for, as a memory-only figure
     per_param = lambda e: sum(e.bytes[k] for k in ("weights", "gradients", "optimizer")) / e.total_params
-    assert round(per_param(masters), 3) == 16.0 and round(per_param(bf16), 3) == 8.0
-    assert masters.bytes == {**fp16.bytes} and masters.settings["fp32_master_weights"] is True
+    assert round(per_param(bf16), 3) == 16.0 == round(per_param(fp16), 3) and round(per_param(pure), 3) == 8.0
+    assert bf16.bytes == fp16.bytes and bf16.settings["fp32_master_weights"] is True
+    assert pure.settings["fp32_master_weights"] is False and pure.total < bf16.total
 
 
 def test_bad_settings_are_refused():
@@ -373,29 +378,33 @@ def test_trl_trainer_state_equals_the_estimate(tiny_model_path, tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_qlora_hidden_states_are_fp32_as_the_estimator_counts_them(tiny_model_path, precision):
-    """A real 4-bit model (bitsandbytes NF4 on the CPU) under its precision's autocast: the residual stream
-    and the KV cache are fp32 for QLoRA (prepare_model_for_kbit_training's fp32 norms and embeddings, 4-bit
-    layers returning their input's dtype), the precision's size for LoRA. The estimator must count that."""
+def test_qlora_hidden_states_are_in_the_dtype_the_estimator_counts(tiny_model_path, precision):
+    """A real 4-bit model (bitsandbytes NF4 on the CPU) under its precision's autocast: as TRL builds it, QLoRA's
+    residual stream and KV cache are in the training precision, like LoRA's; with prepare_model_for_kbit_training
+    they are fp32 (fp32 norms and embeddings, 4-bit layers returning their input's dtype). The estimator must count
+    that."""
     pytest.importorskip("bitsandbytes")
     from labkit.memory import adapter_bytes, hidden_state_bytes
 
     seen = {}
-    for method in ("lora", "qlora"):
-        model, _ = load_policy(tiny_model_path, method, precision=precision, lora_rank=LORA_RANK)
+    for method, upcast in (("lora", False), ("qlora", False), ("qlora", True)):
+        model, _ = load_policy(tiny_model_path, method, precision=precision, lora_rank=LORA_RANK,
+                               prepare_model_for_kbit_training=upcast)
         input_ids = torch.randint(0, 200, (1, 8))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = model(input_ids=input_ids, output_hidden_states=True, use_cache=True)
         layer = out.past_key_values.layers[0]
-        seen[method] = {out.hidden_states[1].dtype, out.hidden_states[-1].dtype, layer.keys.dtype, layer.values.dtype}
-        assert len(seen[method]) == 1, seen
-        assert next(iter(seen[method])).itemsize == hidden_state_bytes(method, precision), (method, seen)
-    assert next(iter(seen["qlora"])) == torch.float32
-    # and the terms that hold hidden states grow with them: QLoRA's KV cache is twice LoRA's under bf16
-    est = {m: estimate(tiny_model_path, m, precision=precision, device="cpu", lora_rank=LORA_RANK) for m in seen}
-    ratio = hidden_state_bytes("qlora", precision) / hidden_state_bytes("lora", precision)
-    kv_only = {m: est[m].bytes["kv_cache"] for m in est}
-    assert kv_only["qlora"] / kv_only["lora"] == pytest.approx(ratio, rel=0.35)
+        found = {out.hidden_states[1].dtype, out.hidden_states[-1].dtype, layer.keys.dtype, layer.values.dtype}
+        assert len(found) == 1, found
+        seen[method, upcast] = next(iter(found))
+        assert seen[method, upcast].itemsize == hidden_state_bytes(method, precision, upcast), (method, upcast, found)
+    assert seen["qlora", True] == torch.float32
+    assert seen["qlora", False] == seen["lora", False] == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    # and the terms that hold hidden states grow with them: the upcast's KV cache is twice TRL's QLoRA's under bf16
+    est = {upcast: estimate(tiny_model_path, "qlora", precision=precision, device="cpu", lora_rank=LORA_RANK,
+                            prepare_model_for_kbit_training=upcast) for upcast in (False, True)}
+    ratio = hidden_state_bytes("qlora", precision, True) / hidden_state_bytes("qlora", precision)
+    assert est[True].bytes["kv_cache"] / est[False].bytes["kv_cache"] == pytest.approx(ratio, rel=0.35)
     assert adapter_bytes("qlora", "bf16") == 2 and adapter_bytes("qlora", "fp16") == 4 == adapter_bytes("lora", "bf16")
 
 

@@ -199,8 +199,9 @@ def test_one_gpu_is_the_single_gpu_estimate():
 
     one = estimate(SMALL, "full", **SETTINGS)
     same = sharded_estimate(SMALL, "full", num_gpus=1, zero_stage=0, **SETTINGS)
-    for key in ("weights", "reference", "gradients", "optimizer", "activations", "logits", "kv_cache", "total"):
+    for key in ("weights", "reference", "gradients", "optimizer", "activations", "logits", "total"):
         assert same.bytes[key] == one.bytes[key], key
+    assert same.bytes["kv_cache"] == one.bytes["kv_cache"] + one.bytes["transients"]  # generation's extra, counted there
     assert same.bytes["gathered"] == 0 and same.host == 0
 
 
@@ -209,10 +210,13 @@ def test_each_zero_stage_shards_what_it_says():
     from labkit.scale import sharded_estimate
 
     n = 8
-    one = estimate(SMALL, "full", **SETTINGS)
+    ddp = estimate(SMALL, "full", **SETTINGS)  # one GPU's recipe: fp32 master weights under bf16 autocast
+    # DeepSpeed (stages 1-3): bf16 weights and gradients on the GPU, the fp32 masters inside the optimizer state
+    one = estimate(SMALL, "full", fp32_master_weights=False, **SETTINGS)
     stages = {k: sharded_estimate(SMALL, "full", num_gpus=n, zero_stage=k, **SETTINGS) for k in range(4)}
     master = 12 * one.trainable_params  # fp32 master weights + two fp32 moments
-    assert stages[0].bytes["optimizer"] == one.bytes["optimizer"]  # plain DDP: the one-GPU optimizer, replicated
+    assert stages[0].bytes["optimizer"] == ddp.bytes["optimizer"]  # plain DDP: the one-GPU optimizer, replicated
+    assert stages[0].bytes["weights"] == ddp.bytes["weights"] == 2 * one.bytes["weights"]
     assert stages[1].bytes["optimizer"] == round(master / n)
     assert stages[1].bytes["gradients"] == one.bytes["gradients"]
     assert stages[2].bytes["gradients"] == round(one.bytes["gradients"] / n)
@@ -220,8 +224,9 @@ def test_each_zero_stage_shards_what_it_says():
     assert stages[3].bytes["weights"] == round(one.bytes["weights"] / n)
     assert stages[3].bytes["reference"] == round(one.bytes["reference"] / n)  # TRL shards the reference at ZeRO-3
     assert stages[3].bytes["gathered"] > 0
-    for k in range(4):  # activations are per micro-batch: never sharded
+    for k in range(1, 4):  # activations are per micro-batch: never sharded
         assert stages[k].bytes["activations"] == one.bytes["activations"]
+    assert stages[0].bytes["activations"] == ddp.bytes["activations"]
     training = [stages[k].bytes["training_phase"] for k in range(1, 4)]
     assert training == sorted(training, reverse=True) and training[-1] < training[0]
 

@@ -3,7 +3,8 @@
 Each test runs the notebook's own cell (extracted by its id, so the code tested is the code a learner copies)
 and compares its ``GRPOConfig`` field by field with the one labkit builds: ``labkit.nano.trl_trainer`` for 03,
 ``labkit.run.build_run`` for every preset for 04 (its actual ``GRPOConfig``, captured where it hands it to
-``GRPOTrainer``), and the LoRA and 4-bit settings with those labkit passes to PEFT and bitsandbytes.
+``GRPOTrainer``), and the LoRA and 4-bit settings with those labkit passes to PEFT and bitsandbytes; for QLoRA
+also the two models TRL builds from them, parameter by parameter, with their hidden states' dtype.
 """
 import json
 import tempfile
@@ -72,44 +73,21 @@ class _Recorder:
 
 
 def _built_by_labkit(preset, output_dir, monkeypatch, tokenizer):
-    """Return (GRPOConfig, peft LoraConfig or None, load_policy kwargs or None) as build_run makes them."""
-    import labkit.models
+    """Return what build_run hands GRPOTrainer (model, reward functions, GRPOConfig, LoRA and 4-bit configs)."""
     import labkit.training
     from labkit.run import build_run
 
     seen = {}
 
     def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, peft_config=None, callbacks=None,
-                      eval_dataset=None):
-        seen.update(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config)
+                      eval_dataset=None, quantization_config=None):
+        seen.update(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config,
+                    quantization_config=quantization_config)
         return SimpleNamespace(model=SimpleNamespace(), remove_callback=lambda *a: None)
 
-    def load_policy(name, method, **kwargs):  # QLoRA: labkit loads the 4-bit model itself
-        seen["load_policy"] = dict(name=name, method=method, **kwargs)
-        return SimpleNamespace(), tokenizer
-
     monkeypatch.setattr(labkit.training, "build_trainer", build_trainer)
-    monkeypatch.setattr(labkit.models, "load_policy", load_policy)
     build_run(preset, output_dir, tokenizer=tokenizer, train_dataset=[{"prompt": [], "answer": "1"}], seed=0)
     return seen
-
-
-def _labkit_bnb_config(monkeypatch, precision):
-    """Return the BitsAndBytesConfig labkit.models.load_policy asks transformers for (nothing is loaded)."""
-    import transformers
-
-    from labkit.models import load_policy
-
-    class Captured(Exception):
-        pass
-
-    def from_pretrained(name, **kwargs):
-        raise Captured(kwargs)
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
-    with pytest.raises(Captured) as info:
-        load_policy("Qwen/Qwen2.5-3B-Instruct", "qlora", precision=precision)
-    return info.value.args[0]["quantization_config"]
 
 
 @pytest.mark.parametrize("name", ["workshop", "laptop-16gb", "colab-t4", "qlora-3b", "cpu-smollm2", "cpu-tiny"])
@@ -121,29 +99,83 @@ def test_04_plain_trl_cell_equals_build_run(name, tmp_path, monkeypatch, tiny_mo
 
     preset = get_preset(name)
     tokenizer = load_tokenizer(tiny_model_path)
-    if preset.method == "qlora":
-        from labkit.device import choose_precision, detect_device
-
-        expected_bnb = _labkit_bnb_config(monkeypatch, choose_precision(detect_device()))
     seen = _built_by_labkit(preset, tmp_path / "labkit", monkeypatch, tokenizer)
     monkeypatch.setattr(trl, "GRPOTrainer", _Recorder)
     namespace = {"preset": preset, "SEED": 0, "OUTPUT_DIR": tmp_path, "train_dataset": [],
                  "lab": SimpleNamespace(cpu_mode=True)}
     exec(cell_source("04_lora_grpo_16gb.ipynb", "c4a7d2e8"), namespace)
     plain = namespace["plain_trainer"]
+    # QLoRA too: both hand TRL the model's name with the 4-bit config, and TRL loads and quantises it
+    assert differences(namespace["args"], seen["args"]) == {}
+    assert _lora_fields(plain.kwargs["peft_config"]) == _lora_fields(seen["peft_config"])
     if preset.method == "qlora":
-        # labkit loads the 4-bit model itself (load_policy) and hands it over; plain TRL loads it by name,
-        # so only the plain GRPOConfig says how to load it
-        assert differences(namespace["args"], seen["args"], skip=("model_init_kwargs",)) == {}
-        from labkit.models import lora_config  # what load_policy gives PEFT
-
-        loaded = seen["load_policy"]
-        assert _lora_fields(plain.kwargs["peft_config"]) == _lora_fields(
-            lora_config(loaded["lora_rank"], loaded["lora_alpha"], target_modules=loaded["target_modules"]))
-        assert plain.kwargs["quantization_config"].to_dict() == expected_bnb.to_dict()
+        assert plain.kwargs["quantization_config"].to_dict() == seen["quantization_config"].to_dict()
     else:
-        assert differences(namespace["args"], seen["args"]) == {}
-        assert _lora_fields(plain.kwargs["peft_config"]) == _lora_fields(seen["peft_config"])
-        assert plain.kwargs["quantization_config"] is None
-        assert plain.model == seen["model"]  # the same name or folder, loaded by TRL
+        assert plain.kwargs["quantization_config"] is None is seen["quantization_config"]
+    assert plain.model == seen["model"]  # the same name or folder, loaded by TRL
     assert [f.__name__ for f in plain.reward_funcs] == [f.__name__ for f in seen["reward_funcs"]]
+
+
+def _parameters(model) -> dict:
+    """Return every parameter's name -> (dtype, trains, the class of the module that holds it)."""
+    owners = {f"{name}.{p}" if name else p: type(module).__name__
+              for name, module in model.named_modules() for p, _ in module.named_parameters(recurse=False)}
+    return {name: (p.dtype, p.requires_grad, owners[name]) for name, p in model.named_parameters()}
+
+
+def _hidden_dtypes(model, tokenizer) -> set:
+    ids = tokenizer("What is 2 + 3?", return_tensors="pt").input_ids
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=True)
+    layer = out.past_key_values.layers[0]
+    return {h.dtype for h in out.hidden_states} | {layer.keys.dtype, layer.values.dtype}
+
+
+def test_04_plain_trl_cell_builds_the_same_qlora_model_as_build_run(tmp_path, monkeypatch, tiny_model_path):
+    """Not only the same configs: the same model, parameter by parameter, in bf16 (a CPU runs TRL in bf16; the
+    lab itself refuses bf16 on a CPU, so validate is bypassed). TRL 1.16 never calls
+    prepare_model_for_kbit_training: the embeddings, norms and hidden states stay bf16. With the preset's
+    prepare_model_for_kbit_training=True the model differs (fp32 embeddings and hidden states): the check can fail."""
+    pytest.importorskip("bitsandbytes")
+    import trl
+    from datasets import Dataset
+
+    import labkit.run
+    from labkit.cards import CARDS
+    from labkit.models import load_tokenizer
+    from labkit.presets import get_preset
+
+    preset = get_preset("cpu-tiny", method="qlora", precision="bf16", max_completion_length=8)
+    tokenizer = load_tokenizer(tiny_model_path)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"}] * 8)
+    # the notebook's cell as it runs on an Ampere card (bf16), with GRPOConfig and GRPOTrainer recording their
+    # arguments (a real GRPOConfig would set up accelerate for the pretended GPU); then built for real on the CPU
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+        m.setattr(trl, "GRPOConfig", lambda **fields: SimpleNamespace(**fields))
+        m.setattr(trl, "GRPOTrainer", _Recorder)
+        namespace = {"preset": preset, "SEED": 0, "OUTPUT_DIR": tmp_path, "train_dataset": dataset,
+                     "lab": SimpleNamespace(cpu_mode=True)}
+        exec(cell_source("04_lora_grpo_16gb.ipynb", "c4a7d2e8"), namespace)
+    recorded = namespace["plain_trainer"]
+    assert recorded.args.bf16 and recorded.kwargs["quantization_config"] is not None
+    args = trl.GRPOConfig(**{**vars(recorded.args), "use_cpu": True, "dataloader_pin_memory": False})
+    plain = trl.GRPOTrainer(model=recorded.model, reward_funcs=recorded.reward_funcs, args=args,
+                            processing_class=tokenizer, **recorded.kwargs)  # kwargs: the cell's dataset, LoRA, 4-bit
+    monkeypatch.setattr(labkit.run, "validate", lambda *a, **k: [])
+    ampere = CARDS["rtx3080-laptop-16gb"].device()
+
+    def built(**changes):
+        return labkit.run.build_run(preset.replace(**changes), tmp_path / f"labkit{len(changes)}", device=ampere,
+                                    tokenizer=tokenizer, train_dataset=dataset, print_logs=False, use_cpu=True,
+                                    dataloader_pin_memory=False).trainer.model
+
+    labkit_model = built()
+    assert _parameters(plain.model) == _parameters(labkit_model)
+    assert plain.model.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert _hidden_dtypes(plain.model, tokenizer) == _hidden_dtypes(labkit_model, tokenizer) == {torch.bfloat16}
+    upcast = built(prepare_model_for_kbit_training=True)
+    assert _parameters(upcast) != _parameters(plain.model)
+    assert upcast.get_input_embeddings().weight.dtype == torch.float32
+    assert _hidden_dtypes(upcast, tokenizer) == {torch.float32}

@@ -96,6 +96,7 @@ _FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name 
            for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items()}
 _FIELDS.update({
     "gradient_checkpointing": ["maybe", "1", "none", "2.5"], "precision": ["bf32", "1", "true"],
+    "prepare_model_for_kbit_training": ["maybe", "1", "none", "true"],  # true: a LoRA preset, not QLoRA
     "model": ["123", "/nonexistent/x", "a/b/c", "tiny:gpt9", "none"], "method": ["dora", "1", "none"],
     "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
     "reward_weights": ["nan,1,1", "abc", "inf,1,1", "0,0,0", "1"], "name": ["1", "none"], "description": ["1"],
@@ -109,7 +110,8 @@ _CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "max_steps": ["4"]
 _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["0", "0.04"], "temperature": ["0.7"],
           "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["2", "none"],
           "lora_alpha": ["32", "none", "8.5"], "target_modules": ["q_proj,v_proj", "down_proj"],
-          "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"]}
+          "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"],
+          "prepare_model_for_kbit_training": ["false"]}
 _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
                  "top_p": ["0.9", "1"], "scale_rewards": ["none", "batch"], "mask_truncated_completions": ["true"]}
 
@@ -356,23 +358,30 @@ def test_ctrl_c_during_training_says_where_to_resume(tmp_path, capsys, monkeypat
     assert not (tmp_path / "labkit.lock").exists()  # the lock went with it
 
 
-@pytest.mark.parametrize("learning_rate", [1e-6, 2e-5, 1e-4])
-def test_full_fine_tuning_in_pure_bf16_warns_where_updates_round_away(learning_rate):
+def test_full_fine_tuning_keeps_fp32_master_weights_in_every_precision():
+    """Full fine-tuning loads fp32 weights under 16-bit autocast (the recipe that learns, notebook 05 section 11),
+    and the estimator counts them so: 16 bytes a parameter for weights, gradients and AdamW moments."""
     import torch
 
-    ampere = CARDS["rtx3080-laptop-16gb"].device()
-    full = get_preset("laptop-16gb", method="full", learning_rate=learning_rate)
-    warning = next(w for w in validate(full, ampere) if "rounds away" in w)
-    bound = float(warning.split("larger than ")[1].split(" ")[0])
-    # the stated bound is true: above it, adding the learning rate to a bf16 weight changes nothing
-    weights = torch.logspace(math.log10(bound), 0, 400, dtype=torch.float64).to(torch.bfloat16)
-    weights = weights[weights.double() > bound]
-    assert len(weights) > 300 and torch.equal(weights + learning_rate, weights)
-    # and it is not vacuous: somewhat below it, some updates survive
-    small = torch.tensor([bound / 8], dtype=torch.bfloat16)
-    assert not torch.equal(small + learning_rate, small)
-    assert not any("rounds away" in w for w in validate(full.replace(precision="fp32"), ampere))
-    assert not any("rounds away" in w for w in validate(get_preset("laptop-16gb"), ampere))  # LoRA: fp32 adapters
+    from labkit.memory import estimate, model_shape
+    from labkit.presets import resolve_plan
+
+    ampere, t4 = CARDS["rtx3080-laptop-16gb"].device(), CARDS["t4"].device()
+    for card, precision in ((ampere, "bf16"), (t4, "fp16")):
+        plan = resolve_plan(get_preset("laptop-16gb", method="full", learning_rate=1e-6), card)
+        assert (plan.precision, plan.weight_dtype) == (precision, torch.float32)
+        assert plan.compute_dtype != torch.float32  # autocast computes in 16 bits
+    lora = resolve_plan(get_preset("laptop-16gb"), ampere)
+    assert lora.weight_dtype == torch.bfloat16  # a frozen base needs no master copy
+    name = "Qwen/Qwen2.5-1.5B-Instruct"
+    params = model_shape(name).params
+    masters = estimate(name, "full", precision="bf16", optim="adamw_torch")
+    pure = estimate(name, "full", precision="bf16", optim="adamw_torch", fp32_master_weights=False)
+    assert masters.settings["fp32_master_weights"] and not pure.settings["fp32_master_weights"]
+    per_param = (masters.bytes["weights"] + masters.bytes["gradients"] + masters.bytes["optimizer"]) / params
+    assert 15.99 < per_param < 16.01
+    assert 7.99 < (pure.bytes["weights"] + pure.bytes["gradients"] + pure.bytes["optimizer"]) / params < 8.01
+    assert not any("rounds away" in w for w in validate(get_preset("laptop-16gb", method="full"), ampere))
 
 
 # ----------------------------------------------------------------------------- a run that would train nothing

@@ -11,8 +11,9 @@ only predict:
   backward passes, the optimiser step): seconds, ``max_memory_allocated``, ``max_memory_reserved``;
   fits or OOM, beside the estimate and the rehearsal of the same plan. The ``laptop-16gb`` row also
   keeps its live dashboard (picture and memory timeline per phase).
-- **qlora**: ``qlora-3b`` through notebook 04's plain-TRL cell (``GRPOTrainer`` loads and quantises the model;
-  TRL 1.16 never calls ``prepare_model_for_kbit_training``) beside its preset row (labkit's loader, which does).
+- **qlora**: ``qlora-3b`` with ``prepare_model_for_kbit_training=True`` (labkit's loader runs PEFT's fp32 upcast
+  of every weight that is not 4-bit) beside its preset row (TRL loads and quantises the model, as notebook 04's
+  plain-TRL cell does; TRL 1.16 never calls ``prepare_model_for_kbit_training``): what the upcast costs.
 - **doctor**: the OOM doctor on real OOMs: a base recipe uncapped, then capped between the peak of the phases
   before a target phase and its own (generation, backward, optimiser step), then with the report's first change
   under the same cap (:data:`DOCTOR_BASES`, :func:`doctor_cap`, :func:`doctor_verdict`).
@@ -199,7 +200,7 @@ def measure(spec: dict) -> dict:
     plan = resolve(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
                card=card.name if card else None, generation=spec.get("generation", "generate"),
-               loader=spec.get("loader", "labkit" if preset.method == "qlora" else None),
+               loader=_loader(preset),
                **{k: plan.grpo[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                             "generation_batch_size", "num_generations", "max_prompt_length",
                                             "max_completion_length", "optim")},
@@ -243,17 +244,11 @@ def measure(spec: dict) -> dict:
             callbacks.append(dashboard)
         peaks = PhasePeaks(cuda, monitor)
         config = dict(spec.get("config", {}))
-        if spec.get("loader") == "plain-trl":  # notebook 04's plain-TRL cell: TRL loads and quantises the model
-            from transformers import BitsAndBytesConfig
-
-            bench = bench.replace(method="lora")  # build_run hands TRL the path; the 4-bit config goes with it
-            config["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
-                                           "quantization_config": BitsAndBytesConfig(**plan.quantization)}
         run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
                         callbacks=callbacks, print_logs=False,
                         generation_kwargs={"min_new_tokens": bench.max_completion_length}, **config)
         peaks.install(run.trainer)
-        if preset.method == "qlora":  # what each loader left in full precision (labkit's upcasts, TRL's does not)
+        if preset.method == "qlora":  # what each loader left in full precision (PEFT's upcast, TRL's does not)
             model = run.trainer.model
             row.update(weights_4bit=any(type(m).__name__ == "Linear4bit" for m in model.modules()),
                        embedding_dtype=str(model.get_input_embeddings().weight.dtype).removeprefix("torch."))
@@ -387,9 +382,9 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
             jobs.append(dict(part="grid", name=f"grid-{short}-{method}-{precision}", preset="laptop-16gb",
                              overrides=dict(GRID_SETTINGS, **shrink, model=model, method=method), precision=precision
                              if not tiny else None, steps=2, cap=None))
-    if "qlora" in parts:  # qlora-3b's preset row is labkit's loader; this one is notebook 04's plain-TRL cell
-        jobs.append(dict(part="qlora", name="qlora-3b-plain-trl", preset="qlora-3b", overrides=dict(shrink),
-                         steps=steps, cap="card", loader="plain-trl"))
+    if "qlora" in parts:  # qlora-3b's preset row is TRL's loader; this one adds PEFT's fp32 upcast
+        jobs.append(dict(part="qlora", name="qlora-3b-prepare-kbit", preset="qlora-3b", steps=steps, cap="card",
+                         overrides=dict(shrink, prepare_model_for_kbit_training=True)))
     if "doctor" in parts:
         for base, (name, overrides) in DOCTOR_BASES.items():
             jobs.append(dict(part="doctor", name=base, preset=name, overrides={**overrides, **shrink}, steps=2,
@@ -456,15 +451,15 @@ def doctor_spec(job: dict, rows: dict) -> dict | str:
 def doctor_verdict(row: dict, rows: dict) -> dict:
     """Return the fix row's verdict: did the first change fit, and how far the target phase's peak fell, measured
     (the base row, uncapped, against this row) and predicted (the estimator's phase memory, as the doctor reads it)."""
-    from labkit.oom import PHASE_MEMORY
+    from labkit.oom import phase_memory
 
     target = row["doctor"]["target"]
     base = rows[row["doctor"]["base"]]
-    term = {"generation_phase": "estimated_generation_gib", "training_phase": "estimated_training_gib"}.get(
-        PHASE_MEMORY.get(target), "estimated_total_gib")
+    before, after = (phase_memory(r.get("settings") or {}, target) for r in (base, row))
     measured = (base.get(f"{target}_allocated_gib") or 0) - (row.get(f"{target}_allocated_gib") or 0)
+    predicted = None if before is None or after is None else round((before - after) / GIB, 3)
     return dict(fits_after_first_change=row["status"] == "ok", measured_fall_gib=round(measured, 3),
-                predicted_fall_gib=round(base[term] - row[term], 3), predicted_from=term)
+                predicted_fall_gib=predicted, predicted_from=f"labkit.oom.phase_memory(settings, {target!r})")
 
 
 def recorded_rows(results: Path) -> list[dict]:
@@ -479,6 +474,31 @@ def measured_rows(results: Path) -> dict:
     return {r["name"]: r for r in recorded_rows(results) if r.get("status") in ("ok", "oom") and r.get("cuda")}
 
 
+def _loader(preset) -> str | None:
+    """Return who loaded a QLoRA row's model: ``"trl"`` (GRPOTrainer from the quantization_config, the default)
+    or ``"labkit-prepare-kbit"`` (labkit's loader with PEFT's ``prepare_model_for_kbit_training``)."""
+    if preset.method != "qlora":
+        return None
+    return "labkit-prepare-kbit" if preset.prepare_model_for_kbit_training else "trl"
+
+
+def row_settings(row: dict) -> dict:
+    """Return the preset settings a recorded row was measured with, in today's fields.
+
+    Fields added to :class:`labkit.presets.Preset` since keep their defaults, except
+    ``prepare_model_for_kbit_training``: before it existed, labkit's QLoRA loader (``loader`` "labkit")
+    always ran PEFT's upcast, so those rows measured ``prepare_model_for_kbit_training=True``.
+    """
+    from labkit.presets import Preset
+
+    settings = dict(row.get("settings") or {})
+    if not settings:
+        return settings
+    if "prepare_model_for_kbit_training" not in settings:
+        settings["prepare_model_for_kbit_training"] = row.get("loader") == "labkit"
+    return Preset.from_dict(settings).to_dict()
+
+
 def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
     """Return the ``jobs`` that ``results`` has no CUDA row for, at the preset's settings as they are now."""
     done = measured_rows(results)
@@ -490,7 +510,7 @@ def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
                 todo.append(job)
             continue
         row = done.get(job["name"])
-        if row is None or row.get("settings") != _bench_preset(job).replace(precision=row["precision"]).to_dict():
+        if row is None or row_settings(row) != _bench_preset(job).replace(precision=row["precision"]).to_dict():
             todo.append(job)
         elif job.get("dashboard") and not (Path(results) / f"dashboard_{job['name']}.png").exists():
             todo.append(dict(job, picture_only=True))  # not whole without its picture: after its part's new rows
