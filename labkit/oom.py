@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import inspect
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -236,10 +235,6 @@ def candidate_changes(settings: dict) -> list[Change]:
     return out
 
 
-def _accepts(function, name: str) -> bool:
-    return name in inspect.signature(function).parameters
-
-
 def phase_memory(settings: dict, phase: str | None) -> int | None:
     """Return the bytes ``phase`` fills (:data:`PHASE_MEMORY`) for ``settings`` (preset / GRPOConfig field names),
     from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model).
@@ -260,9 +255,8 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
                   num_processes=s.get("num_processes"), max_prompt_length=s.get("max_prompt_length"),
                   max_completion_length=s.get("max_completion_length"), optim=s.get("optim"),
                   gradient_checkpointing=s.get("gradient_checkpointing"), beta=s.get("beta"),
-                  precision=s.get("precision"), lora_rank=s.get("lora_rank"), lora_targets=s.get("target_modules"))
-    if _accepts(estimate, "prepare_model_for_kbit_training"):  # QLoRA with PEFT's fp32 upcast (a preset field)
-        kwargs["prepare_model_for_kbit_training"] = s.get("prepare_model_for_kbit_training")
+                  precision=s.get("precision"), lora_rank=s.get("lora_rank"), lora_targets=s.get("target_modules"),
+                  prepare_model_for_kbit_training=s.get("prepare_model_for_kbit_training"))  # QLoRA's fp32 upcast
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     kwargs["lora_targets"] = list(kwargs["lora_targets"]) if "lora_targets" in kwargs else None
     try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
@@ -327,7 +321,7 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
     generation batch's token ids and log-probs (a few MiB), the reward functions' own memory.
     """
     from labkit.memory import (_CPU_TILE_COPIES, _TRL_TOKEN_CHUNK, _TRL_VOCAB_CHUNK, PRECISION_BYTES,
-                               adapter_bytes, hidden_state_bytes, model_shape)
+                               hidden_state_bytes, model_shape)
     from labkit.models import DEFAULT_LORA_TARGETS
 
     s, terms = est.settings, est.bytes
@@ -341,19 +335,20 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
     shape = model_shape(s["model"] if model is None else model)  # a name, a folder or a config
     b = PRECISION_BYTES[precision]
     upcast = bool(s.get("prepare_model_for_kbit_training"))
-    hb = (hidden_state_bytes(method, precision, prepare_model_for_kbit_training=upcast)
-          if _accepts(hidden_state_bytes, "prepare_model_for_kbit_training") else hidden_state_bytes(method, precision))
+    hb = hidden_state_bytes(method, precision, prepare_model_for_kbit_training=upcast)
+    rb = 4 if s.get("fp32_master_weights") else hb  # the residual stream: fp32 under fp32 master weights
     batch, seq = s["per_device_train_batch_size"], s["max_prompt_length"] + s["max_completion_length"]
     tokens, h, i, V = batch * seq, shape.hidden_size, shape.intermediate_size, shape.vocab_size
-    # PEFT casts a LoRA input to fp32 adapters' dtype (as labkit.memory.estimate): LoRA; QLoRA's on 16-bit states
-    casts = method == "lora" or (method == "qlora" and adapter_bytes(method, precision) == 4 and hb < 4)
+    # PEFT casts a LoRA input to its fp32 adapters' dtype (as labkit.memory.estimate); its 4-bit layers do not
+    casts = method == "lora"
     widest = max((n for n, _ in shape.lora_targets(lora_targets or DEFAULT_LORA_TARGETS)), default=0) if casts else 0
-    layer = tokens * ((2 if widest >= i else 3) * i + 2 * h) * hb + tokens * widest * (4 + (5 if lora_dropout else 0))
+    layer = (tokens * ((2 if widest >= i else 3) * i * hb + 2 * h * rb)
+             + tokens * widest * (4 + (5 if lora_dropout else 0)))
     if s.get("padded"):
         layer += tokens * seq * b  # SDPA's additive mask of one layer, (B, 1, S, S)
     scored = batch * s["max_completion_length"] if device == "cuda" else batch * (seq - 1)
     tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * (b if device == "cuda" else 4 * _CPU_TILE_COPIES)
-    head = tokens * h * hb + scored * h * hb + scored * 7 * 4 + tile
+    head = tokens * h * rb + scored * h * rb + scored * 7 * 4 + tile
     weight_copies = shape.linear_weight_params * b if s.get("fp32_master_weights") else 0
     return int(round(memory + max(layer, head) + weight_copies))
 

@@ -122,10 +122,6 @@ def test_the_optimizer_step_holds_weights_reference_gradients_and_states():
 
 
 def test_phase_memory_passes_prepare_model_for_kbit_training_through():
-    import inspect
-
-    if "prepare_model_for_kbit_training" not in inspect.signature(estimate).parameters:
-        pytest.skip("labkit.memory.estimate has no prepare_model_for_kbit_training yet")
     settings = {**PRESETS["qlora-3b"].to_dict(), "precision": "fp16", "beta": 0.04}
     upcast = {**settings, "prepare_model_for_kbit_training": True}
     for phase in ("generation", "scoring", "forward"):  # fp32 hidden states cost more in every activation phase
