@@ -157,3 +157,31 @@ def test_settings_from_trainer_reads_peft_upcast_and_num_iterations():
         settings = settings_from_trainer(SimpleNamespace(args=args, model=model))
         assert settings["method"] == "qlora" and settings["num_iterations"] == 2
         assert settings["prepare_model_for_kbit_training"] is upcast
+
+
+def test_notebook_04s_symptom_table_and_the_doctor_agree():
+    """Each OOM row of notebook 04's table names what the doctor offers for that phase, and what it says will not
+    help is what the doctor never offers there (a learner reads the table, the doctor prints the advice)."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "04_lora_grpo_16gb.ipynb").read_text())
+    table = next("".join(c["source"]) for c in cells["cells"] if "| OOM in **generation**" in "".join(c["source"]))
+    rows = {phase: next(line for line in table.splitlines() if line.startswith("| OOM") and f"**{phase}**" in line)
+            for phase in PHASES}
+    words = {"checkpointing": "gradient checkpointing", "batch": "per_device_train_batch_size",
+             "completion": "max_completion_length", "optim": "8-bit AdamW", "generation_batch": "steps_per_generation"}
+    full = SETTINGS["full, adamw_torch"][0]
+    laptop = PRESETS["laptop-16gb"].replace(gradient_checkpointing=False, optim="adamw_torch", beta=0.04)
+    for phase, row in rows.items():
+        fix = row.split(" | ")[-1]
+        offered = {c.kind for preset in (full, laptop)
+                   for c in ordered_changes({**preset.to_dict(), "precision": "bf16"}, phase)}
+        for kind, word in words.items():
+            if kind in offered:
+                assert word in fix and f"not {word}" not in fix, (phase, kind, fix)
+            elif f"not {word}" not in fix:
+                assert word not in fix.split(";")[0], (phase, kind, "first advice not offered by the doctor")
+        for kind, word in words.items():
+            if f"not {word}" in fix:
+                assert kind not in offered, (phase, kind)
