@@ -32,7 +32,7 @@ from labkit.training import checkpoint_problem, checkpoint_step, last_checkpoint
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
-           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE"]
+           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters"]
 
 
 PRESET_FILE = "labkit_preset.json"
@@ -360,6 +360,50 @@ class Run:
             self.tokenizer.save_pretrained(str(folder))
             save_preset(self.preset, folder)
         return folder
+
+
+def merge_adapters(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, *,
+                   precision: str | None = None) -> Path:
+    """Return the folder of a plain transformers model: a saved run's base with its LoRA adapter merged in.
+
+    ``adapter_dir`` is what :meth:`Run.save` wrote (the adapter, the tokenizer, the recipe). The base named in
+    its ``adapter_config.json`` is loaded in ``precision``'s dtype (default: this machine's; fp32 on a CPU),
+    the adapter applied with PEFT and folded into the weights, ``W + (alpha / r) B A`` (``merge_and_unload``),
+    and the result saved with the tokenizer to ``out_dir`` (default: ``merged`` beside ``adapter_dir``):
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` loads it with no PEFT and no labkit. A QLoRA run's base
+    is loaded in 4 bits, as it trained, and dequantised first (``model.dequantize()``): the adapter is added to
+    the very weights it learned against, and the merged model is 16-bit (adding it to 4-bit codes would round
+    the update away). Raises ``FileNotFoundError`` for a folder without an adapter.
+    """
+    import torch
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from labkit.device import choose_precision, detect_device, torch_dtype
+    from labkit.models import load_tokenizer, quantization_config
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").exists():
+        raise FileNotFoundError(f"{adapter_dir} holds no LoRA adapter (adapter_config.json): pass the folder "
+                                "run.save() returned, e.g. OUTPUT_DIR / 'final'")
+    out_dir = Path(out_dir or adapter_dir.parent / "merged")
+    base = PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
+    preset = load_saved_preset(adapter_dir)
+    precision = precision or choose_precision(detect_device())
+    dtype = torch_dtype(precision, "lora")
+    if preset is not None and preset.method == "qlora":
+        device = detect_device().kind
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, quantization_config=quantization_config(precision),
+                                                     device_map={"": 0 if device == "cuda" else device})
+        model = model.dequantize(dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    with torch.no_grad():
+        merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    merged = merged.to(dtype)  # PEFT's fp32 adapters do not change the base's dtype, but say so
+    merged.save_pretrained(str(out_dir))
+    load_tokenizer(adapter_dir).save_pretrained(str(out_dir))
+    return out_dir
 
 
 def is_main_process() -> bool:

@@ -1,0 +1,61 @@
+"""Use your model: a saved run's adapter merged into its base loads with plain transformers and answers as the
+trained PEFT model does (issue 33, notebook 04's last section). LoRA and QLoRA (dequantised first), on a CPU."""
+import pytest
+import torch
+
+
+def _trained_run(tmp_path, method):
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+
+    run = build_run(get_preset("cpu-tiny", method=method, max_steps=1, save_steps=None), tmp_path / method,
+                    print_logs=False)
+    run.train(resume=False)
+    with torch.no_grad():  # an adapter that is surely not zero (B starts at zero; one step moves it little)
+        for name, param in run.trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(torch.randn_like(param) * 0.05)
+    return run
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_a_merged_model_loads_without_peft_and_answers_as_the_trained_one(tmp_path, method):
+    if method == "qlora":
+        pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM
+
+    from labkit.run import merge_adapters
+
+    run = _trained_run(tmp_path, method)
+    saved = run.save()
+    merged_dir = merge_adapters(saved)
+    assert merged_dir == saved.parent / "merged"
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir)  # plain transformers: no PEFT, no labkit
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    assert not hasattr(merged, "peft_config")
+    ids = torch.randint(0, merged.config.vocab_size, (2, 12))
+    trained = run.trainer.model.eval()
+    error = (_logits(merged, ids) - _logits(trained, ids)).abs().max()
+    base = AutoModelForCausalLM.from_pretrained(trained.peft_config["default"].base_model_name_or_path)
+    assert (_logits(base, ids) - _logits(merged, ids)).abs().max() > 1e-2  # the adapter is in the weights
+    if method == "lora":
+        assert error < 1e-4
+    else:  # the 4-bit kernel computes a little differently; merging into the unquantised base is 28x worse here
+        from peft import PeftModel
+
+        naive = PeftModel.from_pretrained(base, str(saved)).merge_and_unload()
+        assert error < 1e-2 and error * 10 < (_logits(naive, ids) - _logits(trained, ids)).abs().max()
+    assert (merged_dir / "tokenizer_config.json").exists()
+
+
+def test_merging_a_folder_without_an_adapter_says_what_to_pass(tmp_path):
+    from labkit.run import merge_adapters
+
+    with pytest.raises(FileNotFoundError, match="run.save"):
+        merge_adapters(tmp_path)
