@@ -1,7 +1,8 @@
 """The lab's command line, one table for every ``python -m labkit COMMAND``, and one ``KEY=VALUE`` parser.
 
 Commands: ``demo`` (the main job), ``estimate`` (the VRAM estimator), ``train`` (a preset),
-``check`` (what the lab will use here) and ``bench`` (:mod:`labkit.bench`). Each command's
+``check`` (what the lab will use here), ``bench`` (:mod:`labkit.bench`) and ``colab`` (where the lab is
+published: every notebook's badge and install cell, from one setting). Each command's
 function parses its options and calls the concept module that owns the logic; the modules are
 imported only when their command runs, so ``python -m labkit --help`` is instant and needs no torch.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 
 __all__ = ["COMMANDS", "main", "UsageError", "parse_value", "parse_pairs", "on_off", "add_setting_arguments",
-           "demo_cli", "estimate_cli", "train_cli", "check_cli", "rehearse_cli"]
+           "demo_cli", "estimate_cli", "train_cli", "check_cli", "rehearse_cli", "colab_cli"]
 
 # command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
 COMMANDS = {
@@ -27,6 +28,8 @@ COMMANDS = {
     "check": ("labkit.cli:check_cli", "the pre-workshop checklist: install, device, mode, free disk, model weights"),
     "rehearse": ("labkit.cli:rehearse_cli",
                  "rehearse a preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase"),
+    "colab": ("labkit.cli:colab_cli",
+              "set where the lab is published (--repo OWNER/NAME --ref TAG): every notebook's Colab badge and clone"),
 }
 
 MODEL_COMMANDS = ("demo", "bench", "train", "rehearse")  # they load or build models through transformers and TRL
@@ -512,4 +515,54 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
     card = plan.card.total_memory_gib
     print(f"\ncard {card:g} GiB: rehearsed peak {result.peak_gib:.2f} GiB = {100 * result.peak_gib / card:.0f} % "
           f"of it ({LABEL}; add the CUDA context and fragmentation, about 1 GiB, before comparing with a card)")
+    return 0
+
+
+def colab_cli(argv: list[str] | None = None) -> int:
+    """``python -m labkit colab --repo OWNER/NAME --ref TAG``: set the lab's home (:func:`labkit.nbcheck.set_home`).
+
+    Writes ``labkit/data/home.json``, every notebook's Colab badge and install cell, and the README's Colab
+    links, in one go, or nothing at all: bad input or a file it cannot rewrite exits 2 before any write.
+    Idempotent. ``--unset`` goes back to no home; ``--check`` only reports disagreements (exit 1).
+    """
+    from labkit.nbcheck import HomeError, home_problems, read_home, set_home, validate_home
+
+    parser = argparse.ArgumentParser(
+        prog="python -m labkit colab",
+        description="Set where this copy of the lab is published, for Colab: its GitHub repository and the tag "
+                    "learners get. Rewrites labkit/data/home.json, every notebook's badge and clone cell and the "
+                    "README's Colab links. Commit the result, then create the tag on that commit and push both.")
+    parser.add_argument("--repo", help="the lab's public GitHub repository, OWNER/NAME (e.g. alice/grpo-lab)")
+    parser.add_argument("--ref", help="the tag (or commit) learners clone, e.g. v0.2.0-class")
+    parser.add_argument("--unset", action="store_true", help="forget the home: badges and clone cells say there is none")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a notebook or the README disagrees with labkit/data/home.json")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the lab's folder (default: the one holding this labkit)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        if args.check:
+            if args.repo or args.ref or args.unset:
+                raise HomeError("--check takes no --repo, --ref or --unset")
+            problems = home_problems(args.root)
+            print("\n".join(problems) if problems else f"every notebook and the README show {read_home(args.root)}")
+            return 1 if problems else 0
+        if args.unset and (args.repo or args.ref):
+            raise HomeError("--unset takes no --repo or --ref")
+        if not args.unset and (args.repo is None or args.ref is None):
+            raise HomeError("give both --repo OWNER/NAME and --ref TAG (or --unset, or --check)")
+        home = validate_home(None if args.unset else args.repo, None if args.unset else args.ref)
+        changed = set_home(args.root, home)
+    except HomeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not changed:
+        print(f"the lab already shows {home}: nothing to change")
+        return 0
+    rewrote = ", ".join(str(path.relative_to(args.root)) for path in changed)
+    print(f"the lab's home is now {home}; rewrote {rewrote}" if home.is_set else
+          f"the lab now has no published home; rewrote {rewrote}")
+    if home.is_set:
+        print(f"next: commit these files, then tag that commit and push both: git tag {home.ref} && "
+              f"git push origin HEAD {home.ref} (the badges open the notebooks as they are at {home.ref})")
     return 0
