@@ -1,9 +1,21 @@
 """Coded exercises: every reference passes its own check, and every listed mistake fails it with its own message."""
+import json
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 import labkit.exercises as ex
 from labkit.exercises import Case, Exercise, ExerciseFailed
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _verdict(name, fn) -> str:
+    with pytest.raises(ExerciseFailed) as info:
+        ex.verify(name, fn)
+    return str(info.value)
 
 
 def _toy() -> Exercise:
@@ -16,7 +28,15 @@ def _toy() -> Exercise:
         cases=lambda: [Case("four rewards", (torch.tensor([1.0, 0.0, 0.0, 1.0]),)),
                        Case("three rewards", (torch.tensor([2.0, 0.0, 1.0]),))],
         mistakes={"the std has no Bessel correction (unbiased=False)": lambda x: (x - x.mean()) / x.std(unbiased=False)},
-        hint="subtract the mean, divide by the std", reference_name="toy")
+        nudge="centre, then scale", hint="subtract the mean, divide by the std",
+        solution="docs/solutions/toy.md#exercise-toy", reference_name="toy")
+
+
+@pytest.fixture(autouse=True)
+def fresh_state(monkeypatch):
+    # what checks left for later cells, and the failures counted for the hints: per test, as per kernel
+    monkeypatch.setattr(ex, "_IN_USE", {})
+    monkeypatch.setattr(ex, "_FAILURES", {})
 
 
 @pytest.fixture()
@@ -67,6 +87,195 @@ def test_generic_diagnoses(toy, wrong, message):
     assert "four rewards" in str(info.value) and "Hint" in str(info.value)
 
 
+def test_the_verdict_shows_the_first_difference_rounded_not_a_long_list(toy):
+    # right everywhere but at position 2 of the first case
+    def wrong(x):
+        out = (x - x.mean()) / x.std()
+        return out + torch.tensor([0.0, 0.0, 0.123456789, 0.0])[: len(x)] if len(x) == 4 else out
+
+    verdict = _verdict(toy.name, wrong)
+    assert "first difference at [2] (shape (4,)): expected -0.866, got -0.7426" in verdict, verdict
+    assert "expected [0.866, -0.866, -0.866, 0.866]" in verdict, verdict
+    assert not re.search(r"\d\.\d{7,}", verdict), f"unrounded floats in the verdict:\n{verdict}"
+
+
+def test_the_verdict_of_a_matrix_shows_the_index_and_its_row():
+    exercise = ex.exercise("clipped_surrogate")
+    message = next(m for m in exercise.mistakes if m.startswith("the upper clip side is missing"))
+    verdict = _verdict("clipped_surrogate", exercise.mistakes[message])
+    assert "first difference at [0, 4] (shape (4, 5)): expected -1.28, got -1.6" in verdict, verdict
+    assert "expected row [0]: [-0.5, -0.9, -1, -1.25, -1.28]" in verdict, verdict
+    assert not re.search(r"\d\.\d{7,}", verdict), verdict
+
+
+def test_a_long_row_is_shown_around_the_difference():
+    expected, got = torch.arange(40.0), torch.arange(40.0)
+    got[30] = -1.0
+    shown = ex._show_difference(expected, got)
+    assert "first difference at [30] (shape (40,)): expected 30, got -1" in shown
+    assert "[..., 27, 28, 29, 30, 31, 32, 33, 34, ...]" in shown and "0, 1, 2" not in shown
+
+
+def test_a_difference_only_in_digits_beyond_the_fourth_shows_enough_digits():
+    # 1.23401 and 1.23449 differ beyond the tolerance but both round to 1.234
+    shown = ex._show_difference(torch.tensor([1.23401, 2.0], dtype=torch.float64),
+                                torch.tensor([1.23449, 2.0], dtype=torch.float64))
+    assert "expected 1.234, got 1.2345" in shown, shown
+
+
+def test_a_dict_answer_names_the_first_key_that_differs():
+    shown = ex._show_difference({"weights": 4, "optimizer": 8}, {"weights": 4, "optimizer": 16})
+    assert "first difference at ['optimizer']: expected 8, got 16" in shown
+
+
+# --------------------------------------------------------------------------- hints: a nudge first, the solution later
+
+
+def test_the_first_failing_check_nudges_and_the_second_gives_the_fuller_hint(toy):
+    wrong = toy.mistakes["the std has no Bessel correction (unbiased=False)"]
+    with pytest.raises(ExerciseFailed) as first:
+        ex.check(toy.name, wrong)
+    assert "Hint: centre, then scale" in str(first.value)
+    assert "subtract the mean" not in str(first.value) and "docs/solutions" not in str(first.value)
+    assert f"labkit.exercises.hint({toy.name!r}, level=2)" in str(first.value)
+    with pytest.raises(ExerciseFailed) as second:
+        ex.check(toy.name, wrong)
+    assert "Fuller hint: subtract the mean, divide by the std" in str(second.value)
+    assert "Worked solution: docs/solutions/toy.md#exercise-toy" in str(second.value)
+
+
+def test_a_passing_check_starts_the_hints_over(toy):
+    wrong = toy.mistakes["the std has no Bessel correction (unbiased=False)"]
+    with pytest.raises(ExerciseFailed):
+        ex.check(toy.name, wrong)
+    ex.check(toy.name, toy.reference)
+    with pytest.raises(ExerciseFailed) as again:
+        ex.check(toy.name, wrong)
+    assert "Fuller hint" not in str(again.value)
+
+
+def test_hint_asked_for_gives_either_level(toy, capsys):
+    ex.hint(toy.name)
+    first = capsys.readouterr().out
+    assert "centre, then scale" in first and "subtract the mean" not in first
+    ex.hint(toy.name, level=2)
+    second = capsys.readouterr().out
+    assert "subtract the mean, divide by the std" in second and "docs/solutions/toy.md#exercise-toy" in second
+
+
+def test_every_exercise_nudges_in_one_line_without_its_recipe():
+    for name in ex.names():
+        exercise = ex.exercise(name)
+        assert exercise.nudge and "\n" not in exercise.nudge and len(exercise.nudge) <= 160, name
+        assert exercise.nudge != exercise.hint, name
+        verdict = _verdict_at_level_1(name, next(iter(exercise.mistakes.values())))
+        assert exercise.hint not in verdict and exercise.solution not in verdict, name
+
+
+def _verdict_at_level_1(name, fn) -> str:
+    with pytest.raises(ExerciseFailed) as info:
+        ex.verify(name, fn, level=1)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------- later cells take the checked function
+
+
+def test_checked_gives_the_function_the_last_check_left(toy, capsys):
+    wrong = toy.mistakes["the std has no Bessel correction (unbiased=False)"]
+    assert ex.checked(toy.name) is toy.reference  # no check has run yet
+    with pytest.raises(ExerciseFailed):
+        ex.check(toy.name, wrong)
+    capsys.readouterr()
+    assert ex.checked(toy.name) is toy.reference
+    assert f"✗ {toy.name}: your function failed its check" in capsys.readouterr().out
+
+    def mine(x):
+        return (x - x.mean()) / x.std()
+
+    ex.check(toy.name, mine)
+    assert ex.checked(toy.name) is mine
+    assert ex.checked(toy.name, toy.name) == (mine, mine)
+
+
+def test_checked_says_which_stubs_are_unfilled(toy, capsys):
+    def stub(x):
+        raise NotImplementedError
+
+    ex.check(toy.name, stub)
+    capsys.readouterr()
+    assert ex.checked(toy.name) is toy.reference
+    assert f"labkit's function stands in for {toy.name} (not filled in)" in capsys.readouterr().out
+
+
+def _notebook_cells(name, cell_type=None) -> list[str]:
+    cells = json.loads((REPO / "notebooks" / name).read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if cell_type in (None, c["cell_type"])]
+
+
+def _run_cells(sources, namespace):
+    """Run the cells' code in ``namespace``; return the value of the last cell's last expression, if any."""
+    import ast
+
+    result = None
+    for source in sources:
+        tree = ast.parse(source)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, "<cell>", "exec"), namespace)
+        result = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace) if last else None
+    return result
+
+
+def test_a_wrong_answer_left_in_place_does_not_reach_section_8_of_notebook_01(capsys):
+    # The learner's clipped surrogate fails its check in section 3 and stays defined; section 8 must run on
+    # labkit's and say which exercise to fix, not end in torch's "Scalars are not close!".
+    code = _notebook_cells("01_grpo_objective.ipynb", "code")
+    setup = [c for c in code if c.startswith("MODE =") or "AGGREGATIONS =" in c]  # the parameters, the imports
+    section_8 = [c for c in code if "def my_grpo_loss" in c or "my_grpo_loss(*batch" in c]
+    assert len(setup) == 2 and len(section_8) == 2
+    namespace = {}
+    _run_cells(setup, namespace)
+
+    def my_clipped_surrogate(logps, old_logps, advantages, epsilon=0.2, epsilon_high=0.2):
+        ratio = torch.exp(logps - old_logps)
+        A = advantages[:, None]
+        return -torch.min(ratio * A, torch.clamp(ratio, min=1 - epsilon) * A)  # the upper clip side is missing
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    namespace["my_k3"] = ex.check("kl_k3", stub)  # left unfilled: labkit's stands in
+    namespace["my_aggregate_loss"] = ex.check("aggregate_loss", stub)
+    with pytest.raises(ExerciseFailed):
+        ex.check("clipped_surrogate", my_clipped_surrogate)
+    namespace["my_clipped_surrogate"] = my_clipped_surrogate  # the cell's def ran; check() raised before rebinding
+    capsys.readouterr()
+    _run_cells(section_8, namespace)
+    out = capsys.readouterr().out
+    assert "✗ clipped_surrogate: your function failed its check" in out and "your loss equals" in out
+
+
+MY_NOTEBOOKS = ("01_grpo_objective.ipynb", "01b_grpo_variants.ipynb", "02_reward_functions.ipynb",
+                "03_nano_grpo_cpu.ipynb")
+ASSIGNED_CHECK = re.compile(r"""^(\w+) = labkit\.exercises\.check\("(\w+)", \1\)""", re.M)
+
+
+@pytest.mark.parametrize("notebook", MY_NOTEBOOKS)
+def test_later_cells_take_the_checked_function(notebook):
+    # a cell after the exercise's own that calls the learner's function first gets it from checked(): after a
+    # failed check the name still holds the wrong function
+    cells = _notebook_cells(notebook, "code")
+    for i, source in enumerate(cells):
+        for var, name in ASSIGNED_CHECK.findall(source):
+            taken = False
+            for j in range(i + 1, len(cells)):
+                if re.search(rf"""^{var} = labkit\.exercises\.checked\("{name}"\)""", cells[j], re.M) or \
+                        re.search(rf"""checked\([^)]*"{name}"[^)]*\)""", cells[j]):
+                    taken = True
+                if re.search(rf"(?<![\w.]){var}\(", cells[j]) and not re.search(rf"def {var}\(", cells[j]):
+                    assert taken, f"{notebook} cell {j} calls {var} without labkit.exercises.checked({name!r})"
+
+
 def test_verdict_renders_without_a_traceback():
     assert ExerciseFailed("x: wrong")._render_traceback_() == ["\x1b[31m✗ x: wrong\x1b[0m"]
 
@@ -89,11 +298,6 @@ def test_unknown_exercise_lists_the_known_ones():
 
 # --------------------------------------------------------------------------- the exercises in the notebooks
 
-import json  # noqa: E402
-import re  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 CHECK_CALL = re.compile(r"""(?<![\w.])(?:labkit\.)?(?:exercises\.)?check\(\s*["'](\w+)["']""")
 
 
@@ -144,12 +348,6 @@ def test_the_reward_exercise_is_called_as_trl_calls_a_reward():
 # verdict is about the failing case alone (its input, what was expected, what came back).
 
 import labkit.rewards  # noqa: E402
-
-
-def _verdict(name, fn) -> str:
-    with pytest.raises(ExerciseFailed) as info:
-        ex.verify(name, fn)
-    return str(info.value)
 
 
 def _named_mistakes(name, verdict) -> list[str]:

@@ -99,6 +99,8 @@ LORA_PARAM_COUNT = register(Exercise(
         "only A (r x d_in) is counted: B (d_out x r) trains too": _lora_a_only,
         "every Linear layer is counted, the LM head included, not only the target_modules": _lora_every_linear,
     },
+    nudge="LoRA adds two thin matrices to each targeted Linear layer, A (r x d_in) and B (d_out x r); other "
+          "layers add nothing.",
     hint="walk model.named_modules(); for each torch.nn.Linear whose last name part (name.rsplit('.', 1)[-1]) "
          "is in target_modules, add rank * (module.in_features + module.out_features).",
     solution=f"{_SOLUTIONS_04}#exercise-lora_param_count",
@@ -170,6 +172,8 @@ TRAINING_STATE_BYTES = register(Exercise(
         "AdamW's step counter is missing: it keeps a 4-byte step tensor for every trainable tensor, beside "
         "its two moments": lambda m: _by_hand(m, step_counter=False),
     },
+    nudge="go parameter tensor by tensor: every one holds its weight; only trainable ones also hold a gradient "
+          "and AdamW's states, in the parameter's own dtype.",
     hint="loop over model.parameters() (tied weights come once): every parameter has its weight "
          "(numel x element_size); trainable ones (requires_grad) also a gradient of the same size and two AdamW "
          "moments of the same dtype, plus a 4-byte step counter per tensor.",
@@ -230,6 +234,8 @@ KV_CACHE_BYTES = register(Exercise(
         "num_attention_heads is used: with grouped-query attention the cache stores only the "
         "num_key_value_heads key/value heads": lambda c, n, s, b: _kv(c, n, s, b, heads=c.num_attention_heads),
     },
+    nudge="each layer caches a key and a value per KV head, per token, per sequence; check where the config "
+          "keeps the head size.",
     hint="2 (keys and values) x num_hidden_layers x num_key_value_heads x head_dim x bytes_per_element x "
          "batch_size x seq_len; head_dim is config.head_dim when set, else hidden_size // num_attention_heads.",
     solution=f"{_SOLUTIONS_05}#exercise-kv_cache_bytes",

@@ -73,6 +73,8 @@ COMPLETION_MASK = register(Exercise(
         "a completion with no EOS (cut at max_completion_length) keeps only its first token: argmax of an all-zero "
         "row is 0, so such rows must keep every token": _mask_argmax_only,
     },
+    nudge="each row keeps its tokens up to and including its first EOS; a row that never emits EOS keeps all of "
+          "them.",
     hint="find each row's first EOS (is_eos.int().argmax(1)), use the row length T where a row has no EOS "
          "(is_eos.any(1)), then compare torch.arange(T) with it: position <= first EOS.",
     solution=f"{_SOLUTIONS}#exercise-completion_mask",
@@ -204,6 +206,8 @@ GRPO_STEP_LOSS = register(Exercise(
         "gradient is the same on-policy, but the loss's value is not TRL's (it is 1 x advantage per token)":
             _loss_log_probs_not_ratio,
     },
+    nudge="in the section's order: advantages within each group, the on-policy ratio (1, with the gradient of "
+          "log pi), then one mean over all completion tokens.",
     hint="advantages: reshape rewards to (num_prompts, G), subtract each row's mean, divide by its std + 1e-4, "
          "flatten. Loss: ratio = exp(logps - logps.detach()) (1, with the gradient of log pi); per token "
          "-(ratio * advantage); then (per_token * mask).sum() / mask.sum().",
@@ -238,6 +242,8 @@ PASS_AT_K = register(Exercise(
         "c / n is pass@1 whatever k: more samples must give a higher chance that one is right":
             lambda n, c, k: c / n,
     },
+    nudge="count the ways to draw k answers that are all wrong, out of all the ways to draw k of the n (without "
+          "replacement).",
     hint="the chance that all k samples drawn (without replacement) from the n are wrong is "
          "C(n - c, k) / C(n, k) (math.comb); pass@k is one minus that.",
     solution=f"{_SOLUTIONS}#exercise-pass_at_k",

@@ -131,6 +131,8 @@ GROUP_ADVANTAGES = register(Exercise(
         "that is RLOO's leave-one-out baseline (the mean of the OTHER completions); GRPO's mean includes the "
         "completion's own reward": _adv_leave_one_out,
     },
+    nudge="each completion is compared with the other completions of its own prompt (its group), never with the "
+          "whole batch; 'none' differs from 'group' in one step only.",
     hint="rewards.view(-1, num_generations) puts one group per row; subtract each row's mean; with "
          "scale_rewards='group' divide by the row's std (torch.std, Bessel-corrected) + 1e-4 (outside the square "
          "root); with 'none' do not divide.",
@@ -199,6 +201,8 @@ CLIPPED_SURROGATE = register(Exercise(
             lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon_high,
                                                                     ratio=torch.exp(olp - lp)),
     },
+    nudge="the ratio comes from the two log-probs; the loss is minus the pessimistic (smaller) of the unclipped "
+          "and the clipped objective.",
     hint="ratio = exp(logps - old_logps), (B, T); A = advantages[:, None], (B, 1); per-token loss = "
          "-min(ratio * A, clamp(ratio, 1 - epsilon, 1 + epsilon_high) * A).",
     solution=f"{_SOLUTIONS_01}#exercise-clipped_surrogate",
@@ -235,6 +239,8 @@ KL_K3 = register(Exercise(
         "the '- 1' is missing: e^x - x - 1 is 0 when the policies agree":
             lambda logps, ref_logps: torch.exp(ref_logps - logps) - (ref_logps - logps),
     },
+    nudge="start from x = log(pi_ref / pi_theta) per token, the way round the table writes it, then apply the "
+          "k3 row.",
     hint="x = ref_logps - logps (per token); k3 = exp(x) - x - 1.",
     solution=f"{_SOLUTIONS_01}#exercise-kl_k3",
     reference_name="labkit.objective.kl_k3, TRL's per-token KL",
@@ -296,6 +302,8 @@ AGGREGATE_LOSS = register(Exercise(
         "tokens first, then the completions (each completion weighs the same); 'dr_grpo' divides the sum by "
         "B * max_completion_length": _agg_mistake("token_mean"),
     },
+    nudge="every loss_type sums the masked per-token losses; they differ in what they divide by, and 'grpo' "
+          "averages within each completion first.",
     hint="m = completion_mask.float(); grpo: ((loss * m).sum(1) / m.sum(1)).mean(); bnpo and dapo (one batch): "
          "(loss * m).sum() / m.sum(); dr_grpo: (loss * m).sum() / (B * max_completion_length).",
     solution=f"{_SOLUTIONS_01}#exercise-aggregate_loss",
@@ -326,6 +334,8 @@ K3_GRADIENT = register(Exercise(
         "that is k2's gradient (logps - ref_logps)":
             lambda logps, ref_logps: logps - ref_logps,
     },
+    nudge="differentiate k3 = e^x - x - 1 with the chain rule, remembering that x = ref_logps - logps depends "
+          "on logps with slope -1.",
     hint="With x = ref_logps - logps, k3 = e^x - x - 1 and dx/dlogps = -1, so d k3 / d logps = -(e^x - 1) = "
          "1 - exp(ref_logps - logps). Write it by hand, then compare with autograd.",
     solution=f"{_SOLUTIONS_01B}#exercise-k3_gradient",
@@ -376,6 +386,8 @@ SEQUENCE_RATIO = register(Exercise(
         "that is the arithmetic mean of the token ratios: GSPO averages the log-ratios, then takes exp "
         "(a geometric mean)": lambda lp, olp, m: _seq(lp, olp, m, "arithmetic"),
     },
+    nudge="a geometric mean is the exp of a mean of logs: average the log-ratios over each completion's own "
+          "tokens only (the mask).",
     hint="log_ratio = (logps - old_logps) * mask; s = exp(log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True)), "
          "shape (B, 1).",
     solution=f"{_SOLUTIONS_01B}#exercise-sequence_ratio",

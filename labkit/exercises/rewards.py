@@ -104,6 +104,8 @@ EXTRACT_ANSWER = register(Exercise(
         "the answer is not stripped: '  18 \\n' must read '18'": _no_strip,
         "an empty answer gives '': it must give None (no answer)": _empty_string,
     },
+    nudge="only the text after the last </think> counts, and it must hold exactly one <answer>...</answer>; "
+          "anything ambiguous is None.",
     hint="Accept a string or a conversational completion (labkit.rewards.completion_text). Keep only the text "
          "after the last '</think>' (str.rfind); it must hold exactly one '<answer>' and one '</answer>', in that "
          "order, with no '<think>' before the answer; return the stripped content, or None if empty. Use str.find, "
@@ -199,6 +201,8 @@ ACCURACY_REWARD = register(Exercise(
                 1.0 if rewards.answers_match(rewards.extract_answer(c), g) else 0.0
                 for c, g in zip(completions, answer)],
     },
+    nudge="one Python float per completion, in order: read the answer with labkit.rewards' extractor and "
+          "compare as numbers; a gold that is no number gives None.",
     hint="def f(completions, answer, **kwargs): one float per completion. Read each with "
          "labkit.rewards.extract_answer (it accepts both formats); None when labkit.rewards.parse_number(gold) is "
          "None; else 1.0 if labkit.rewards.answers_match(answer_read, gold) else 0.0. Keep **kwargs: TRL also "
