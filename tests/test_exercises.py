@@ -255,6 +255,21 @@ def test_a_wrong_answer_left_in_place_does_not_reach_section_8_of_notebook_01(ca
     assert "✗ clipped_surrogate: your function failed its check" in out and "your loss equals" in out
 
 
+def test_the_extractor_table_of_notebook_02_shows_the_tags_and_none():
+    # The completions the extract_answer exercise is checked on, with what each reader returns: the table must show
+    # the literal <think> / <answer> tags (HTML-escaped, not swallowed by the browser) and None as None, not nan.
+    import pandas as pd
+
+    from labkit import rewards
+
+    cell = next(c for c in _notebook_cells("02_reward_functions.ipynb", "code") if "extract_last_number (lenient)" in c)
+    html = _run_cells([cell], {"pd": pd, "rewards": rewards})._repr_html_()
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", html, re.S)
+    assert "&lt;think&gt;hmm&lt;/think&gt;&lt;answer&gt;18&lt;/answer&gt;&lt;answer&gt;19&lt;/answer&gt;" in cells
+    assert "None" in cells and "nan" not in cells and "<think>" not in html
+    assert 'class="mathjax_ignore tex2jax_ignore"' in html  # the money signs stay text
+
+
 MY_NOTEBOOKS = ("01_grpo_objective.ipynb", "01b_grpo_variants.ipynb", "02_reward_functions.ipynb",
                 "03_nano_grpo_cpu.ipynb")
 ASSIGNED_CHECK = re.compile(r"""^(\w+) = labkit\.exercises\.check\("(\w+)", \1\)""", re.M)
