@@ -278,7 +278,7 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
     stream is fp32 (fp32 embeddings and norms; autocast only lowers the matmuls).
     """
     b = act_bytes
-    hb = b if hidden_bytes is None else hidden_bytes  # QLoRA: fp32 outputs of the 4-bit projections
+    hb = b if hidden_bytes is None else hidden_bytes  # QLoRA with PEFT's upcast: fp32 outputs of the 4-bit projections
     h, i = shape.hidden_size, shape.intermediate_size
     q = shape.num_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
@@ -584,8 +584,11 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     kv_full = L * kv * (rb + hb) * generation_batch_ * seq
     # PEFT's fp32 casts (below) peak at down_proj's LoRA, when SwiGLU's gate and up outputs are freed: two i-wide
     # tensors then coexist with them, not three (matches the rehearsal within 1 % at batch 1-24 on laptop-16gb)
-    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if fp32_adapter_casts else 0
-    mlp_wide, h_wide = (2 if widest >= shape.intermediate_size else 3), 2
+    # TRL 1.16 generates a PEFT model without autocast (accelerate patches only the outer forward; docs/references.md,
+    # the rehearsal): then PEFT's 4-bit LoRA layer casts its input to fp32 adapters' dtype too (QLoRA under fp16)
+    generation_casts = fp32_adapter_casts or (method == "qlora" and adapter_bytes(method, precision) == 4 and hb < 4)
+    widest = max((i for i, _ in shape.lora_targets(targets)), default=0) if generation_casts else 0
+    mlp_wide, h_wide = (2 if fp32_adapter_casts and widest >= shape.intermediate_size else 3), 2
     if method == "qlora" and not upcast and any(o == shape.intermediate_size for _, o in shape.lora_targets(targets)):
         # PEFT clones a 4-bit layer's output before adding the adapter's (peft/tuners/lora/bnb.py 527-533): at an
         # adapted up_proj the rehearsal holds four i-wide tensors (SiLU's output, the 4-bit result, its clone, the
@@ -595,7 +598,8 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     decode_end = kv_full + kv_full // L + generation_batch_ * V * (b + 3 * 4)  # logits, fp32 copy, sampling buffers
     # Generation transients the rehearsal (labkit.rehearsal) showed: PEFT casts a LoRA input to fp32 and dropout
     # keeps an fp32 output and a mask (prefill only: one token wide while decoding); autocast copies an fp32 LM
-    # head (QLoRA, fp32 masters) and caches the copies of every fp32 master weight (every forward: both moments).
+    # head (QLoRA with prepare_model_for_kbit_training, fp32 masters) and caches the copies of every fp32 master
+    # weight (every forward: both moments).
     prefill_casts = generation_batch_ * prompt_len * widest * (4 + (5 if lora_dropout > 0 else 0))
     transients = 0
     if b < 4 and ((method == "qlora" and upcast) or masters):

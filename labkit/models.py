@@ -487,7 +487,7 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
       parameter) with double quantisation, every other weight (embeddings, norms) in the training
       precision, and the adapters in :func:`adapter_dtype`: the model TRL 1.16's ``GRPOTrainer`` builds
       from a ``quantization_config`` and a ``peft_config`` (it never calls PEFT's
-      ``prepare_model_for_kbit_training``; trl/trainer/grpo_trainer.py 529-539). With
+      ``prepare_model_for_kbit_training``; trl/trainer/grpo_trainer.py 529-541). With
       ``prepare_model_for_kbit_training=True`` PEFT's function runs first: every weight that is not
       4-bit becomes fp32, and so do the hidden states, the checkpointed inputs and the KV cache (fp16-safe,
       at that memory's cost). CUDA, CPU (bitsandbytes 0.50 runs NF4 there, ``device_map={"": "cpu"}``) or MPS.

@@ -269,6 +269,7 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
         return est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
     if term == "scoring":
         return scoring_memory(est, model=name, lora_targets=kwargs["lora_targets"],
+                              use_vllm=bool(s.get("use_vllm") and s.get("vllm_importance_sampling_correction", True)),
                               num_iterations=s.get("num_iterations") or 1)
     if term == "optimizer_step":
         return optimizer_step_memory(est, optim=s.get("optim"))
@@ -294,7 +295,8 @@ def optimizer_step_memory(est, optim: str | None = None) -> int:
     return terms["weights"] + terms["reference"] + terms["gradients"] + terms["optimizer"] + foreach_temporary
 
 
-def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 0.05, num_iterations: int = 1) -> int:
+def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 0.05, num_iterations: int = 1,
+                   use_vllm: bool = False) -> int:
     """Return the bytes of the scoring phase (old and reference log-probs) for the estimate ``est`` of ``model``.
 
     TRL 1.16 scores the generation batch in ``GRPOTrainer._generate_and_score_completions`` under
@@ -302,8 +304,9 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
     2634, ``disable_gradient_checkpointing``), in chunks of ``B = per_device_train_batch_size``
     sequences (line 2505; ``_get_per_token_logps_and_entropies``, lines 1440-1446) of
     ``S = max_prompt_length + max_completion_length`` tokens, with no KV cache (trl/trainer/utils.py,
-    line 1612). It runs the policy only when the samples may be stale (lines 2642-2643:
-    ``gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0``) and the reference
+    line 1612). It runs the policy only when the samples may be stale (lines 2642-2645:
+    ``gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0``) or when vLLM generates
+    (``vllm_importance_sampling_correction``, True by default, grpo_config.py lines 925-926) and the reference
     only when ``beta > 0`` (line 2710); otherwise scoring is the reward functions alone. It counts:
 
     - weights + reference + optimizer states, and the gradients of earlier micro-batches when a generation
@@ -329,7 +332,7 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
     memory = terms["weights"] + terms["reference"] + terms["optimizer"]
     if generate_every % accumulation:
         memory += terms["gradients"]
-    if not (s["beta"] > 0 or accumulation % generate_every):
+    if not (s["beta"] > 0 or accumulation % generate_every or use_vllm):
         return memory
     method, precision, device = s["method"], s["precision"], s.get("device", "cuda")
     shape = model_shape(s["model"] if model is None else model)  # a name, a folder or a config
@@ -362,12 +365,13 @@ def _applied(settings: dict, change: Change) -> dict:
 def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     """Return :func:`candidate_changes` that cut the memory of ``phase``, ordered for it (first = try first).
 
-    Two filters. By kind (:data:`_ORDER`): no checkpointing for scoring (TRL switches it off there), no
-    checkpointing, smaller per-device batch or shorter completions for the optimiser step (the
+    Two filters. By kind (:data:`_ORDER`): no checkpointing and no smaller generation batch for scoring
+    (TRL switches checkpointing off there, and scores ``per_device_train_batch_size`` sequences at a time),
+    no checkpointing, smaller per-device batch or shorter completions for the optimiser step (the
     activations are freed by then). By estimate, when :func:`phase_memory` can estimate the settings:
     only changes that lower that phase's memory. So halving the per-device batch at double the
-    accumulation (the same KV cache) is not offered for generation, a smaller generation batch not for
-    scoring, and LoRA -> QLoRA not where it costs more than it saves (with
+    accumulation (the same KV cache) is not offered for generation, and LoRA -> QLoRA not where it costs
+    more than it saves (with
     ``prepare_model_for_kbit_training``, fp32 hidden states on a small model). Without an estimate the
     changes are ordered but not filtered by estimate.
     """
@@ -599,14 +603,16 @@ def non_finite_advice(where: str, *, precision: str | None, step: int, checkpoin
     Under fp16 (a T4) the usual cause is overflow: Qwen2.5 in pure fp16 is known to overflow to NaN
     or print "!!!!" (Qwen issues 761, 826, 868). The fix on a T4: QLoRA with
     ``prepare_model_for_kbit_training=True`` (PEFT upcasts embeddings and norms, so the residual stream
-    is fp32 and cannot pass fp16's 65,504; QLoRA as TRL builds it keeps fp16 hidden states), or fp32
-    for a small model; bf16 on Ampere or newer.
+    is fp32 and cannot pass fp16's 65,504; the 4-bit matmuls still compute in fp16, bitsandbytes/nn/modules.py
+    626-637, so a layer's own output can still overflow: not yet tried on a T4; QLoRA as TRL builds it keeps
+    fp16 hidden states), or fp32 for a small model; bf16 on Ampere or newer.
     """
     lines = [f"NaN/inf at step {step}, in {where}."]
     if precision == "fp16":
         lines.append("Under fp16 (a T4) this is overflow: Qwen2.5 in pure fp16 is known to overflow (Qwen issues "
                      "761, 826, 868). Change: method='qlora' with prepare_model_for_kbit_training=True (PEFT "
-                     "upcasts the embeddings and norms: an fp32 residual stream cannot overflow fp16's 65,504; "
+                     "upcasts the embeddings and norms: the residual stream is fp32 and cannot pass fp16's 65,504, though each "
+                     "4-bit matmul still computes in fp16; "
                      "--set method=qlora prepare_model_for_kbit_training=true), or precision='fp32' for a small "
                      "model (slower); bf16 on an Ampere or newer card.")
     else:

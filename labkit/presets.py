@@ -83,8 +83,8 @@ class Preset:
     # QLoRA only. False: the model as TRL 1.16's GRPOTrainer builds it from a quantization_config (4-bit Linear
     # weights, every other weight in the training precision). True: PEFT's prepare_model_for_kbit_training first,
     # which casts every weight that is not 4-bit (embeddings, norms, an untied head) to fp32, so the residual
-    # stream, the checkpointed inputs and the KV cache are fp32: safe from fp16's overflow on a T4, at that
-    # memory's cost (labkit.memory.estimate counts it).
+    # stream, the checkpointed inputs and the KV cache are fp32: the residual stream safe from fp16's overflow on a
+    # T4 (the 4-bit matmuls still compute in fp16), at that memory's cost (labkit.memory.estimate counts it).
     prepare_model_for_kbit_training: bool = False
     precision: str | None = None  # None: labkit.device chooses for the card
     beta: float = 0.0  # TRL's default: no KL term, no reference pass

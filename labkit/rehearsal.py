@@ -373,7 +373,7 @@ def _fake_weights(model, plan, tied: bool, codes, tracker) -> None:
         for module in model.modules():
             if isinstance(module, _Linear4bit):
                 module._quant_state = module.quant_state(codes)
-        for param in model.parameters():  # trl/trainer/grpo_trainer.py:539-541: adapters to bf16
+        for param in model.parameters():  # trl/trainer/grpo_trainer.py:538-541: adapters to bf16
             if param.requires_grad:
                 param.data = param.data.to(torch.bfloat16)
         match_adapter_dtype(model, plan.precision)  # labkit's fix: fp32 adapters under fp16 (GradScaler)

@@ -460,7 +460,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         # TRL loads the model from its path (per process under accelerate) in the plan's dtype; with a
         # peft_config and gradient checkpointing it calls enable_input_require_grads() itself. QLoRA too: TRL
         # quantises the Linear weights with the quantization_config, keeps every other weight in that dtype
-        # and casts the adapters to bf16 (trl/trainer/grpo_trainer.py 336-348, 529-539): notebook 04's plain-TRL
+        # and casts the adapters to bf16 (trl/trainer/grpo_trainer.py 336-348, 529-541): notebook 04's plain-TRL
         # cell, the same model. The plan's dtype sits under what the caller's model_init_kwargs add (bench gpu).
         settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
                                          **(config_overrides.get("model_init_kwargs") or {})}

@@ -21,7 +21,8 @@ micro-batch. Four corrections to the one-GPU estimate, each a documented behavio
 - **fp32 master weights.** DeepSpeed's mixed-precision optimizer keeps, for each trainable weight
   stored in bf16/fp16, an fp32 copy plus two fp32 Adam moments: 12 bytes a parameter (the ZeRO
   paper's ``K = 12``; DeepSpeed's docs: "32-bit weights, and the first, and second moment
-  estimates"), where a single-GPU torch AdamW on a bf16 model keeps 4. Stages 1-3 count 12
+  estimates") beside bf16 weights and gradients, where the one-GPU recipe keeps fp32 weights under
+  autocast (:func:`~labkit.memory.estimate`'s default: 4 + 4 + 8 bytes). Stages 1-3 count 2 + 2 + 12
   (``master_weights=True``); stage 0 keeps :func:`~labkit.memory.estimate`'s figure, because plain
   DDP runs the same optimizer as one GPU. (accelerate's FSDP keeps fp32 sharded weights and fp32
   gradients instead: 4 + 4 + 8 bytes, the same 16 bytes a parameter in total.)

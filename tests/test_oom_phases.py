@@ -185,3 +185,13 @@ def test_notebook_04s_symptom_table_and_the_doctor_agree():
         for kind, word in words.items():
             if f"not {word}" in fix:
                 assert kind not in offered, (phase, kind)
+
+
+def test_scoring_runs_the_policy_under_vllm_importance_sampling():
+    """TRL 1.16 computes the old log-probs whenever vLLM generates with its importance-sampling correction (the
+    default), even when the samples are fresh (trl/trainer/grpo_trainer.py, lines 2642-2645)."""
+    settings = {**PRESETS["laptop-16gb"].to_dict(), "precision": "bf16"}
+    quiet = phase_memory(settings, "scoring")
+    assert phase_memory({**settings, "use_vllm": True}, "scoring") > quiet
+    assert phase_memory({**settings, "use_vllm": True, "vllm_importance_sampling_correction": False},
+                        "scoring") == quiet
