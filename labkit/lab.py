@@ -23,7 +23,7 @@ from pathlib import Path
 from importlib import metadata
 
 __all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES",
-           "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
+           "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads", "share_cpu", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
            "notebook_time_label", "T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist",
            "hf_cache_has_weights", "COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
 
@@ -104,6 +104,7 @@ class Lab:
     device: object  # labkit.device.DeviceInfo
     precision: str
     versions: dict = field(default_factory=dict)
+    threads: int | None = None  # torch's CPU threads in CPU mode (share_cpu: fewer when other work loads the CPU)
 
     @property
     def cpu_mode(self) -> bool:
@@ -122,6 +123,10 @@ class Lab:
     def summary(self) -> str:
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if v and k in ("torch", "transformers", "trl", "peft"))
         busy = busy_note()
+        cores = os.cpu_count() or 1
+        if busy and self.threads is not None and self.threads < cores:
+            busy += (f"; torch computes with {self.threads} of {cores} threads, leaving the busy cores to the other "
+                     "work (threads that outnumber free cores wait for each other)")
         return (f"GRPO Lab | mode: {self.mode} | device: {self.device} | precision: {self.precision} | "
                 f"seed: {self.seed}\n{versions}" + (f"\nnote: {busy}" if busy else ""))
 
@@ -171,9 +176,37 @@ def setup(seed: int = 0, mode: str = "auto", *, verbose: bool = True) -> Lab:
     resolved = resolve_mode(mode, device)
     seed_everything(seed)
     lab = Lab(mode=resolved, seed=seed, device=device, precision=choose_precision(device), versions=package_versions())
+    if resolved == "cpu":
+        lab.threads = share_cpu()
     if verbose:
         print(lab.summary())
     return lab
+
+
+def cpu_threads(load: float, cores: int) -> int:
+    """Return how many torch threads to compute with when other work keeps ``load`` cores busy (the 1-minute load
+    average) out of ``cores``: one thread fewer for each core taken, at least one, all of them when idle.
+
+    Threads that outnumber the free cores wait for each other at every parallel operation: on 2 cores at a
+    load of about 4, notebook 03's warm-up steps took 2.4-2.8 s with 2 threads and 0.28 s with 1 (issue 33).
+    A load under 0.75 counts as idle (background noise, not a competing job).
+    """
+    return max(1, min(cores, cores - int(load + 0.25)))
+
+
+def share_cpu() -> int:
+    """Set torch's thread count to :func:`cpu_threads` for this machine's load now and return it (CPU mode).
+
+    Called by :func:`setup`, when the kernel itself has not started computing, so the load is other work's.
+    Lowers the count only (a learner's own ``torch.set_num_threads`` above it is left alone)."""
+    import torch
+
+    if not hasattr(os, "getloadavg"):
+        return torch.get_num_threads()
+    threads = cpu_threads(os.getloadavg()[0], os.cpu_count() or 1)
+    if threads < torch.get_num_threads():
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
 
 
 def write_json(path: str | Path, record: dict) -> Path:

@@ -13,3 +13,32 @@ def test_the_busy_note_says_how_much_longer(monkeypatch, load, expected):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     note = busy_note()
     assert (note is None) if expected is None else (expected in note and f"load average {load:.1f}" in note)
+
+
+@pytest.mark.parametrize("load, cores, threads", [(0.0, 2, 2), (0.6, 2, 2), (1.0, 2, 1), (4.0, 2, 1), (2.2, 8, 6),
+                                                  (0.5, 1, 1)])
+def test_torch_threads_leave_the_busy_cores_to_the_other_work(load, cores, threads):
+    from labkit.lab import cpu_threads
+
+    assert cpu_threads(load, cores) == threads
+
+
+def test_setup_shares_the_cpu_when_the_machine_is_busy(monkeypatch, capsys):
+    """On 2 cores at a load of about 4, 2 torch threads ran notebook 03's steps 9x slower than 1 (issue 33)."""
+    import torch
+
+    from labkit.lab import setup
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+        lab = setup(0, mode="cpu")
+        assert lab.threads == 1 == torch.get_num_threads()
+        assert "torch computes with 1 of 2 threads" in capsys.readouterr().out
+        torch.set_num_threads(2)
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+        assert setup(0, mode="cpu").threads == 2 == torch.get_num_threads()  # idle: every core
+    finally:
+        torch.set_num_threads(before)
