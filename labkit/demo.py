@@ -196,15 +196,18 @@ def _questions(dataset) -> list[str]:
 
 
 def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_tokens: int = 32,
-                      temperature: float = 1.0, batch_size: int = 4, seed: int = 0) -> dict:
+                      temperature: float = 1.0, batch_size: int = 4, seed: int = 0, progress: bool = True,
+                      desc: str = "sampled replies") -> dict:
     """Return ``{"pass@k": {k: rate}, "right_per_problem": [c, ...]}``: ``samples`` sampled replies per problem.
 
     Each problem of ``dataset`` (conversational ``prompt``, gold ``answer``) gets ``samples``
     replies sampled at ``temperature`` (TRL's default sampling, as in training), scored with
     :func:`labkit.rewards.right_answer_reward`; pass@k for k = 1..samples is
-    :func:`labkit.evaluate.pass_at_k` averaged over problems.
+    :func:`labkit.evaluate.pass_at_k` averaged over problems. A progress bar counts the problems
+    (``progress=False``: none); the inputs go to the model's device.
     """
-    from labkit.evaluate import pass_at_k
+    from labkit.dashboard.live import progress_bar
+    from labkit.evaluate import _device_of, pass_at_k
     from labkit.rewards import right_answer_reward
 
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in dataset["prompt"]]
@@ -216,10 +219,10 @@ def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_to
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
     counts = []
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), progress_bar(total=len(texts), desc=desc, enabled=progress) as bar:
             for first in range(0, len(texts), batch_size):
                 enc = tokenizer(texts[first:first + batch_size], return_tensors="pt", padding=True,
-                                add_special_tokens=False)
+                                add_special_tokens=False).to(_device_of(model))
                 out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
                                      top_p=1.0, top_k=0, num_return_sequences=samples,
                                      pad_token_id=tokenizer.pad_token_id)  # (b * samples, T + new)
@@ -227,6 +230,7 @@ def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_to
                 for row, gold in enumerate(golds[first:first + batch_size]):
                     mine = replies[row * samples:(row + 1) * samples]
                     counts.append(int(sum(right_answer_reward(mine, answer=[gold] * samples))))
+                bar.update(len(golds[first:first + batch_size]))
     finally:
         tokenizer.padding_side = padding_side
         model.train(was_training)
@@ -336,7 +340,8 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     passes = {}
     if pass_at_k_problems:
         passes["before"] = sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)),
-                                             max_new_tokens=budget, temperature=preset.temperature, seed=seed)
+                                             max_new_tokens=budget, temperature=preset.temperature, seed=seed,
+                                             progress=progress, desc="pass@k before")
     prompts_per_step = preset.per_device_train_batch_size * preset.gradient_accumulation_steps // preset.num_generations
     train_problems = train_problems or max(64, preset.max_steps * prompts_per_step)
     reward_keys = [f"rewards/{name}_reward/mean" for name in preset.rewards]
@@ -379,7 +384,8 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         evaluations.update(before=before, after=after)
     if pass_at_k_problems:
         passes["after"] = sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)),
-                                            max_new_tokens=budget, temperature=preset.temperature, seed=seed)
+                                            max_new_tokens=budget, temperature=preset.temperature, seed=seed,
+                                            progress=progress, desc="pass@k after")
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     scores_before, scores_after = held_out_scores(before), held_out_scores(after)
     right_before, right_after = scores_before["right"], scores_after["right"]
