@@ -123,7 +123,7 @@ class Preset:
         if isinstance(changes.get("reward_weights"), tuple):
             try:
                 changes["reward_weights"] = tuple(float(w) for w in changes["reward_weights"])
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
                 raise PresetError(f"reward_weights must be numbers, one per reward (--set reward_weights=1,0.5), "
                                   f"not {changes['reward_weights']!r}") from None
         if "trl_options" in changes:
@@ -476,10 +476,13 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
         check_method(p.method)
     except ValueError as exc:
         errors.append(f"{exc}.")
-    if min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
+    spg = p.trl_options.get("steps_per_generation") if isinstance(p.trl_options, dict) else None
+    # A steps_per_generation that is not a whole number >= 1 is reported by _trl_config_errors (TRL_NUMBER_RANGES);
+    # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
+    spg_usable = spg is None or (isinstance(spg, int) and not isinstance(spg, bool) and spg >= 1)
+    if spg_usable and min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
         per_step = p.per_device_train_batch_size * procs
         generation_batch = per_step * p.steps_per_generation
-        spg = p.trl_options.get("steps_per_generation") if isinstance(p.trl_options, dict) else None
         if spg is None and generation_batch % p.num_generations:
             g = p.num_generations
             accumulation = g // math.gcd(per_step, g)
@@ -493,7 +496,8 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
             )
         elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, p.num_generations)):
             errors.append(f"train_limit: {problem} Set "
-                          f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch.")
+                          f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch "
+                          "(per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
     errors.extend(_trl_option_errors(p.trl_options))
     if not errors:
         errors.extend(_trl_config_errors(p))

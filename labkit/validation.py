@@ -57,6 +57,7 @@ TASKS = ("gsm8k", "word-problems")  # labkit.run.task_dataset knows these
 # A value outside these ranges crashes after the model loads, or trains silently on nonsense.
 TRL_NUMBER_RANGES = {
     "num_iterations": (_INT, 1, 1024, True),
+    "steps_per_generation": (_INT, 1, 4096, True),  # 0 gave a generation batch of 0 completions
     "epsilon": (_FLOAT, 0.0, 10.0, False),
     "epsilon_high": (_FLOAT, 0.0, 10.0, False),
     "delta": (_FLOAT, 1.0, 1000.0, False),
@@ -81,6 +82,11 @@ TRL_CHOICES = {
 }
 
 
+def _finite(value) -> bool:
+    """True for an int (any size: ``math.isfinite(10**400)`` overflows) or a finite float."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def _number_error(label: str, value, kind: str, low, high, low_allowed: bool, none_allowed: bool) -> str | None:
     """Return why ``value`` is not a valid ``kind`` in ``[low, high]`` (``(low, high]`` unless ``low_allowed``), or None."""
     if value is None:
@@ -89,7 +95,7 @@ def _number_error(label: str, value, kind: str, low, high, low_allowed: bool, no
     what = f"{kind} {span}" + (" (or None)" if none_allowed else "")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == _INT and not isinstance(value, int)):
         return f"{label} must be {what}, not {value!r}."
-    if not math.isfinite(value) or value > high or value < low or (value == low and not low_allowed):
+    if not _finite(value) or value > high or value < low or (value == low and not low_allowed):
         return f"{label} must be {what}, not {value!r}."
     return None
 
@@ -126,7 +132,7 @@ def _field_errors(p: "Preset") -> list[str]:
     if p.reward_weights is not None:
         weights = p.reward_weights
         if not isinstance(weights, tuple) or not all(
-                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and abs(w) <= 1e6
+                isinstance(w, (int, float)) and not isinstance(w, bool) and _finite(w) and abs(w) <= 1e6
                 for w in weights):
             errors.append(f"reward_weights must be finite numbers (at most 1e6 in size), one per reward, not "
                           f"{weights!r}.")
@@ -207,7 +213,7 @@ def _trl_config_errors(p: "Preset") -> list[str]:
             if not isinstance(value, bool):
                 errors.append(f"{label} must be true or false, not {value!r}.")
         elif allowed & {int, float} and not allowed & {str, dict, list}:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or (
                     float not in allowed and not isinstance(value, int)):
                 errors.append(f"{label} must be {_INT if float not in allowed else _FLOAT}, not {value!r}.")
         elif allowed <= {str, type(None)} and not isinstance(value, str):

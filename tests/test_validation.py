@@ -125,6 +125,29 @@ def test_a_bad_card_size_on_a_gpu_preset_is_a_value_error_not_a_crash(capsys, va
     assert "card_gib must be a number greater than 0" in err and "has a value it cannot use" in err
 
 
+@pytest.mark.parametrize("field, args", [
+    # Found by tests/test_fuzz.py: an int past float's range crashed math.isfinite (OverflowError, a traceback).
+    ("learning_rate", ["--set", "learning_rate=1" + "0" * 400]), ("seed", ["--set", "seed=1" + "0" * 400]),
+    ("reward_weights", ["--set", "reward_weights=1" + "0" * 400]),
+    ("top_k", ["--config", "top_k=1" + "0" * 400]), ("max_grad_norm", ["--config", "max_grad_norm=-1" + "0" * 400]),
+    # ... a steps_per_generation that is not a whole number crashed the batch rule (TypeError); 0 was accepted
+    # (a generation batch of 0 completions).
+    ("steps_per_generation", ["--config", "steps_per_generation=abc"]),
+    ("steps_per_generation", ["--config", "steps_per_generation=0"]),
+    ("steps_per_generation", ["--config", "steps_per_generation=2.5"]),
+    # ... a batch too big for the prompts named only train_limit, not the field that was changed.
+    ("gradient_accumulation_steps", ["--set", "gradient_accumulation_steps=4095"]),
+])
+def test_values_the_fuzzer_found_are_refused_in_one_line(capsys, field, args):
+    _refused(capsys, field, *args)
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason="found by tests/test_fuzz.py: train_cli merges --config "
+                   "into a --set trl_options that is not a dict (labkit/cli.py), a TypeError traceback")
+def test_a_set_trl_options_that_is_not_a_dict_is_refused_with_config(capsys):
+    _refused(capsys, "trl_options", "--set", "trl_options=1", "--config", "loss_type=grpo")
+
+
 def test_every_preset_field_and_trl_range_is_covered_by_the_property():
     from labkit.presets import Preset
 
