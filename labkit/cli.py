@@ -193,8 +193,10 @@ def train_parser():
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--save-steps", type=int)
     parser.add_argument("--train-limit", type=int)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override any preset field")
-    parser.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+    # action="extend": a repeated --set or --config adds its pairs instead of silently replacing the earlier ones
+    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override any preset field")
+    parser.add_argument("--config", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
                         help="any other GRPOConfig field, e.g. loss_type=grpo num_iterations=2 (kept in the recipe)")
     parser.add_argument("--resume", default="auto", help="auto (default), yes, no, or a checkpoint path")
     parser.add_argument("--seed", type=int, help="the run's seed (part of the recipe; default the preset's, 0)")
@@ -238,6 +240,9 @@ def train_cli(argv: list[str] | None = None) -> int:
     output_dir = None
     try:
         overrides = parse_pairs("--set", args.set)
+        if "trl_options" in overrides:  # a dict on the command line is --config's job, pair by pair
+            raise UsageError("--set trl_options=... is not a setting: pass GRPOConfig fields one by one with "
+                             "--config KEY=VALUE (e.g. --config loss_type=grpo num_iterations=2)")
         config = parse_pairs("--config", args.config)
         for key, choices in TRL_CHOICES.items():  # "scale_rewards=none" is TRL's word, not Python's None
             if key in config and config[key] is None and "none" in choices:
@@ -481,7 +486,8 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
         description="Run a GPU preset's GRPO step (TRL 1.16's own code) at full size on fake tensors and print the "
                     "peak live memory of each phase: rehearsed, not measured.")
     parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override any preset field")
+    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override any preset field")
     parser.add_argument("--no-generation", action="store_true", help="skip the generation phase")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:

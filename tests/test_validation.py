@@ -142,10 +142,28 @@ def test_values_the_fuzzer_found_are_refused_in_one_line(capsys, field, args):
     _refused(capsys, field, *args)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="found by tests/test_fuzz.py: train_cli merges --config "
-                   "into a --set trl_options that is not a dict (labkit/cli.py), a TypeError traceback")
-def test_a_set_trl_options_that_is_not_a_dict_is_refused_with_config(capsys):
+def test_a_set_trl_options_is_refused_with_config(capsys):
+    # found by tests/test_fuzz.py: train_cli merged --config into a --set trl_options that was not a dict
     _refused(capsys, "trl_options", "--set", "trl_options=1", "--config", "loss_type=grpo")
+
+
+def test_repeated_set_and_config_groups_add_up(capsys, monkeypatch):
+    # found by tests/test_fuzz.py: a second --set or --config group silently replaced the first
+    from labkit.presets import Preset
+
+    seen, replace = [], Preset.replace
+
+    def recording(self, **changes):
+        seen.append(changes)
+        return replace(self, **changes)
+
+    monkeypatch.setattr(Preset, "replace", recording)
+    code, _, err = _dry_run(capsys, "--set", "max_steps=3", "--config", "loss_type=grpo", "--set", "save_steps=2",
+                            "--config", "num_iterations=2")
+    assert code == 0, err
+    merged = next(c for c in seen if "trl_options" in c)
+    assert merged["max_steps"] == 3 and merged["save_steps"] == 2
+    assert merged["trl_options"] == {"loss_type": "grpo", "num_iterations": 2}
 
 
 def test_every_preset_field_and_trl_range_is_covered_by_the_property():
