@@ -355,10 +355,20 @@ class Run:
             return self._save(folder)
 
     def _save(self, folder: Path) -> Path:
-        self.trainer.save_model(str(folder))
+        # Written beside the folder and renamed into place: a run killed while saving leaves the old folder or the
+        # new one, never half of one (finished_run trusts final/ when it holds the recipe).
+        import shutil
+
+        partial = folder.with_name(folder.name + ".partial")
+        if partial.exists() and self.trainer.args.should_save:  # one process clears it (save_model is collective)
+            shutil.rmtree(partial)
+        self.trainer.save_model(str(partial))
         if self.trainer.args.should_save:
-            self.tokenizer.save_pretrained(str(folder))
-            save_preset(self.preset, folder)
+            self.tokenizer.save_pretrained(str(partial))
+            save_preset(self.preset, partial)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(partial, folder)
         return folder
 
 

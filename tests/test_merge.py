@@ -1,6 +1,7 @@
 """Use your model: a saved run's adapter merged into its base loads with plain transformers and answers as the
 trained PEFT model does (issue 33, notebook 04's last section). LoRA and QLoRA (dequantised first), on a CPU."""
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +93,28 @@ def test_converting_smollm2_shows_text_progress_not_widgets(tmp_path, monkeypatc
     enabled, bar = seen[0]
     assert enabled is False and bar is not tqdm.auto.tqdm and bar.func.__module__ == "tqdm.std"
     assert hf_logging.is_progress_bar_enabled() and gguf_utils.tqdm is tqdm.auto.tqdm  # restored afterwards
+
+
+def test_saving_final_replaces_it_whole(tmp_path, monkeypatch):
+    """A run killed while writing final/ must not leave half a folder that finished_run then trusts: the save goes
+    to final.partial and is renamed into place (found while writing tests/test_kill.py)."""
+    from types import SimpleNamespace
+
+    from labkit.presets import get_preset
+    from labkit.run import PRESET_FILE, Run
+
+    def save_model(path):
+        (tmp_path / "seen").write_text(path)
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "adapter_model.safetensors").write_bytes(b"x")
+
+    trainer = SimpleNamespace(save_model=save_model, args=SimpleNamespace(should_save=True))
+    tokenizer = SimpleNamespace(save_pretrained=lambda path: (Path(path) / "tokenizer.json").write_text("{}"))
+    run = Run(get_preset("cpu-tiny"), trainer, tokenizer, [], 0, tmp_path, [])
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "stale.txt").write_text("from an older save")
+    folder = run.save()
+    assert (tmp_path / "seen").read_text().endswith("final.partial")  # written beside, then renamed
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["adapter_model.safetensors", "tokenizer.json",
+                                                               PRESET_FILE])
+    assert not (tmp_path / "final.partial").exists()
