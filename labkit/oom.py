@@ -33,8 +33,7 @@ Why the phase matters. Each phase holds its own memory (:func:`phase_memory`, fr
 
 NaN. The same wrapper installs :class:`NaNGuard` and turns NaN logits met by sampling into
 :class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow; QLoRA with
-``prepare_model_for_kbit_training=True``, or fp32),
-at the step where it first happens rather than as a sampling traceback.
+``prepare_model_for_kbit_training=True``, or fp32) at the step where it first happens.
 """
 from __future__ import annotations
 
