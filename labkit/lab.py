@@ -23,7 +23,7 @@ from pathlib import Path
 from importlib import metadata
 
 __all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES",
-           "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads", "share_cpu", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
+           "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads", "busy_cores", "share_cpu", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
            "notebook_time_label", "T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist",
            "hf_cache_has_weights", "COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
 
@@ -124,9 +124,10 @@ class Lab:
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if v and k in ("torch", "transformers", "trl", "peft"))
         busy = busy_note()
         cores = os.cpu_count() or 1
-        if busy and self.threads is not None and self.threads < cores:
-            busy += (f"; torch computes with {self.threads} of {cores} threads, leaving the busy cores to the other "
-                     "work (threads that outnumber free cores wait for each other)")
+        if self.threads is not None and self.threads < cores:
+            busy = (busy + "; " if busy else "") + (
+                f"torch computes with {self.threads} of {cores} threads, leaving the cores other work keeps busy "
+                "to it (threads that outnumber free cores wait for each other)")
         return (f"GRPO Lab | mode: {self.mode} | device: {self.device} | precision: {self.precision} | "
                 f"seed: {self.seed}\n{versions}" + (f"\nnote: {busy}" if busy else ""))
 
@@ -194,16 +195,22 @@ def cpu_threads(load: float, cores: int) -> int:
     return max(1, min(cores, cores - int(load + 0.25)))
 
 
-def share_cpu() -> int:
-    """Set torch's thread count to :func:`cpu_threads` for this machine's load now and return it (CPU mode).
+def busy_cores(interval_s: float = 0.5) -> float:
+    """Return how many cores other processes keep busy now: the CPU use of the whole machine over ``interval_s``
+    (psutil), while this process waits. Not the load average: that lags a minute behind, so a notebook that
+    just finished (or the tests before this one) would still count as other work."""
+    import psutil
 
-    Called by :func:`setup`, when the kernel itself has not started computing, so the load is other work's.
-    Lowers the count only (a learner's own ``torch.set_num_threads`` above it is left alone)."""
+    return psutil.cpu_percent(interval=interval_s) / 100 * (psutil.cpu_count() or 1)
+
+
+def share_cpu() -> int:
+    """Set torch's thread count to :func:`cpu_threads` for the cores other work keeps busy now and return it
+    (CPU mode). Called by :func:`setup`, before the kernel computes anything. Lowers the count only (a learner's
+    own ``torch.set_num_threads`` above it is left alone)."""
     import torch
 
-    if not hasattr(os, "getloadavg"):
-        return torch.get_num_threads()
-    threads = cpu_threads(os.getloadavg()[0], os.cpu_count() or 1)
+    threads = cpu_threads(busy_cores(), os.cpu_count() or 1)
     if threads < torch.get_num_threads():
         torch.set_num_threads(threads)
     return torch.get_num_threads()

@@ -29,16 +29,46 @@ def test_setup_shares_the_cpu_when_the_machine_is_busy(monkeypatch, capsys):
 
     from labkit.lab import setup
 
+    import labkit.lab
+
     before = torch.get_num_threads()
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     try:
         torch.set_num_threads(2)
-        monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 4.0, 4.0))
+        monkeypatch.setattr(labkit.lab, "busy_cores", lambda interval_s=0.5: 1.9)  # another job on both cores
         lab = setup(0, mode="cpu")
         assert lab.threads == 1 == torch.get_num_threads()
         assert "torch computes with 1 of 2 threads" in capsys.readouterr().out
         torch.set_num_threads(2)
-        monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+        monkeypatch.setattr(labkit.lab, "busy_cores", lambda interval_s=0.5: 0.1)
         assert setup(0, mode="cpu").threads == 2 == torch.get_num_threads()  # idle: every core
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_cores_sees_work_now_not_a_minute_ago():
+    """The load average lags a minute: right after the tests (or a notebook) before, it still counts them. Idle now,
+    busy_cores reads about zero other work; with a busy loop in another process, about one core."""
+    import multiprocessing
+
+    from labkit.lab import busy_cores
+
+    idle = busy_cores(0.5)
+    worker = multiprocessing.get_context("spawn").Process(target=_spin, args=(3.0,))
+    worker.start()
+    try:
+        import time
+
+        time.sleep(0.5)
+        busy = busy_cores(1.0)
+    finally:
+        worker.join()
+    assert busy > idle + 0.5, (idle, busy)
+
+
+def _spin(seconds):
+    import time
+
+    end = time.time() + seconds
+    while time.time() < end:
+        pass

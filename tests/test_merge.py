@@ -87,12 +87,17 @@ def test_converting_smollm2_shows_text_progress_not_widgets(tmp_path, monkeypatc
         return real(cls, *args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(spy))
-    assert hf_logging.is_progress_bar_enabled()
-    path = local_model_path("smollm2-135m", rebuild=True)
-    assert (path / "config.json").exists() and seen
-    enabled, bar = seen[0]
-    assert enabled is False and bar is not tqdm.auto.tqdm and bar.func.__module__ == "tqdm.std"
-    assert hf_logging.is_progress_bar_enabled() and gguf_utils.tqdm is tqdm.auto.tqdm  # restored afterwards
+    was_enabled = hf_logging.is_progress_bar_enabled()  # earlier tests may have switched them off
+    hf_logging.enable_progress_bar()
+    try:
+        path = local_model_path("smollm2-135m", rebuild=True)
+        assert (path / "config.json").exists() and seen
+        enabled, bar = seen[0]
+        assert enabled is False and bar is not tqdm.auto.tqdm and bar.func.__module__ == "tqdm.std"
+        assert hf_logging.is_progress_bar_enabled() and gguf_utils.tqdm is tqdm.auto.tqdm  # restored afterwards
+    finally:
+        if not was_enabled:
+            hf_logging.disable_progress_bar()
 
 
 def test_saving_final_replaces_it_whole(tmp_path, monkeypatch):
