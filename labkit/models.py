@@ -41,6 +41,7 @@ __all__ = [
     "lora_config",
     "load_tokenizer",
     "load_policy",
+    "quantization_settings",
     "quantization_config",
     "adapter_dtype",
     "match_adapter_dtype",
@@ -432,18 +433,21 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     return tokenizer
 
 
-def quantization_config(precision: str):
-    """Return QLoRA's ``BitsAndBytesConfig``: NF4 with double quantisation, computing in ``precision``.
+def quantization_settings(precision: str) -> dict:
+    """Return QLoRA's 4-bit settings (``BitsAndBytesConfig``'s fields): NF4 with double quantisation, computing in
+    ``precision``: the 4-bit matmuls dequantise to ``bnb_4bit_compute_dtype``, bf16, fp16, or fp32 on a CPU
+    (bitsandbytes 0.50 runs there). The plan records them (:class:`labkit.plan.Plan`'s ``quantization``)."""
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    return dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=compute)
 
-    The 4-bit matmuls dequantise to ``bnb_4bit_compute_dtype``: bf16, fp16, or fp32 on a CPU
-    (bitsandbytes 0.50 runs there). The same object goes to TRL (``GRPOTrainer(quantization_config=...)``)
-    and to :func:`load_policy`.
-    """
+
+def quantization_config(precision: str):
+    """Return QLoRA's ``BitsAndBytesConfig`` of :func:`quantization_settings`: the object that goes to TRL
+    (``GRPOTrainer(quantization_config=...)``) and to :func:`load_policy`."""
     from transformers import BitsAndBytesConfig
 
-    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=compute)
+    return BitsAndBytesConfig(**quantization_settings(precision))
 
 
 def adapter_dtype(precision: str) -> torch.dtype:
@@ -533,8 +537,5 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
         enable_checkpointing(model)
         model.enable_input_require_grads()
     model = get_peft_model(model, lora_config(lora_rank, lora_alpha, target_modules=target_modules))
-    if method == "qlora":  # TRL's cast of a 4-bit model's adapters (bf16), fp32 under fp16 (match_adapter_dtype)
-        for param in model.parameters():
-            if param.requires_grad:
-                param.data = param.data.to(adapter_dtype(precision))
+    match_adapter_dtype(model, precision)  # QLoRA: TRL's bf16 cast of the adapters, fp32 under fp16
     return model, tokenizer

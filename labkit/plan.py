@@ -26,7 +26,7 @@ import torch
 
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.memory import ModelShape, estimate as _estimate_memory, model_shape
-from labkit.models import LOCAL_MODELS, adapter_dtype, resolve_model
+from labkit.models import LOCAL_MODELS, adapter_dtype, quantization_settings, resolve_model
 
 __all__ = ["Plan", "resolve", "estimate", "plan_precision", "grpo_arguments"]
 
@@ -105,10 +105,7 @@ def resolve(preset, card: DeviceInfo | None) -> Plan:
     model_path = resolve_model(preset.model)
     method = preset.method
     compute = _COMPUTE[precision]
-    quantization = None
-    if method == "qlora":
-        quantization = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                            bnb_4bit_compute_dtype=compute)
+    quantization = quantization_settings(precision) if method == "qlora" else None
     lora = None
     if method in ("lora", "qlora"):
         lora = dict(rank=preset.lora_rank, alpha=preset.lora_alpha, target_modules=list(preset.target_modules))

@@ -399,10 +399,10 @@ def merge_adapters(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike | 
     out_dir = Path(out_dir or adapter_dir.parent / "merged")
     base = PeftConfig.from_pretrained(str(adapter_dir)).base_model_name_or_path
     preset = load_saved_preset(adapter_dir)
-    precision = precision or choose_precision(detect_device())
+    info = detect_device()
+    device, precision = info.kind, precision or choose_precision(info)
     dtype = torch_dtype(precision, "lora")
     if preset is not None and preset.method == "qlora":
-        device = detect_device().kind
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, quantization_config=quantization_config(precision),
                                                      device_map={"": 0 if device == "cuda" else device})
         model = model.dequantize(dtype=dtype)
