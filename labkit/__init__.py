@@ -18,7 +18,7 @@ Running it for real, on a card:
 
 - ``labkit.device``     which accelerator is here and which precision to train in
 - ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder
-- ``labkit.presets``    named recipes that fit a card, validated, with a preflight memory check
+- ``labkit.presets``    named recipes that fit a card; ``validation``, ``plan`` and ``preflight`` above them
 - ``labkit.run``        a preset made concrete: prompts, rewards, trainer, checkpoints and resume
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
 - ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change

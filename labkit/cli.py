@@ -225,11 +225,13 @@ def train_cli(argv: list[str] | None = None) -> int:
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import (PRESETS, SECRET_FIELDS, TRL_CHOICES, PresetError, card_device, get_preset, preflight,
-                                resolve_plan, validate)
+    from labkit.plan import resolve_plan
+    from labkit.preflight import preflight
+    from labkit.presets import PRESETS, PresetError, card_device, get_preset
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)
     from labkit.training import last_checkpoint
+    from labkit.validation import SECRET_FIELDS, TRL_CHOICES, validate
 
     args = train_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.list or not args.preset:
@@ -479,7 +481,8 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
     """
     from labkit.cards import card_gib
     from labkit.memory import GIB
-    from labkit.presets import PRESETS, PresetError, get_preset, validate
+    from labkit.presets import PRESETS, PresetError, get_preset
+    from labkit.validation import validate
 
     parser = argparse.ArgumentParser(
         prog="python -m labkit rehearse",
@@ -491,8 +494,8 @@ def rehearse_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-generation", action="store_true", help="skip the generation phase")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        from labkit.plan import estimate
-        from labkit.presets import resolve_plan
+        from labkit.plan import resolve_plan
+        from labkit.preflight import estimate
 
         preset = get_preset(args.preset, **parse_pairs("--set", args.set))
         plan = resolve_plan(preset)

@@ -1,7 +1,7 @@
 """Which accelerator is here, and which precision to train in on it.
 
 Introduced in ``00_setup.ipynb``; every training path (TRL's ``GRPOTrainer``, the nano
-loop, the benchmarks) takes its precision flags from :func:`precision_flags`, so that
+loop, the benchmarks) takes its precision from :func:`choose_precision`, so that
 no path silently trains in bf16 on a CPU (TRL's ``GRPOConfig`` defaults to bf16, which
 made a CPU step about 7x slower) or on a T4 (which has no bf16 at all).
 """
@@ -88,41 +88,35 @@ def detect_device(prefer: str | None = None) -> DeviceInfo:
     return DeviceInfo("cpu", f"{platform.machine()} CPU ({cores} cores)", None, None, bf16=False, fp16=False)
 
 
-def choose_precision(info: DeviceInfo | None = None) -> str:
-    """Return ``"bf16"``, ``"fp16"`` or ``"fp32"``: the training precision for this device.
+def choose_precision(info: DeviceInfo | None = None, asked: str | None = None) -> str:
+    """Return ``"bf16"``, ``"fp16"`` or ``"fp32"``: the training precision on ``info`` (the one place it is decided).
 
     bf16 on Ampere or newer (no loss scaling needed), fp16 with loss scaling on older cards
-    (a T4 is sm_75 and has no bf16), fp32 on CPU and Apple MPS. Never bf16 on a CPU.
+    (a T4 is sm_75 and has no bf16), fp32 on CPU and Apple MPS. Never bf16 on a CPU. ``asked``
+    (a preset's ``precision``) is returned when the device can do it; a precision it cannot do fails
+    here, with what to change, instead of deep inside training. A plan calls this once
+    (:func:`labkit.plan.resolve_plan`); everything after it reads ``plan.precision``.
     """
     info = info or detect_device()
-    if info.kind == "cuda":
-        if info.bf16:
-            return "bf16"
-        if info.fp16:
-            return "fp16"
-    return "fp32"
+    best = ("bf16" if info.bf16 else "fp16" if info.fp16 else "fp32") if info.kind == "cuda" else "fp32"
+    if asked is None:
+        return best
+    if asked not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {asked!r}")
+    if asked == "bf16" and not info.bf16:
+        raise ValueError(f"bf16 was asked for, but {info} has no bf16 support. "
+                         f"Use precision={best!r} (or leave precision unset to choose automatically).")
+    if asked == "fp16" and not info.fp16:
+        raise ValueError(f"fp16 mixed precision was asked for, but {info} cannot train in fp16. "
+                         f"Use precision={best!r}.")
+    return asked
 
 
-def precision_flags(info: DeviceInfo | None = None, precision: str | None = None) -> dict:
-    """Return ``{"bf16": bool, "fp16": bool}`` for ``GRPOConfig`` / ``TrainingArguments``.
-
-    Pass ``precision`` to override the automatic choice; asking for a precision the device
-    cannot do fails here, with what to change, instead of deep inside training.
-    """
-    info = info or detect_device()
-    precision = precision or choose_precision(info)
+def precision_flags(precision: str) -> dict:
+    """Return ``{"bf16": bool, "fp16": bool}`` for ``GRPOConfig`` / ``TrainingArguments`` from a precision
+    (:func:`choose_precision`'s)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-    if precision == "bf16" and not info.bf16:
-        raise ValueError(
-            f"bf16 was asked for, but {info} has no bf16 support. "
-            f"Use precision={choose_precision(info)!r} (or leave precision unset to choose automatically)."
-        )
-    if precision == "fp16" and not info.fp16:
-        raise ValueError(
-            f"fp16 mixed precision was asked for, but {info} cannot train in fp16. "
-            f"Use precision={choose_precision(info)!r}."
-        )
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 

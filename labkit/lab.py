@@ -114,12 +114,6 @@ class Lab:
         """Return ``cpu`` in CPU mode and ``real`` in real mode: ``lab.pick(cpu=4, real=8)``."""
         return cpu if self.cpu_mode else real
 
-    def precision_flags(self) -> dict:
-        """Return the ``bf16``/``fp16`` flags for ``GRPOConfig`` on this lab's device."""
-        from labkit.device import precision_flags
-
-        return precision_flags(self.device, self.precision)
-
     def summary(self) -> str:
         versions = ", ".join(f"{k} {v}" for k, v in self.versions.items() if v and k in ("torch", "transformers", "trl", "peft"))
         busy = busy_note()

@@ -1,15 +1,22 @@
-"""Named, validated GRPO recipes that fit a card, and the run that trains one (resumably).
+"""Named GRPO recipes that fit a card: the :class:`Preset` (its fields and names) and the table of presets.
 
 Introduced in ``04_lora_grpo_16gb.ipynb``; ``python -m labkit train --preset NAME`` runs
 the same code from a shell (and under ``accelerate launch``).
+
+The bottom of the recipe core, which reads only the cards (:mod:`labkit.cards`) and the device facts
+(:mod:`labkit.device`); above it, lowest first: :mod:`labkit.validation` (what a preset may hold, on a
+card), :mod:`labkit.plan` (a preset resolved for one card), :mod:`labkit.preflight` (its memory estimate)
+and :func:`labkit.run.build_run` (the run). To add a field: declare it on :class:`Preset`, check its type
+and range in ``labkit.validation._NUMBER_FIELDS`` (or beside it), and pass it on in
+:func:`labkit.plan.grpo_arguments` (a ``GRPOConfig`` field) or read it where it acts.
 
 A :class:`Preset` bundles everything a GSM8K GRPO run needs: the model, full / LoRA /
 QLoRA and its adapter settings, the ``GRPOConfig`` knobs that decide memory
 (``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``num_generations``,
 ``max_completion_length``, the optimiser, gradient checkpointing) and the reward set.
-The precision is never part of a preset: :mod:`labkit.device` picks it for the card
+The precision is never part of a preset: :func:`labkit.device.choose_precision` picks it for the card
 (bf16 on Ampere+, fp16 on a T4, fp32 on a CPU) unless you ask for one, and asking for one
-the card cannot do fails in :func:`validate`.
+the card cannot do fails in :func:`labkit.validation.validate`.
 
 ``laptop-16gb-published`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile
 (REFERENCES.md): per-device batch 1, gradient accumulation 4, 4 generations, prompts up
@@ -17,35 +24,17 @@ to 256 tokens, completions up to 786, LoRA on q/k/o/up/down, 8-bit AdamW, gradie
 checkpointing; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4`` and ``qlora-3b``
 take the largest ``per_device_train_batch_size`` (in multiples of ``num_generations``: whole prompt
 groups) whose rehearsed peak plus :func:`labkit.cards.sized_gib`'s allowance is within 80 % of the card.
-
-Prompt length. TRL 1.16's ``GRPOConfig`` has no ``max_prompt_length``: ``GRPOTrainer``
-tokenises the whole chat-templated prompt and never truncates it. Cutting a maths question
-would drop the question, so :func:`training_prompts` *filters* instead: prompts longer than
-``max_prompt_length`` tokens (chat template included) are dropped from the training set
-before training, and the number dropped is reported.
-
-Resume. A run writes its preset to ``OUTPUT_DIR/labkit_preset.json`` and into every
-checkpoint. :func:`resume_checkpoint` finds the last checkpoint and refuses to continue it
-with a different recipe (:class:`ResumeMismatchError` names every difference).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from labkit.cards import CARDS, card
-from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
-from labkit.models import METHODS, check_method
-from labkit.rewards import named_rewards
-from labkit.validation import (SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, _field_errors,
-                               _trl_config_errors, too_few_prompts)
+from labkit.device import DeviceInfo
 
-__all__ = ["Preset", "PRESETS", "PresetError", "SECRET_FIELDS", "TRL_CHOICES", "TRL_NUMBER_RANGES", "get_preset", "resolve_plan", "card_device", "validate", "model_context_length", "Preflight",
-           "preflight", "resolve_model", "METHODS", "EIGHT_BIT_OPTIMS"]
+__all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_TARGETS", "get_preset", "card_device"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
 RECIPE_TARGETS = ("q_proj", "k_proj", "o_proj", "up_proj", "down_proj")
@@ -297,13 +286,16 @@ def card_device(preset: Preset | str):
     What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
     card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
     The card comes from :data:`labkit.cards.CARDS` (``_PRESET_CARDS``), with the preset's own
-    ``card_gib``; presets without a named card get an Ampere (bf16) card of ``card_gib``. A preset
-    with a value :func:`validate` refuses (``card_gib="abc"``) gives None: validate then says what to set.
+    ``card_gib``; presets without a named card get an Ampere (bf16) card of ``card_gib``. A ``card_gib``
+    that :func:`labkit.validation.validate` refuses (``"abc"``) gives None: validate then says what to set.
     """
-    from labkit.device import DeviceInfo
-
     preset = get_preset(preset)
-    if preset.card_gib is None or _field_errors(preset):
+    gib = preset.card_gib
+    try:  # float() refuses an int too large for a float (tests/test_fuzz.py), and "0 < gib < inf" a NaN
+        usable = not isinstance(gib, bool) and isinstance(gib, (int, float)) and 0 < float(gib) < math.inf
+    except OverflowError:
+        usable = False
+    if not usable or not isinstance(preset.name, str):
         return None  # a CPU preset, or values (card_gib="abc") that validate() refuses with a clear message
     if preset.name in _PRESET_CARDS:
         named = card(_PRESET_CARDS[preset.name])
@@ -320,374 +312,3 @@ def get_preset(name: str | Preset, **overrides) -> Preset:
     if name not in PRESETS:
         raise PresetError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def resolve_model(model: str) -> str:
-    """Return a loadable name for a preset's model (:func:`labkit.models.resolve_model`): ``"tiny:qwen2"``
-    and ``"smollm2-135m"`` become local folders; hub ids and paths stay as they are."""
-    from labkit.models import resolve_model as _resolve
-
-    return _resolve(model)
-
-
-def model_context_length(model: str) -> int | None:
-    """Return the model's context (``max_position_embeddings``) without downloading weights, or None.
-
-    Looks in the architecture catalogue, then a local ``config.json``, then the hub's (or
-    its cache's) config; returns None when none of them answers.
-    """
-    from labkit.models import LOCAL_MODELS, architecture_config
-
-    if model.startswith("tiny:"):
-        model = resolve_model(model)
-    model = LOCAL_MODELS.get(model, {}).get("hub_id", model)  # a packaged model has its hub twin's shape
-    try:
-        return int(architecture_config(model).max_position_embeddings)
-    except KeyError:
-        pass
-    config_file = Path(model) / "config.json"
-    if config_file.exists():
-        return json.loads(config_file.read_text()).get("max_position_embeddings")
-    try:
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(model).max_position_embeddings)
-    except Exception:  # offline, unknown id, or a config without the field
-        return None
-
-
-def _is_small_local_model(model: str) -> bool:
-    from labkit.models import LOCAL_MODELS
-
-    return model in LOCAL_MODELS
-
-
-def _num_processes(num_processes: int | None) -> int:
-    return num_processes or int(os.environ.get("WORLD_SIZE", "1"))
-
-
-# GRPOConfig fields that build_run sets from a preset's own fields (or that change the generation batch
-# the batch rule and the preflight check): trl_options may not set them, so a recipe has one source.
-_SET_BY_PRESET = {
-    "seed": "--seed", "per_device_train_batch_size": "per_device_train_batch_size",
-    "gradient_accumulation_steps": "gradient_accumulation_steps", "num_generations": "num_generations",
-    "max_completion_length": "max_completion_length", "max_prompt_length": "max_prompt_length",
-    "learning_rate": "learning_rate", "optim": "optim", "beta": "beta", "temperature": "temperature",
-    "max_steps": "max_steps", "save_steps": "save_steps", "save_strategy": "save_steps",
-    "save_total_limit": "save_total_limit", "reward_weights": "reward_weights",
-    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "gradient_checkpointing",
-    "gradient_checkpointing_kwargs": "gradient_checkpointing",
-    "activation_checkpointing_kwargs": "gradient_checkpointing",
-    "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
-    "output_dir": "--output-dir",
-    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or --config "
-                             "steps_per_generation=N: generation batch = per_device_train_batch_size x N)",
-}
-
-
-def _trl_option_errors(options: dict) -> list[str]:
-    """Return what is wrong with a preset's ``trl_options``: unknown GRPOConfig fields, or ones the preset sets."""
-    if not options:
-        return []
-    import difflib
-
-    from trl import GRPOConfig
-
-    known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    errors = []
-    for key in options:
-        if key in _SET_BY_PRESET:
-            errors.append(f"trl_options may not set {key!r}: the preset sets it from {_SET_BY_PRESET[key]}. "
-                          f"Change that instead (python -m labkit train --set FIELD=VALUE).")
-        elif key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3)
-            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-            errors.append(f"trl_options: GRPOConfig (trl) has no field {key!r}.{hint}")
-    return errors
-
-
-def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
-    """Return the LoRA ``target_modules`` that name no Linear layer of the model, when its shape is known offline."""
-    if p.method == "full":
-        return []
-    from labkit.memory import model_shape
-
-    try:
-        shape = model_shape(resolve_model(p.model))
-    except Exception:  # noqa: BLE001  not in the catalogue nor a local folder: the names cannot be checked
-        warnings.append(f"could not read {p.model}'s layers offline: target_modules {list(p.target_modules)} "
-                        "are unchecked.")
-        return []
-    names = sorted({name for name, _, _ in shape.lora_modules})
-    unknown = [t for t in p.target_modules if t not in names]
-    if unknown:
-        return [f"target_modules {unknown} name no Linear layer of {p.model}; its layers are {', '.join(names)}. "
-                f"Set --set target_modules={','.join(t for t in RECIPE_TARGETS if t in names) or names[0]}."]
-    return []
-
-
-def _error_message(p: Preset, device, errors: list[str], *, about_device: bool = True) -> str:
-    """Return one line for one error, a list for several (a bad value is not the device's fault)."""
-    head = f"preset {p.name!r} cannot run on {device}" if about_device else f"preset {p.name!r} has a value it cannot use"
-    if len(errors) == 1:
-        return f"{head}: {errors[0]}"
-    lines = "\n".join(f"- {e}" for e in errors)
-    return f"{head}:\n{lines}"
-
-
-def _under_fsdp() -> bool:
-    """True inside ``accelerate launch`` with an FSDP config (accelerate sets ``ACCELERATE_USE_FSDP``)."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
-
-
-def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
-    """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
-
-    Every error message says what to change. Checked before anything is loaded:
-
-    - TRL's batch rule: the generation batch, ``per_device_train_batch_size x processes x
-      steps_per_generation`` (``steps_per_generation`` = ``gradient_accumulation_steps`` by
-      default), must be a multiple of ``num_generations``, so that each prompt's G
-      completions land in one batch (``trl.GRPOConfig.__post_init__``); and G >= 2.
-    - ``max_prompt_length + max_completion_length`` within the model's context.
-    - the precision against the card (bf16 on a T4 or a CPU fails, via :mod:`labkit.device`).
-    - 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS (QLoRA's 4-bit
-      weights do; a warning says the lab has not tried them there); ``prepare_model_for_kbit_training`` only with QLoRA.
-    - under FSDP (``fsdp=True``, or ``accelerate launch --config_file labkit/configs/fsdp.yaml``):
-      no bitsandbytes 8-bit optimiser (it does not support FSDP's sharded parameters, bitsandbytes
-      issue 1633) and no QLoRA (FSDP needs ``bnb_4bit_quant_storage`` equal to the compute dtype to
-      shard 4-bit weights, which labkit's loader does not set): refused, saying what to set.
-    """
-    from labkit.device import detect_device, precision_flags
-
-    device = device or detect_device()
-    procs = _num_processes(num_processes)
-    errors: list[str] = []
-    warnings: list[str] = []
-    p = preset
-
-    field_errors = _field_errors(p)
-    if field_errors:  # wrong types or ranges: the checks below would trip over them
-        raise PresetError(_error_message(p, device, field_errors, about_device=False))
-    try:
-        check_method(p.method)
-    except ValueError as exc:
-        errors.append(f"{exc}.")
-    spg = p.trl_options.get("steps_per_generation") if isinstance(p.trl_options, dict) else None
-    # A steps_per_generation that is not a whole number >= 1 is reported by _trl_config_errors (TRL_NUMBER_RANGES);
-    # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
-    spg_usable = spg is None or (isinstance(spg, int) and not isinstance(spg, bool) and spg >= 1)
-    if spg_usable and min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
-        per_step = p.per_device_train_batch_size * procs
-        generation_batch = per_step * p.steps_per_generation
-        if spg is None and generation_batch % p.num_generations:
-            g = p.num_generations
-            accumulation = g // math.gcd(per_step, g)
-            accumulation *= math.ceil(p.gradient_accumulation_steps / accumulation)
-            errors.append(
-                f"per_device_train_batch_size ({p.per_device_train_batch_size}) x processes ({procs}) x "
-                f"gradient_accumulation_steps ({p.gradient_accumulation_steps}) = {generation_batch} completions per "
-                f"generation batch, which must be a multiple of num_generations ({g}): TRL generates each prompt's "
-                f"{g} completions in one batch. Set gradient_accumulation_steps={accumulation}, or "
-                f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
-            )
-        elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, p.num_generations)):
-            errors.append(f"train_limit: {problem} Set "
-                          f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch "
-                          "(per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
-    errors.extend(_trl_option_errors(p.trl_options))
-    if not errors:
-        errors.extend(_trl_config_errors(p))
-    errors.extend(_target_module_errors(p, warnings))
-    if p.optim not in OPTIMS:
-        errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {p.optim!r}.")
-    try:
-        named_rewards(p.rewards, p.reward_weights)
-    except ValueError as exc:
-        errors.append(f"rewards: {exc}")
-
-    context = model_context_length(p.model)
-    total = p.max_prompt_length + p.max_completion_length
-    if context is None:
-        warnings.append(f"could not read {p.model}'s context length (offline?): prompt + completion length "
-                        f"({total}) is unchecked.")
-    elif total > context:
-        errors.append(
-            f"max_prompt_length ({p.max_prompt_length}) + max_completion_length ({p.max_completion_length}) = "
-            f"{total} tokens, more than {p.model}'s context of {context}. Set max_completion_length to at most "
-            f"{max(1, context - p.max_prompt_length)}."
-        )
-
-    try:
-        precision_flags(device, p.precision)
-    except ValueError as exc:
-        errors.append(f"{exc} (preset field: precision)")
-    if device.kind == "mps" and p.optim in EIGHT_BIT_OPTIMS:
-        # bitsandbytes 0.50.2 registers its 8-bit optimiser kernel for CUDA, the CPU and XPU, not for MPS
-        # (backends/{cuda,cpu,xpu}/ops.py); its 4-bit kernels do run there (backends/mps/ops.py).
-        errors.append(f"optim={p.optim!r} (bitsandbytes' 8-bit AdamW) has no kernel for {device} in bitsandbytes "
-                      f"0.50: set optim='adamw_torch'.")
-    if device.kind == "mps" and p.method == "qlora":
-        warnings.append("QLoRA on Apple's MPS: bitsandbytes 0.50 has 4-bit kernels there (a compiled kernel on "
-                        "macOS 26, a slower torch fallback before), but the lab has not run it on a Mac; "
-                        "method='lora' is the tested path.")
-    if p.prepare_model_for_kbit_training and p.method != "qlora":
-        errors.append(f"prepare_model_for_kbit_training applies to 4-bit models (method='qlora') only, not "
-                      f"method={p.method!r}. Set prepare_model_for_kbit_training=false or method='qlora'.")
-    if fsdp if fsdp is not None else _under_fsdp():
-        if p.optim in EIGHT_BIT_OPTIMS:
-            errors.append(f"optim={p.optim!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "
-                          "(bitsandbytes issue 1633). Under FSDP set optim='adamw_torch' (--set optim=adamw_torch), "
-                          "or launch with DDP (labkit/configs/multi_gpu.yaml) to keep the 8-bit optimiser.")
-        if p.method == "qlora":
-            errors.append("QLoRA under FSDP needs bnb_4bit_quant_storage set to the compute dtype so that the 4-bit "
-                          "weights can be sharded; labkit's loader does not set it. Set method='lora' under FSDP, or "
-                          "launch QLoRA with DDP (labkit/configs/multi_gpu.yaml).")
-    if device.kind != "cuda" and not p.model.startswith("tiny:") and not _is_small_local_model(p.model):
-        warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-smollm2' and 'cpu-tiny' "
-                        "presets are the CPU mode.")
-    if p.learning_rate == 0:
-        warnings.append("learning_rate is 0: the policy will not change (a control run, as the demo's).")
-    if p.save_steps is not None and p.save_steps > p.max_steps:
-        warnings.append(f"save_steps ({p.save_steps}) > max_steps ({p.max_steps}): no checkpoint before the end, "
-                        "so an interrupted run starts again from step 0.")
-    if p.method == "full" and p.lora_rank != Preset.lora_rank:
-        warnings.append("lora_rank is ignored with method='full'.")
-    if errors:
-        raise PresetError(_error_message(p, device, errors))
-    return warnings
-
-
-# --------------------------------------------------------------------------- preflight
-
-
-@dataclass
-class Preflight:
-    """What :func:`preflight` found: the estimate against the card, and what to change first."""
-
-    preset: str
-    model: str
-    method: str
-    card: str
-    card_gib: float | None
-    estimate_gib: float
-    breakdown: dict
-    margin_gib: float
-    changes: list = field(default_factory=list)  # [(labkit.oom.Change, GiB after it alone)], biggest cut first
-    plan: list = field(default_factory=list)  # [(labkit.oom.Change, GiB after it and those above)] until it fits
-
-    @property
-    def fits(self) -> bool | None:
-        """True when the estimate plus the margin fits the card; None without a card to compare."""
-        if self.card_gib is None:
-            return None
-        return self.estimate_gib + self.margin_gib <= self.card_gib
-
-    def __str__(self) -> str:
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.breakdown.items() if isinstance(v, (int, float)))
-        lines = [f"preflight {self.preset}: {self.model} ({self.method}) needs about {self.estimate_gib:.1f} GiB "
-                 f"(estimate: {parts})"]
-        if self.card_gib is None:
-            lines.append(f"{self.card}: no GPU memory to compare with.")
-        else:
-            verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(f"{self.card} has {self.card_gib:.1f} GiB: {verdict} with a {self.margin_gib:.1f} GiB margin "
-                         f"({self.card_gib - self.estimate_gib:+.1f} GiB left).")
-        if self.plan and not self.fits:
-            fits = self.plan[-1][1] + self.margin_gib <= self.card_gib
-            lines.append("Change, in this order" + (" until it fits" if fits else " (still not enough: a bigger card)")
-                         + " (estimated total after each step):")
-            lines += [f"  {i}. {change} -> about {after:.1f} GiB" for i, (change, after) in enumerate(self.plan, 1)]
-        return "\n".join(lines)
-
-
-def resolve_plan(preset: Preset | str, device=None, **overrides):
-    """Return the :class:`labkit.plan.Plan` of ``preset`` (a name or a :class:`Preset`, with ``overrides``).
-
-    ``device`` is the card the run will use (``build_run`` passes the machine's); None plans for the card
-    the preset is made for (:func:`card_device`; a CPU preset trains in fp32). The one place a preset
-    becomes a run's settings and precision.
-    """
-    from labkit.plan import Plan, resolve
-
-    if isinstance(preset, Plan):
-        return preset
-    preset = get_preset(preset, **overrides)
-    return resolve(preset, device if device is not None else card_device(preset))
-
-
-def _estimate(plan):
-    """Return :func:`labkit.plan.estimate` for ``plan`` (the estimator of :mod:`labkit.memory`)."""
-    from labkit.plan import estimate
-
-    return estimate(plan)
-
-
-_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
-
-
-def _total_and_breakdown(result) -> tuple[float, dict]:
-    return result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
-
-
-def _ranked_changes(plan) -> list:
-    """Return ``[(change, GiB after it)]`` for every candidate change that cuts the estimate, biggest cut first."""
-    from labkit.oom import candidate_changes
-    from labkit.plan import resolve
-
-    total, _ = _total_and_breakdown(_estimate(plan))
-    ranked = []
-    for change in candidate_changes(plan.preset.to_dict()):
-        try:
-            after, _ = _total_and_breakdown(_estimate(resolve(plan.preset.apply(change.updates), plan.card)))
-        except (ValueError, KeyError):  # a change the estimator cannot model
-            continue
-        if after < total - 0.01:
-            ranked.append((change, after))
-    return sorted(ranked, key=lambda item: (item[0].kind == "model", item[1]))
-
-
-def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
-    """Return a :class:`Preflight`: :func:`labkit.memory.estimate` for the preset's plan against the card.
-
-    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`. On a GPU the plan is for
-    ``device``; elsewhere for the card the preset is made for (:func:`card_device`: a T4 preset in fp16).
-    ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
-    ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
-    candidate change of :func:`labkit.oom.candidate_changes` is estimated alone
-    (``changes``, the biggest cut first, another model last), and ``plan`` applies the
-    biggest cut, re-estimates and repeats until the run fits: the settings to change first.
-    """
-    from labkit.device import detect_device
-    from labkit.plan import Plan, resolve
-
-    if isinstance(preset, Plan):
-        plan = preset
-        device = plan.card
-    else:
-        device = device or detect_device()
-        plan = resolve_plan(preset, device if device.kind == "cuda" else None)
-    preset = plan.preset
-    if card_gib is None:
-        card_gib = device.total_memory_gib if device is not None and device.kind == "cuda" else None
-        card = str(device)
-    else:
-        card = f"a {card_gib:g} GiB card"
-    total, breakdown = _total_and_breakdown(_estimate(plan))
-    report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
-    if card_gib is not None and not report.fits:
-        report.changes = _ranked_changes(plan)
-        # The plan: take the biggest cut, re-estimate, repeat until it fits. Another model comes last:
-        # it changes what you train, not how.
-        current, current_total = plan, total
-        while current_total + margin_gib > card_gib:
-            ranked = _ranked_changes(current)
-            if not ranked:
-                break
-            change, after = ranked[0]
-            current, current_total = resolve(current.preset.apply(change.updates), current.card), after
-            report.plan.append((change, after))
-    return report

@@ -325,7 +325,7 @@ def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None, *, num_layers
     from labkit.models import architecture_config, enable_checkpointing, lora_config
 
     config = architecture_config(plan.shape_name, **({"num_hidden_layers": num_layers} if num_layers else {}))
-    checkpointing = plan.grpo["activation_checkpointing"]
+    checkpointing = plan.config["activation_checkpointing"]
     load_dtype = plan.compute_dtype if plan.method == "qlora" else plan.weight_dtype
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation="sdpa")
@@ -377,7 +377,7 @@ def _fake_weights(model, plan, tied: bool, codes, tracker) -> None:
             if param.requires_grad:
                 param.data = param.data.to(torch.bfloat16)
         match_adapter_dtype(model, plan.precision)  # labkit's fix: fp32 adapters under fp16 (GradScaler)
-    add_fused_lm_head(base, temperature=plan.grpo["temperature"], outputs=("log_probs", "entropy"))
+    add_fused_lm_head(base, temperature=plan.config["temperature"], outputs=("log_probs", "entropy"))
     if tracker is not None:
         for param in model.parameters():
             if param.requires_grad:
@@ -412,7 +412,7 @@ def _generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, co
 
     def sample(out):  # transformers/generation/utils.py:3247, 3274-3276
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
-        probs = torch.nn.functional.softmax(logits / plan.grpo["temperature"], dim=-1)
+        probs = torch.nn.functional.softmax(logits / plan.config["temperature"], dim=-1)
         return torch.multinomial(probs, num_samples=1)
 
     def label_cache():
@@ -457,12 +457,12 @@ def _loss_context(plan, model):
     """An object with the attributes ``GRPOTrainer._compute_loss`` reads, from a real ``GRPOConfig``."""
     from trl import GRPOConfig, GRPOTrainer
 
-    g = plan.grpo
+    g = plan.config
     args = GRPOConfig(output_dir="/tmp/labkit-rehearsal", use_cpu=True, report_to="none",
                       per_device_train_batch_size=g["per_device_train_batch_size"],
                       gradient_accumulation_steps=g["gradient_accumulation_steps"],
                       num_generations=g["num_generations"], max_completion_length=g["max_completion_length"],
-                      beta=g["beta"], loss_type=g["loss_type"],
+                      beta=g["beta"], loss_type=plan.loss_type,
                       **{k: v for k, v in plan.preset.trl_options.items() if k != "loss_type"})
 
     accelerator = types.SimpleNamespace(autocast=lambda: _autocast(plan), num_processes=1, sync_gradients=True,
@@ -488,8 +488,8 @@ def _optimizer(plan, params):
     """The optimiser ``GRPOConfig.optim`` names, built outside fake mode (bitsandbytes' maps call .tolist())."""
     import bitsandbytes as bnb
 
-    lr = plan.grpo["learning_rate"]
-    name = plan.grpo["optim"]
+    lr = plan.config["learning_rate"]
+    name = plan.config["optim"]
     if name in ("adamw_bnb_8bit", "adamw_8bit"):
         return bnb.optim.AdamW8bit(params, lr=lr)
     if name == "paged_adamw_8bit":
@@ -553,19 +553,19 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     Returns a :class:`Rehearsal`: phases ``generation`` (prefill + decode with the KV cache), ``training``
     (forward and backward of the micro-batches) and ``optimizer`` (clipping and the optimiser step),
     each with its peak live bytes and the breakdown by category at that peak. ``num_layers`` rehearses a
-    shallower model of the same width (compare it with ``labkit.plan.estimate(plan, num_layers=...)``).
+    shallower model of the same width (compare it with ``labkit.preflight.estimate(plan, num_layers=...)``).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.presets import resolve_plan
+    from labkit.plan import resolve_plan
 
     plan = resolve_plan(plan)
     if plan.card is None or plan.card.kind != "cuda":
         raise ValueError(f"{plan.preset.name} is a CPU preset: the rehearsal rehearses a GPU run "
                          f"(set card_gib, e.g. --set card_gib={card_gib('rtx3080-laptop-16gb')})")
-    g = plan.grpo
-    micro, gen_batch = g["per_device_train_batch_size"], g["generation_batch_size"]
-    prompt_len, completion_len = g["max_prompt_length"], g["max_completion_length"]
+    g = plan.config
+    micro, gen_batch = g["per_device_train_batch_size"], plan.generation_batch_size
+    prompt_len, completion_len = plan.preset.max_prompt_length, g["max_completion_length"]
     started, cpu_started = time.perf_counter(), time.process_time()
     tracker = LiveBytes()
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -625,7 +625,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
                     per_device_train_batch_size=micro, gradient_accumulation_steps=g["gradient_accumulation_steps"],
                     generation_batch_size=gen_batch, num_generations=g["num_generations"],
                     max_prompt_length=prompt_len, max_completion_length=completion_len,
-                    activation_checkpointing=g["activation_checkpointing"], loss_type=g["loss_type"],
+                    activation_checkpointing=g["activation_checkpointing"], loss_type=plan.loss_type,
                     trainable_params=sum(p.numel() for p in trainable), num_layers=num_layers)
     return Rehearsal(plan, phases, settings, time.perf_counter() - started, time.process_time() - cpu_started,
                      notes)

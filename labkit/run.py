@@ -1,8 +1,9 @@
 """A preset made concrete: GSM8K prompts, rewards, a ``GRPOTrainer``, checkpoints and resume.
 
 Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`build_run` assembles a run in one pass:
-the preset, validated (:func:`labkit.presets.validate`) -> the precision, decided once for the
-device -> the policy (TRL loads full and LoRA models from their path; QLoRA goes through
+the preset, validated (:func:`labkit.validation.validate`) -> its plan for the device
+(:func:`labkit.plan.resolve_plan`: the precision, decided once, and the settings); then everything reads the
+plan: the policy (TRL loads it from its path; QLoRA with PEFT's upcast goes through
 :func:`labkit.models.load_policy`) -> the prompts (:func:`training_prompts`) -> the rewards ->
 ``GRPOConfig`` (:func:`labkit.training.grpo_config`) -> ``GRPOTrainer``.
 
@@ -25,10 +26,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit.presets import (SECRET_FIELDS, Preset, PresetError, _num_processes, get_preset, resolve_model, resolve_plan,
-                            validate)
+from transformers import TrainerCallback
+
+from labkit.device import detect_device
+from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
+from labkit.plan import Plan, resolve_plan
+from labkit.presets import Preset, PresetError, get_preset
 from labkit.rewards import named_rewards
-from labkit.training import checkpoint_problem, checkpoint_step, last_checkpoint
+from labkit.training import build_trainer, checkpoint_problem, checkpoint_step, grpo_config, last_checkpoint
+from labkit.validation import SECRET_FIELDS, _num_processes, validate
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
@@ -295,17 +301,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _preset_callback(preset: Preset):
-    from transformers import TrainerCallback
+class SavePresetCallback(TrainerCallback):
+    """Copies the run's preset into every checkpoint, so a checkpoint says how it was made."""
 
-    class SavePresetCallback(TrainerCallback):
-        """Copies the run's preset into every checkpoint, so a checkpoint says how it was made."""
+    def __init__(self, preset: Preset):
+        self.preset = preset
 
-        def on_save(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                save_preset(preset, Path(args.output_dir) / f"checkpoint-{state.global_step}")
-
-    return SavePresetCallback()
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            save_preset(self.preset, Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
 
 @dataclass
@@ -389,8 +393,7 @@ def merge_adapters(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike | 
     from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
-    from labkit.device import choose_precision, detect_device, torch_dtype
-    from labkit.models import load_tokenizer, quantization_config
+    from labkit.device import choose_precision, torch_dtype
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").exists():
@@ -426,7 +429,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     """Return a :class:`Run`: the preset validated, its prompts filtered, a ``GRPOTrainer`` built.
 
     ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`; it is resolved once, for
-    ``device``, into the plan (:func:`labkit.presets.resolve_plan`) whose precision, model path, dtypes
+    ``device``, into the plan (:func:`labkit.plan.resolve_plan`) whose precision, model path, dtypes
     and LoRA config the run uses.
 
     ``model`` (with ``tokenizer``) is a policy you already loaded (for example with
@@ -439,26 +442,18 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     ``print_logs=False`` drops transformers' printing of every log line and its progress bar and
     "Step | Training Loss" table (``disable_tqdm=True``; a :class:`labkit.dashboard.LiveDashboard` shows both).
     """
-    from labkit.device import detect_device
-    from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
-    from labkit.plan import Plan
-    from labkit.training import build_trainer, grpo_config
-
     plan = preset if isinstance(preset, Plan) else None
     preset = plan.preset if plan else get_preset(preset)
     if seed is not None and seed != preset.seed:  # the seed is part of the recipe (saved, checked on resume)
         preset, plan = preset.replace(seed=seed), None
-    seed = preset.seed
     secrets = sorted(set(config_overrides) & set(SECRET_FIELDS))
     if secrets:  # GRPOConfig is saved as training_args.bin in every checkpoint
         raise PresetError(f"build_run may not be given {secrets}: a checkpoint saves GRPOConfig, and a secret must "
                           f"never be saved. Set the {SECRET_FIELDS[secrets[0]]} environment variable instead.")
     device = device or (plan.card if plan and plan.card else detect_device())
     warnings = validate(preset, device, num_processes=num_processes)
-    plan = plan or resolve_plan(preset, device)
-    precision = plan.precision
-    name = plan.model_path
-    output_dir = Path(output_dir)
+    plan = plan or resolve_plan(preset, device)  # everything below reads the plan
+    preset, output_dir = plan.preset, Path(output_dir)
 
     settings = dict(plan.config)  # the preset's GRPOConfig arguments (labkit.plan.grpo_arguments)
     reward_funcs, settings["reward_weights"] = reward_functions(preset)
@@ -477,14 +472,14 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         if _num_processes(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
             settings["model_init_kwargs"]["device_map"] = None
         if preset.method == "qlora":  # TRL places it: "auto" on one GPU, each process's own device under accelerate
-            quantization = quantization_config(precision)
-        tokenizer = tokenizer or load_tokenizer(name)
+            quantization = quantization_config(plan.precision)
+        tokenizer = tokenizer or load_tokenizer(plan.model_path)
         if preset.method in ("lora", "qlora"):
             peft_config = lora_config(**plan.lora)
-        model = name
-    args = grpo_config(output_dir, device=device, precision=precision, **settings)
+        model = plan.model_path
+    args = grpo_config(output_dir, device=device, precision=plan.precision, **settings)
     if model is None:  # QLoRA with prepare_model_for_kbit_training: labkit's loader runs PEFT's upcast first
-        model, tokenizer = load_policy(name, "qlora", precision=precision, lora_rank=plan.lora["rank"],
+        model, tokenizer = load_policy(plan.model_path, "qlora", precision=plan.precision, lora_rank=plan.lora["rank"],
                                        lora_alpha=plan.lora["alpha"], target_modules=plan.lora["target_modules"],
                                        gradient_checkpointing=preset.gradient_checkpointing,
                                        prepare_model_for_kbit_training=True)
@@ -497,12 +492,12 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
             model.enable_input_require_grads()
     dropped = 0
     if train_dataset is None:
-        train_dataset, dropped = training_prompts(preset, tokenizer, seed=seed)
-    callbacks = [*(callbacks or []), _preset_callback(preset)]
+        train_dataset, dropped = training_prompts(preset, tokenizer)
+    callbacks = [*(callbacks or []), SavePresetCallback(preset)]
     trainer = build_trainer(model, reward_funcs, train_dataset, args, tokenizer=tokenizer,
                             peft_config=peft_config, callbacks=callbacks, quantization_config=quantization)
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
-    match_adapter_dtype(trainer.model, precision)
+    match_adapter_dtype(trainer.model, plan.precision)
     if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead
         from transformers import PrinterCallback
 

@@ -1,7 +1,7 @@
 """The production path: TRL's ``GRPOTrainer``, configured for this device.
 
 Every notebook that trains through TRL builds its configuration with :func:`grpo_config`,
-which takes the precision flags from :mod:`labkit.device` (never bf16 on a CPU, never
+which takes the precision from :func:`labkit.device.choose_precision` (never bf16 on a CPU, never
 bf16 on a T4) and fills in what a lesson needs (logging every step, no external
 reporting). Introduced in ``00_setup.ipynb``; used from notebook 03 on.
 """
@@ -29,13 +29,13 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
     """
     from trl import GRPOConfig
 
-    from labkit.device import detect_device, precision_flags
+    from labkit.device import choose_precision, detect_device, precision_flags
 
     for flag in ("bf16", "fp16"):
         if flag in overrides:
             raise TypeError(f"pass precision='{flag}' instead of {flag}=...: the lab checks it against the device")
     device = device or detect_device()
-    flags = precision_flags(device, precision)
+    flags = precision_flags(choose_precision(device, precision))
     defaults = dict(
         logging_steps=1,
         report_to="none",

@@ -186,7 +186,8 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     from unsloth import FastLanguageModel
 
     from labkit.device import detect_device
-    from labkit.presets import get_preset, resolve_plan
+    from labkit.plan import resolve_plan
+    from labkit.presets import get_preset
 
     preset = get_preset(preset)
     if preset.method not in ("lora", "qlora"):
@@ -251,7 +252,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     from labkit.device import detect_device
     from labkit.evaluate import gsm8k_accuracy
     from labkit.lab import provenance
-    from labkit.plan import plan_precision
+    from labkit.plan import resolve_plan
     from labkit.presets import get_preset
     from labkit.run import build_run
     from labkit.training import LogRecorder
@@ -261,7 +262,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
                            {"target_modules": tuple(target_modules)} if target_modules else {}))
     device = detect_device()
     cuda = device.kind == "cuda"
-    precision = plan_precision(preset, device)
+    precision = resolve_plan(preset, device).precision
     owned = output_dir is None
     output_dir = Path(output_dir or tempfile.mkdtemp(prefix=f"labkit-{backend}-"))
     recorder = LogRecorder(("reward",))

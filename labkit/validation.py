@@ -1,8 +1,9 @@
-"""The type and range of every recipe field, checked before any model loads (used by :func:`labkit.presets.validate`).
+"""What a recipe may hold, on a card: :func:`validate` and the type and range of every field, before any model loads.
 
-Each check returns one-line messages that name the field and say what to write instead:
-the preset's own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers, their ranges; texts,
-lists, booleans), the model name (an offline tiny model, an existing folder with a
+The layer above :mod:`labkit.presets` (the recipe) and below :mod:`labkit.plan`: pure functions of a
+preset and a card, importing nothing above. Each check returns one-line messages that name the field
+and say what to write instead: the preset's own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers,
+their ranges; texts, lists, booleans), the model name (an offline tiny model, an existing folder with a
 ``config.json``, or a well-formed hub id), secrets (never part of a recipe: :data:`SECRET_FIELDS`)
 and the ``trl_options`` values: the types ``trl.GRPOConfig`` declares, the ranges and choices it
 does not check itself (:data:`TRL_NUMBER_RANGES`, :data:`TRL_CHOICES`), and whatever a real
@@ -11,15 +12,20 @@ does not check itself (:data:`TRL_NUMBER_RANGES`, :data:`TRL_CHOICES`), and what
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: labkit.presets imports this module
-    from labkit.presets import Preset
+from labkit.device import choose_precision, detect_device
+from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS, model_shape
+from labkit.models import _TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
+from labkit.presets import RECIPE_TARGETS, Preset, PresetError
+from labkit.rewards import named_rewards
 
-__all__ = ["SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors", "trl_config_errors",
-           "too_few_prompts"]
+__all__ = ["validate", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
+           "trl_config_errors", "too_few_prompts"]
 
 
 # Fields holding a credential: never accepted in a recipe (it is saved in the run folder and every
@@ -100,7 +106,7 @@ def _number_error(label: str, value, kind: str, low, high, low_allowed: bool, no
     return None
 
 
-def _field_errors(p: "Preset") -> list[str]:
+def _field_errors(p: Preset) -> list[str]:
     """Return what is wrong with the preset's field types and ranges (each message names the field)."""
     errors = []
     for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items():
@@ -158,8 +164,6 @@ def _model_errors(model: str) -> list[str]:
     import re
 
     if model.startswith("tiny:"):
-        from labkit.models import _TINY_SHAPES
-
         arch = model.split(":", 1)[1]
         return [] if arch in _TINY_SHAPES else [
             f"model {model!r}: no tiny model {arch!r}; the tiny models are " + ", ".join(f"tiny:{a}" for a in _TINY_SHAPES)]
@@ -176,7 +180,7 @@ def _model_errors(model: str) -> list[str]:
     return []
 
 
-def _trl_config_errors(p: "Preset") -> list[str]:
+def _trl_config_errors(p: Preset) -> list[str]:
     """Return what is wrong with the ``trl_options`` values: types from GRPOConfig, ranges TRL does not check.
 
     A ``trl.GRPOConfig`` is built with the options (in a temporary folder, on the CPU) so that
@@ -253,3 +257,219 @@ def too_few_prompts(prompts: int, generation_batch_size: int, num_generations: i
     return (f"{prompts} training prompts give no training step: one generation batch of {generation_batch_size} "
             f"completions takes {needed} prompts ({num_generations} completions each), and TRL's sampler drops a "
             "batch that is not full, so the run would stop at step 0.")
+
+
+def model_context_length(model: str) -> int | None:
+    """Return the model's context (``max_position_embeddings``) without downloading weights, or None.
+
+    Looks in the architecture catalogue, then a local ``config.json``, then the hub's (or
+    its cache's) config; returns None when none of them answers.
+    """
+    if model.startswith("tiny:"):
+        model = resolve_model(model)
+    model = LOCAL_MODELS.get(model, {}).get("hub_id", model)  # a packaged model has its hub twin's shape
+    try:
+        return int(architecture_config(model).max_position_embeddings)
+    except KeyError:
+        pass
+    config_file = Path(model) / "config.json"
+    if config_file.exists():
+        return json.loads(config_file.read_text()).get("max_position_embeddings")
+    try:
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(model).max_position_embeddings)
+    except Exception:  # offline, unknown id, or a config without the field
+        return None
+
+
+def _num_processes(num_processes: int | None) -> int:
+    return num_processes or int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# GRPOConfig fields that build_run sets from a preset's own fields (or that change the generation batch
+# the batch rule and the preflight check): trl_options may not set them, so a recipe has one source.
+_SET_BY_PRESET = {
+    "seed": "--seed", "per_device_train_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps", "num_generations": "num_generations",
+    "max_completion_length": "max_completion_length", "max_prompt_length": "max_prompt_length",
+    "learning_rate": "learning_rate", "optim": "optim", "beta": "beta", "temperature": "temperature",
+    "max_steps": "max_steps", "save_steps": "save_steps", "save_strategy": "save_steps",
+    "save_total_limit": "save_total_limit", "reward_weights": "reward_weights",
+    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "gradient_checkpointing",
+    "gradient_checkpointing_kwargs": "gradient_checkpointing",
+    "activation_checkpointing_kwargs": "gradient_checkpointing",
+    "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
+    "output_dir": "--output-dir",
+    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or --config "
+                             "steps_per_generation=N: generation batch = per_device_train_batch_size x N)",
+}
+
+
+def _trl_option_errors(options: dict) -> list[str]:
+    """Return what is wrong with a preset's ``trl_options``: unknown GRPOConfig fields, or ones the preset sets."""
+    if not options:
+        return []
+    import difflib
+
+    from trl import GRPOConfig
+
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    errors = []
+    for key in options:
+        if key in _SET_BY_PRESET:
+            errors.append(f"trl_options may not set {key!r}: the preset sets it from {_SET_BY_PRESET[key]}. "
+                          f"Change that instead (python -m labkit train --set FIELD=VALUE).")
+        elif key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            errors.append(f"trl_options: GRPOConfig (trl) has no field {key!r}.{hint}")
+    return errors
+
+
+def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
+    """Return the LoRA ``target_modules`` that name no Linear layer of the model, when its shape is known offline."""
+    if p.method == "full":
+        return []
+    try:
+        shape = model_shape(resolve_model(p.model))
+    except Exception:  # noqa: BLE001  not in the catalogue nor a local folder: the names cannot be checked
+        warnings.append(f"could not read {p.model}'s layers offline: target_modules {list(p.target_modules)} "
+                        "are unchecked.")
+        return []
+    names = sorted({name for name, _, _ in shape.lora_modules})
+    unknown = [t for t in p.target_modules if t not in names]
+    if unknown:
+        return [f"target_modules {unknown} name no Linear layer of {p.model}; its layers are {', '.join(names)}. "
+                f"Set --set target_modules={','.join(t for t in RECIPE_TARGETS if t in names) or names[0]}."]
+    return []
+
+
+def _error_message(name: str, device, errors: list[str], *, about_device: bool = True) -> str:
+    """Return one line for one error, a list for several (a bad value is not the device's fault)."""
+    head = f"preset {name!r} cannot run on {device}" if about_device else f"preset {name!r} has a value it cannot use"
+    if len(errors) == 1:
+        return f"{head}: {errors[0]}"
+    lines = "\n".join(f"- {e}" for e in errors)
+    return f"{head}:\n{lines}"
+
+
+def _under_fsdp() -> bool:
+    """True inside ``accelerate launch`` with an FSDP config (accelerate sets ``ACCELERATE_USE_FSDP``)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
+    """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
+
+    Every error message says what to change. Checked before anything is loaded:
+
+    - TRL's batch rule: the generation batch, ``per_device_train_batch_size x processes x
+      steps_per_generation`` (``steps_per_generation`` = ``gradient_accumulation_steps`` by
+      default), must be a multiple of ``num_generations``, so that each prompt's G
+      completions land in one batch (``trl.GRPOConfig.__post_init__``); and G >= 2.
+    - ``max_prompt_length + max_completion_length`` within the model's context.
+    - the precision against the card (bf16 on a T4 or a CPU fails, :func:`labkit.device.choose_precision`).
+    - 8-bit optimisers (bitsandbytes) run on CUDA and on the CPU (bitsandbytes 0.50), not on MPS (QLoRA's 4-bit
+      weights do; a warning says the lab has not tried them there); ``prepare_model_for_kbit_training`` only with QLoRA.
+    - under FSDP (``fsdp=True``, or ``accelerate launch --config_file labkit/configs/fsdp.yaml``):
+      no bitsandbytes 8-bit optimiser (it does not support FSDP's sharded parameters, bitsandbytes
+      issue 1633) and no QLoRA (FSDP needs ``bnb_4bit_quant_storage`` equal to the compute dtype to
+      shard 4-bit weights, which labkit's loader does not set): refused, saying what to set.
+    """
+    device = device or detect_device()
+    procs = _num_processes(num_processes)
+    errors: list[str] = []
+    warnings: list[str] = []
+    p = preset
+
+    field_errors = _field_errors(p)
+    if field_errors:  # wrong types or ranges: the checks below would trip over them
+        raise PresetError(_error_message(p.name, device, field_errors, about_device=False))
+    try:
+        check_method(p.method)
+    except ValueError as exc:
+        errors.append(f"{exc}.")
+    spg = p.trl_options.get("steps_per_generation") if isinstance(p.trl_options, dict) else None
+    # A steps_per_generation that is not a whole number >= 1 is reported by _trl_config_errors (TRL_NUMBER_RANGES);
+    # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
+    spg_usable = spg is None or (isinstance(spg, int) and not isinstance(spg, bool) and spg >= 1)
+    if spg_usable and min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
+        per_step = p.per_device_train_batch_size * procs
+        generation_batch = per_step * p.steps_per_generation
+        if spg is None and generation_batch % p.num_generations:
+            g = p.num_generations
+            accumulation = g // math.gcd(per_step, g)
+            accumulation *= math.ceil(p.gradient_accumulation_steps / accumulation)
+            errors.append(
+                f"per_device_train_batch_size ({p.per_device_train_batch_size}) x processes ({procs}) x "
+                f"gradient_accumulation_steps ({p.gradient_accumulation_steps}) = {generation_batch} completions per "
+                f"generation batch, which must be a multiple of num_generations ({g}): TRL generates each prompt's "
+                f"{g} completions in one batch. Set gradient_accumulation_steps={accumulation}, or "
+                f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
+            )
+        elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, p.num_generations)):
+            errors.append(f"train_limit: {problem} Set "
+                          f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch "
+                          "(per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
+    errors.extend(_trl_option_errors(p.trl_options))
+    if not errors:
+        errors.extend(_trl_config_errors(p))
+    errors.extend(_target_module_errors(p, warnings))
+    if p.optim not in OPTIMS:
+        errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {p.optim!r}.")
+    try:
+        named_rewards(p.rewards, p.reward_weights)
+    except ValueError as exc:
+        errors.append(f"rewards: {exc}")
+
+    context = model_context_length(p.model)
+    total = p.max_prompt_length + p.max_completion_length
+    if context is None:
+        warnings.append(f"could not read {p.model}'s context length (offline?): prompt + completion length "
+                        f"({total}) is unchecked.")
+    elif total > context:
+        errors.append(
+            f"max_prompt_length ({p.max_prompt_length}) + max_completion_length ({p.max_completion_length}) = "
+            f"{total} tokens, more than {p.model}'s context of {context}. Set max_completion_length to at most "
+            f"{max(1, context - p.max_prompt_length)}."
+        )
+
+    try:
+        choose_precision(device, p.precision)
+    except ValueError as exc:
+        errors.append(f"{exc} (preset field: precision)")
+    if device.kind == "mps" and p.optim in EIGHT_BIT_OPTIMS:
+        # bitsandbytes 0.50.2 registers its 8-bit optimiser kernel for CUDA, the CPU and XPU, not for MPS
+        # (backends/{cuda,cpu,xpu}/ops.py); its 4-bit kernels do run there (backends/mps/ops.py).
+        errors.append(f"optim={p.optim!r} (bitsandbytes' 8-bit AdamW) has no kernel for {device} in bitsandbytes "
+                      f"0.50: set optim='adamw_torch'.")
+    if device.kind == "mps" and p.method == "qlora":
+        warnings.append("QLoRA on Apple's MPS: bitsandbytes 0.50 has 4-bit kernels there (a compiled kernel on "
+                        "macOS 26, a slower torch fallback before), but the lab has not run it on a Mac; "
+                        "method='lora' is the tested path.")
+    if p.prepare_model_for_kbit_training and p.method != "qlora":
+        errors.append(f"prepare_model_for_kbit_training applies to 4-bit models (method='qlora') only, not "
+                      f"method={p.method!r}. Set prepare_model_for_kbit_training=false or method='qlora'.")
+    if fsdp if fsdp is not None else _under_fsdp():
+        if p.optim in EIGHT_BIT_OPTIMS:
+            errors.append(f"optim={p.optim!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "
+                          "(bitsandbytes issue 1633). Under FSDP set optim='adamw_torch' (--set optim=adamw_torch), "
+                          "or launch with DDP (labkit/configs/multi_gpu.yaml) to keep the 8-bit optimiser.")
+        if p.method == "qlora":
+            errors.append("QLoRA under FSDP needs bnb_4bit_quant_storage set to the compute dtype so that the 4-bit "
+                          "weights can be sharded; labkit's loader does not set it. Set method='lora' under FSDP, or "
+                          "launch QLoRA with DDP (labkit/configs/multi_gpu.yaml).")
+    if device.kind != "cuda" and not p.model.startswith("tiny:") and p.model not in LOCAL_MODELS:
+        warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-smollm2' and 'cpu-tiny' "
+                        "presets are the CPU mode.")
+    if p.learning_rate == 0:
+        warnings.append("learning_rate is 0: the policy will not change (a control run, as the demo's).")
+    if p.save_steps is not None and p.save_steps > p.max_steps:
+        warnings.append(f"save_steps ({p.save_steps}) > max_steps ({p.max_steps}): no checkpoint before the end, "
+                        "so an interrupted run starts again from step 0.")
+    if p.method == "full" and p.lora_rank != Preset.lora_rank:
+        warnings.append("lora_rank is ignored with method='full'.")
+    if errors:
+        raise PresetError(_error_message(p.name, device, errors))
+    return warnings

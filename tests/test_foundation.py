@@ -25,19 +25,19 @@ CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16
 ])
 def test_precision_follows_the_device(info, precision, flags):
     assert dev.choose_precision(info) == precision
-    assert dev.precision_flags(info) == flags
+    assert dev.precision_flags(dev.choose_precision(info)) == flags
 
 
 @pytest.mark.parametrize("info", [T4, CPU])
 def test_bf16_is_refused_where_the_device_has_none(info):
     with pytest.raises(ValueError, match="no bf16 support"):
-        dev.precision_flags(info, "bf16")
+        dev.choose_precision(info, "bf16")
 
 
 def test_this_machine_is_detected_and_never_bf16_on_cpu():
     info = dev.detect_device("cpu")
     assert info.kind == "cpu" and not info.bf16
-    assert dev.precision_flags(info) == {"bf16": False, "fp16": False}
+    assert dev.precision_flags(dev.choose_precision(info)) == {"bf16": False, "fp16": False}
 
 
 def test_weights_dtype_keeps_fp32_masters_for_full_fine_tuning():

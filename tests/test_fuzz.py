@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 
 from labkit import device as dev
 from labkit.cli import train_cli
-from labkit.presets import SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, PresetError, get_preset, resolve_plan, validate
+from labkit.plan import resolve_plan
+from labkit.presets import PresetError, get_preset
+from labkit.validation import SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, validate
 from labkit.run import reward_functions
 from labkit.training import grpo_config
 from labkit.validation import _NUMBER_FIELDS

@@ -9,7 +9,9 @@ import pytest
 from labkit.memory import estimate
 from labkit.oom import (candidate_changes, non_finite_advice, optimizer_step_memory, ordered_changes, phase_memory,
                         scoring_memory)
-from labkit.presets import PRESETS, _estimate, resolve_plan
+from labkit.plan import resolve_plan
+from labkit.preflight import estimate as _estimate
+from labkit.presets import PRESETS
 
 PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
 # Realistic settings: the 16 GB laptop preset (with and without a KL term), full fine-tuning of the same model

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import labkit.device as dev
-from labkit.plan import Plan, estimate
-from labkit.presets import card_device, get_preset, preflight, resolve_plan
+from labkit.plan import Plan, resolve_plan
+from labkit.preflight import estimate, preflight
+from labkit.presets import card_device, get_preset
 
 PACKAGE = Path(__file__).resolve().parents[1] / "labkit"
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
@@ -34,11 +35,11 @@ def test_a_plan_says_everything_a_run_needs():
     assert isinstance(plan, Plan) and plan.card.name == card_device("qlora-3b").name
     assert plan.precision == "bf16" and plan.compute_dtype == torch.bfloat16
     assert plan.quantization["bnb_4bit_quant_type"] == "nf4" and plan.lora["rank"] == 16
-    g = plan.grpo
-    assert g["generation_batch_size"] == g["per_device_train_batch_size"] * g["steps_per_generation"]
+    assert plan.generation_batch_size == plan.config["per_device_train_batch_size"] * plan.steps_per_generation
     assert plan.shape.num_layers == 36
     t4 = resolve_plan("colab-t4")
-    assert (t4.precision, t4.weight_dtype, t4.grpo["fp16"], t4.grpo["bf16"]) == ("fp16", torch.float16, True, False)
+    assert (t4.precision, t4.weight_dtype, dev.precision_flags(t4.precision)) == ("fp16", torch.float16,
+                                                                                  {"bf16": False, "fp16": True})
     assert resolve_plan("cpu-tiny").precision == "fp32"  # a CPU preset trains in fp32
 
 
@@ -67,8 +68,8 @@ def test_build_run_takes_a_plan(tmp_path):
 
 
 @pytest.mark.parametrize("module, function", [
-    ("run.py", "build_run"), ("presets.py", "preflight"), ("cli.py", "train_cli"), ("cli.py", "rehearse_cli"),
-    ("rehearsal.py", "rehearse"), ("plan.py", "estimate"), ("unsloth_path.py", "load_unsloth_policy"),
+    ("run.py", "build_run"), ("preflight.py", "preflight"), ("cli.py", "train_cli"), ("cli.py", "rehearse_cli"),
+    ("rehearsal.py", "rehearse"), ("preflight.py", "estimate"), ("unsloth_path.py", "load_unsloth_policy"),
     ("unsloth_path.py", "comparison_run"), ("bench/preset.py", "bench_preset")])
 def test_consumers_read_the_precision_from_the_plan(module, function):
     calls = _called(_function(module, function))
@@ -78,8 +79,9 @@ def test_consumers_read_the_precision_from_the_plan(module, function):
 def test_build_run_resolves_the_preset_once_and_the_plan_does_not_climb_back():
     calls = _called(_function("run.py", "build_run"))
     assert calls.count("resolve_plan") == 1
-    # labkit.plan sits under presets, run and training: it imports only the device, the models and the memory
+    # labkit.plan sits over the recipe and under preflight, run and training (tests/test_layout.py's layers):
+    # it imports only the device, the models, the memory and the presets
     tree = ast.parse((PACKAGE / "plan.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
-    assert imported <= {"labkit.device", "labkit.models", "labkit.memory"}, imported
+    assert imported <= {"labkit.device", "labkit.models", "labkit.memory", "labkit.presets"}, imported

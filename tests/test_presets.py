@@ -6,7 +6,9 @@ import pytest
 
 from labkit import device as dev
 from labkit.cards import CARDS
-from labkit.presets import PRESETS, Preset, PresetError, get_preset, preflight, validate
+from labkit.preflight import preflight
+from labkit.presets import PRESETS, Preset, PresetError, get_preset
+from labkit.validation import validate
 from labkit.run import build_run, reward_functions, training_prompts
 
 LAPTOP = CARDS["rtx3080-laptop-16gb"].device()
@@ -122,7 +124,7 @@ def test_tiny_context_is_checked_too():
 
 
 def test_trl_options_refuse_every_field_the_preset_sets():
-    from labkit.presets import _SET_BY_PRESET
+    from labkit.validation import _SET_BY_PRESET
     from labkit.plan import grpo_arguments
 
     set_by_build_run = set(grpo_arguments(PRESETS["laptop-16gb"])) | {"reward_weights", "model_init_kwargs"}

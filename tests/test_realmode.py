@@ -36,7 +36,7 @@ def smollm2():
 
 def _policy(preset):
     from labkit.models import load_policy
-    from labkit.presets import resolve_model
+    from labkit.models import resolve_model
 
     return load_policy(resolve_model(preset.model), preset.method, lora_rank=preset.lora_rank,
                        lora_alpha=preset.lora_alpha, target_modules=list(preset.target_modules),
@@ -53,7 +53,8 @@ def test_lora_run_trains_checkpoints_resumes_and_evaluates(smollm2, tmp_path):
     from transformers import TrainerCallback
 
     from labkit.evaluate import gsm8k_accuracy
-    from labkit.presets import get_preset, validate
+    from labkit.presets import get_preset
+    from labkit.validation import validate
     from labkit.run import build_run, training_prompts
     from labkit.training import last_checkpoint
 
@@ -105,7 +106,8 @@ def test_lora_run_trains_checkpoints_resumes_and_evaluates(smollm2, tmp_path):
 def test_qlora_run_on_a_real_4bit_base(smollm2, tmp_path):
     import torch
 
-    from labkit.presets import get_preset, validate
+    from labkit.presets import get_preset
+    from labkit.validation import validate
     from labkit.run import build_run, training_prompts
 
     preset = get_preset("qlora-3b", **{**CPU_SIZES, "max_steps": 1, "save_steps": None})

@@ -8,8 +8,9 @@ import weakref
 import pytest
 import torch
 
-from labkit.plan import estimate
-from labkit.presets import PRESETS, resolve_plan as resolve
+from labkit.plan import resolve_plan as resolve
+from labkit.preflight import estimate
+from labkit.presets import PRESETS
 from labkit.rehearsal import EMULATED, LABEL, NOT_COUNTED, LiveBytes, rehearse
 
 GPU_PRESETS = sorted(name for name, p in PRESETS.items() if p.card_gib is not None)

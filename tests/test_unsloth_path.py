@@ -221,7 +221,8 @@ def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch):
     import types
 
     import labkit.unsloth_path as up
-    from labkit.presets import get_preset, resolve_model
+    from labkit.models import resolve_model
+    from labkit.presets import get_preset
 
     fake = types.ModuleType("unsloth")
     fake.FastLanguageModel = _FakeFastLanguageModel

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from labkit import device as dev
 from labkit.cards import CARDS
 from labkit.cli import demo_cli, estimate_cli, train_cli
-from labkit.presets import PresetError, TRL_CHOICES, TRL_NUMBER_RANGES, get_preset, validate
+from labkit.presets import PresetError, get_preset
+from labkit.validation import TRL_CHOICES, TRL_NUMBER_RANGES, validate
 from labkit.validation import _NUMBER_FIELDS
 from labkit.run import (PRESET_FILE, ResumeMismatchError, RunLock, RunLockedError, finished_run, load_saved_preset,
                         resume_checkpoint, save_preset)
@@ -405,7 +406,7 @@ def test_full_fine_tuning_keeps_fp32_master_weights_in_every_precision():
     import torch
 
     from labkit.memory import estimate, model_shape
-    from labkit.presets import resolve_plan
+    from labkit.plan import resolve_plan
 
     ampere, t4 = CARDS["rtx3080-laptop-16gb"].device(), CARDS["t4"].device()
     for card, precision in ((ampere, "bf16"), (t4, "fp16")):

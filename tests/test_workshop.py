@@ -9,7 +9,9 @@ from pathlib import Path
 from labkit.cards import CARDS
 from labkit.lab import (CheckItem, hf_cache_has_weights, repo_root, results_dir, workshop_checklist,
                         workshop_estimate)
-from labkit.presets import PRESETS, get_preset, preflight, validate
+from labkit.preflight import preflight
+from labkit.presets import PRESETS, get_preset
+from labkit.validation import validate
 
 # What a free Colab T4 reports to PyTorch: the one table of cards.
 T4 = CARDS["t4"].device()

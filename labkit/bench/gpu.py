@@ -1,7 +1,7 @@
 """``python -m labkit bench gpu``: the GPU half of the lab, measured on a real CUDA card.
 
 One command records, in ``results/gpu/`` (``measurements.csv`` and ``measurements.json``, a row each as
-it ends), what the estimator (:func:`labkit.plan.estimate`) and the rehearsal (:mod:`labkit.rehearsal`)
+it ends), what the estimator (:func:`labkit.preflight.estimate`) and the rehearsal (:mod:`labkit.rehearsal`)
 only predict:
 
 - **presets**: each GPU preset for 2 real optimiser steps through :func:`labkit.run.build_run` (the
@@ -181,11 +181,12 @@ def measure(spec: dict) -> dict:
     import torch
 
     from labkit.bench.preset import _fixed_length_prompts, _random_weights_model, card_cap_fraction
-    from labkit.device import detect_device
+    from labkit.device import choose_precision, detect_device
     from labkit.lab import provenance
     from labkit.models import load_tokenizer
     from labkit.oom import TrainingOutOfMemory
-    from labkit.plan import estimate, plan_precision, resolve
+    from labkit.plan import resolve_plan
+    from labkit.preflight import estimate
     from labkit.presets import card_device
     from labkit.run import build_run
     from labkit.training import LogRecorder
@@ -195,15 +196,17 @@ def measure(spec: dict) -> dict:
     device = detect_device("cuda" if cuda else "cpu")
     preset = _bench_preset(spec)
     card = card_device(spec["preset"])
-    precision = spec.get("precision") or (plan_precision(preset, card) if cuda else "fp32")
+    precision = spec.get("precision") or (preset.precision or choose_precision(card) if cuda and card else "fp32")
     preset = preset.replace(precision=precision)
-    plan = resolve(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
+    plan = resolve_plan(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
                card=card.name if card else None, generation=spec.get("generation", "generate"),
                loader=_loader(preset),
-               **{k: plan.grpo[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
-                                            "generation_batch_size", "num_generations", "max_prompt_length",
-                                            "max_completion_length", "optim")},
+               per_device_train_batch_size=plan.per_device_train_batch_size,
+               gradient_accumulation_steps=plan.config["gradient_accumulation_steps"],
+               generation_batch_size=plan.generation_batch_size, num_generations=plan.config["num_generations"],
+               max_prompt_length=preset.max_prompt_length,
+               **{k: plan.config[k] for k in ("max_completion_length", "optim")},
                gradient_checkpointing=preset.gradient_checkpointing)
     context = cap_gib = None
     if cuda:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from labkit.cards import CARDS
 from labkit.memory import GIB
-from labkit.presets import PRESETS, Preset, get_preset, resolve_model
+from labkit.models import resolve_model
+from labkit.presets import PRESETS, Preset, get_preset
 from labkit.run import build_run
 from labkit.training import LogRecorder
 
@@ -93,11 +94,11 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
     from labkit.device import detect_device
     from labkit.lab import provenance
     from labkit.oom import TrainingOutOfMemory
-    from labkit.plan import plan_precision
+    from labkit.plan import resolve_plan
 
     preset = get_preset(preset)
     device = device or detect_device()
-    precision = plan_precision(preset, device)
+    precision = resolve_plan(preset, device).precision
     cuda = device.kind == "cuda"
     cap_note = None
     if cuda and (cap_gib is not None or preset.card_gib is not None):

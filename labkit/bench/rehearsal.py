@@ -77,13 +77,14 @@ def _sizing(row: dict) -> dict:
 def rehearse_row(kind: str, name: str, preset) -> dict:
     """Rehearse one configuration and return its CSV row (status "error" with the message when it fails)."""
     from labkit.lab import package_versions
-    from labkit.plan import estimate, resolve
+    from labkit.plan import resolve_plan
+    from labkit.preflight import estimate
     from labkit.presets import card_device
     from labkit.rehearsal import LABEL, rehearse
 
     versions = package_versions()
-    plan = resolve(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset))
-    g = plan.grpo
+    plan = resolve_plan(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset))
+    g = dict(plan.config, generation_batch_size=plan.generation_batch_size, max_prompt_length=preset.max_prompt_length)
     row = dict(kind=kind, name=name, figure=LABEL, model=plan.model, method=plan.method, precision=plan.precision,
                card=plan.card.name, card_gib=plan.card.total_memory_gib,
                **{k: g[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
@@ -166,10 +167,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _reestimate(path: str) -> int:
-    """Rewrite the estimate and ratio columns of ``path`` from :func:`labkit.plan.estimate`; rehearsed ones stay."""
+    """Rewrite the estimate and ratio columns of ``path`` from :func:`labkit.preflight.estimate`; rehearsed ones stay."""
     import csv
 
-    from labkit.plan import estimate, resolve
+    from labkit.plan import resolve_plan
+    from labkit.preflight import estimate
 
     presets = {name: preset for _, name, preset in configurations("all")}
     with open(path) as fh:
@@ -180,7 +182,7 @@ def _reestimate(path: str) -> int:
         preset = presets[row["name"]]
         from labkit.presets import card_device
 
-        est = estimate(resolve(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset)))
+        est = estimate(resolve_plan(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset)))
         peak, gen = float(row["rehearsed_peak_gib"]), float(row["rehearsed_generation_gib"])
         train = max(float(row["rehearsed_training_gib"]), float(row["rehearsed_optimizer_gib"]))
         row.update(estimated_total_gib=round(est.total, 4),

@@ -1,0 +1,137 @@
+"""A plan's memory, before anything loads: :func:`estimate` (the estimator of :mod:`labkit.memory`) and
+:func:`preflight`, the estimate against the card with what to change first when it does not fit.
+
+A reader of a :class:`labkit.plan.Plan`, beside the rehearsal (:mod:`labkit.rehearsal`) and the OOM doctor
+(:mod:`labkit.oom`, whose candidate changes it ranks); ``python -m labkit train --dry-run`` prints it.
+Introduced in ``04_lora_grpo_16gb.ipynb``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from labkit.device import detect_device
+from labkit.memory import GIB, estimate as _estimate_memory
+from labkit.models import architecture_config
+from labkit.oom import candidate_changes
+from labkit.plan import Plan, resolve_plan
+
+__all__ = ["estimate", "Preflight", "preflight"]
+
+
+def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None):
+    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width)."""
+    g, p = plan.config, plan.preset
+    model = plan.shape_name
+    if num_layers:
+        model = architecture_config(plan.shape_name, num_hidden_layers=num_layers)
+        model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
+    return _estimate_memory(
+        model, plan.method,
+        per_device_train_batch_size=g["per_device_train_batch_size"],
+        gradient_accumulation_steps=g["gradient_accumulation_steps"],
+        steps_per_generation=plan.steps_per_generation, num_generations=g["num_generations"],
+        max_prompt_length=p.max_prompt_length, max_completion_length=g["max_completion_length"],
+        optim=g["optim"], gradient_checkpointing=g["activation_checkpointing"], beta=g["beta"],
+        precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
+        prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, device=device, padded=True)
+
+
+@dataclass
+class Preflight:
+    """What :func:`preflight` found: the estimate against the card, and what to change first."""
+
+    preset: str
+    model: str
+    method: str
+    card: str
+    card_gib: float | None
+    estimate_gib: float
+    breakdown: dict
+    margin_gib: float
+    changes: list = field(default_factory=list)  # [(labkit.oom.Change, GiB after it alone)], biggest cut first
+    plan: list = field(default_factory=list)  # [(labkit.oom.Change, GiB after it and those above)] until it fits
+
+    @property
+    def fits(self) -> bool | None:
+        """True when the estimate plus the margin fits the card; None without a card to compare."""
+        if self.card_gib is None:
+            return None
+        return self.estimate_gib + self.margin_gib <= self.card_gib
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.breakdown.items() if isinstance(v, (int, float)))
+        lines = [f"preflight {self.preset}: {self.model} ({self.method}) needs about {self.estimate_gib:.1f} GiB "
+                 f"(estimate: {parts})"]
+        if self.card_gib is None:
+            lines.append(f"{self.card}: no GPU memory to compare with.")
+        else:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"{self.card} has {self.card_gib:.1f} GiB: {verdict} with a {self.margin_gib:.1f} GiB margin "
+                         f"({self.card_gib - self.estimate_gib:+.1f} GiB left).")
+        if self.plan and not self.fits:
+            fits = self.plan[-1][1] + self.margin_gib <= self.card_gib
+            lines.append("Change, in this order" + (" until it fits" if fits else " (still not enough: a bigger card)")
+                         + " (estimated total after each step):")
+            lines += [f"  {i}. {change} -> about {after:.1f} GiB" for i, (change, after) in enumerate(self.plan, 1)]
+        return "\n".join(lines)
+
+
+_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
+
+
+def _total_and_breakdown(result) -> tuple[float, dict]:
+    return result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
+
+
+def _ranked_changes(plan) -> list:
+    """Return ``[(change, GiB after it)]`` for every candidate change that cuts the estimate, biggest cut first."""
+    total, _ = _total_and_breakdown(estimate(plan))
+    ranked = []
+    for change in candidate_changes(plan.preset.to_dict()):
+        try:
+            after, _ = _total_and_breakdown(estimate(resolve_plan(plan.preset.apply(change.updates), plan.card)))
+        except (ValueError, KeyError):  # a change the estimator cannot model
+            continue
+        if after < total - 0.01:
+            ranked.append((change, after))
+    return sorted(ranked, key=lambda item: (item[0].kind == "model", item[1]))
+
+
+def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
+    """Return a :class:`Preflight`: :func:`labkit.memory.estimate` for the preset's plan against the card.
+
+    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`. On a GPU the plan is for
+    ``device``; elsewhere for the card the preset is made for (:func:`labkit.presets.card_device`: a T4 preset in fp16).
+    ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
+    ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
+    candidate change of :func:`labkit.oom.candidate_changes` is estimated alone
+    (``changes``, the biggest cut first, another model last), and ``plan`` applies the
+    biggest cut, re-estimates and repeats until the run fits: the settings to change first.
+    """
+    if isinstance(preset, Plan):
+        plan = preset
+        device = plan.card
+    else:
+        device = device or detect_device()
+        plan = resolve_plan(preset, device if device.kind == "cuda" else None)
+    preset = plan.preset
+    if card_gib is None:
+        card_gib = device.total_memory_gib if device is not None and device.kind == "cuda" else None
+        card = str(device)
+    else:
+        card = f"a {card_gib:g} GiB card"
+    total, breakdown = _total_and_breakdown(estimate(plan))
+    report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
+    if card_gib is not None and not report.fits:
+        report.changes = _ranked_changes(plan)
+        # The plan: take the biggest cut, re-estimate, repeat until it fits. Another model comes last:
+        # it changes what you train, not how.
+        current, current_total = plan, total
+        while current_total + margin_gib > card_gib:
+            ranked = _ranked_changes(current)
+            if not ranked:
+                break
+            change, after = ranked[0]
+            current, current_total = resolve_plan(current.preset.apply(change.updates), current.card), after
+            report.plan.append((change, after))
+    return report
