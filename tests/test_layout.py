@@ -1,5 +1,11 @@
 """The package's layout, read from its source (AST), so that the layering cannot silently decay.
 
+- the recipe core is layered, lowest first (:data:`LAYERS`): the cards and device facts, the recipe
+  (``labkit.presets``), its validation, the plan, the readers of a plan (preflight, rehearsal, the OOM
+  doctor, the trainer), ``labkit.run``; no module imports one above it, at the top of the file or inside
+  a function;
+- following ``preset`` from ``labkit.run.build_run`` through the calls it is passed on to stays in at
+  most 12 functions of at most 6 modules and never climbs back to a layer above;
 - concept modules (everything but ``labkit.cli`` and ``labkit.bench``) never import the command line
   or the benchmarks;
 - ``labkit.oom`` does not import ``labkit.presets``; ``labkit.memory`` does not import ``labkit.nano``,
@@ -27,10 +33,10 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(path: Path) -> set[str]:
-    """Return every labkit module ``path`` imports, at any depth (inside functions too)."""
+def _imports(path: Path | str) -> set[str]:
+    """Return every labkit module ``path`` (a file, or source text) imports, at any depth (inside functions too)."""
     found = set()
-    tree = ast.parse(path.read_text())
+    tree = ast.parse(path.read_text() if isinstance(path, Path) else path)
     # `if TYPE_CHECKING:` imports exist for annotations only and never run: not a dependency.
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
@@ -64,7 +70,7 @@ def test_concept_modules_never_import_the_command_line_or_the_benchmarks(name):
 
 
 @pytest.mark.parametrize("name, forbidden", [
-    ("labkit.oom", {"labkit.presets", "labkit.run"}),
+    ("labkit.oom", {"labkit.presets", "labkit.run", "labkit.preflight"}),
     ("labkit.memory", {"labkit.nano", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
     ("labkit.objective", {"labkit.nano", "labkit.training", "labkit.presets"}),
     ("labkit.rewards.parse", {"labkit.rewards.functions", "labkit.rewards.check"}),
@@ -141,3 +147,192 @@ def test_no_except_import_error_hides_a_real_import_error(name):
             body = ast.unparse(node)
             assert ".name" in body and "raise" in body, (
                 f"{name} line {node.lineno}: catch ModuleNotFoundError only for the optional module (check exc.name)")
+
+
+# --------------------------------------------------------------------------- the recipe core's layers
+
+# Lowest first (issue 32). A module imports only modules of its own layer or below, at the top of the file or
+# inside a function: no import held together by timing. Modules outside these layers (the commands, the
+# notebooks' helpers) sit on top of all of them.
+LAYERS = [
+    ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
+                                "labkit.rewards", "labkit.data", "labkit.tasks"}),
+    ("the recipe", {"labkit.presets"}),
+    ("its validation", {"labkit.validation"}),
+    ("the plan", {"labkit.plan"}),
+    ("the readers of a plan", {"labkit.preflight", "labkit.rehearsal", "labkit.oom", "labkit.training"}),
+    ("the run", {"labkit.run"}),
+]
+
+
+def _layer(name: str) -> int:
+    """Return the index of ``name``'s layer in :data:`LAYERS` (a submodule is in its package's), or len(LAYERS)."""
+    for index, (_, members) in enumerate(LAYERS):
+        if any(name == m or name.startswith(m + ".") for m in members):
+            return index
+    return len(LAYERS)
+
+
+def _upward(name: str, imported: set[str]) -> list[str]:
+    return sorted(dep for dep in imported if _layer(dep) > _layer(name))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _layer(n) < len(LAYERS)))
+def test_no_module_of_the_recipe_core_imports_one_above_it(name):
+    bad = _upward(name, GRAPH[name])
+    assert not bad, (f"{name} ({LAYERS[_layer(name)][0]}) imports {bad}, above it; move the code down, "
+                     "or the caller up (tests/test_layout.py LAYERS)")
+
+
+def test_every_layer_names_a_module_that_exists():
+    assert all(m in MODULES for _, members in LAYERS for m in members)
+
+
+def test_an_upward_import_inside_a_function_is_refused_too():  # the rule above is only as good as this
+    source = "import os\n\ndef f():\n    from labkit.run import build_run\n    return build_run\n"
+    assert _upward("labkit.presets", _imports(source)) == ["labkit.run"]
+    assert _upward("labkit.plan", _imports("from labkit.presets import Preset\n")) == []
+
+
+# --------------------------------------------------------------------------- following `preset` from build_run
+
+# The objects that carry the recipe: the preset itself and the plan resolved from it (``plan.preset``), and
+# what ``Preset.replace`` / ``Preset.apply`` return. A function "receives" the preset when one of them is
+# an argument of the call; its value then flows on through assignments and through what the function returns.
+_CARRIER_ATTRIBUTES = {"preset", "plan"}
+_CARRIER_METHODS = {"replace", "apply"}
+_CARRIER_CLASSES = {"Preset", "Plan"}
+
+
+def _definitions(name: str) -> dict:
+    """Return ``{qualified name: node}`` for the top-level functions and classes of module ``name``."""
+    found = {}
+    for node in ast.parse(MODULES[name].read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found[node.name] = node
+    return found
+
+
+DEFINITIONS = {name: _definitions(name) for name in MODULES}
+
+
+def _scope(module: str, function) -> dict[str, tuple[str, str]]:
+    """Return ``{local name: (module, name)}`` for the labkit names ``function`` sees (its own imports too)."""
+    scope = {name: (module, name) for name in DEFINITIONS[module]}
+    tree = ast.parse(MODULES[module].read_text())
+    for node in [*tree.body, *ast.walk(function)]:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in MODULES:
+            scope.update({a.asname or a.name: (node.module, a.name) for a in node.names})
+    return scope
+
+
+def _callee(module: str, function, call: ast.Call):
+    """Return ``(module, function node)`` of a call to a labkit function (re-exports followed), or None."""
+    if not isinstance(call.func, ast.Name):
+        return None
+    target = _scope(module, function).get(call.func.id)
+    for _ in range(4):  # `from labkit.x import y` where x imports y from elsewhere
+        if target is None or target[0] not in MODULES:
+            return None
+        node = DEFINITIONS[target[0]].get(target[1])
+        if isinstance(node, ast.FunctionDef):
+            return target[0], node
+        if node is not None:  # a class: constructing it is no stay
+            return None
+        target = _scope(target[0], ast.Module(body=[], type_ignores=[])).get(target[1])
+    return None
+
+
+class _Walk:
+    """Follow the carriers of a preset from one function through every labkit call they are passed to."""
+
+    def __init__(self):
+        self.stays: dict[tuple[str, str], set[str]] = {}
+        self.calls: set[tuple[tuple[str, str], tuple[str, str]]] = set()
+        self.returns: dict = {}
+
+    def carries(self, expr, held: set[str], module: str, function) -> bool:
+        if isinstance(expr, ast.Name):
+            return expr.id in held
+        if isinstance(expr, ast.Attribute):
+            return expr.attr in _CARRIER_ATTRIBUTES and self.carries(expr.value, held, module, function)
+        if isinstance(expr, ast.IfExp):
+            return any(self.carries(e, held, module, function) for e in (expr.body, expr.orelse))
+        if isinstance(expr, ast.BoolOp):
+            return any(self.carries(e, held, module, function) for e in expr.values)
+        if isinstance(expr, ast.Call):
+            arguments = [*expr.args, *(k.value for k in expr.keywords)]
+            if isinstance(expr.func, ast.Attribute) and expr.func.attr in _CARRIER_METHODS:
+                return self.carries(expr.func.value, held, module, function)
+            if isinstance(expr.func, ast.Name) and expr.func.id in _CARRIER_CLASSES:
+                return any(self.carries(a, held, module, function) for a in arguments)
+            callee = _callee(module, function, expr)
+            received = callee and self.received(callee[1], expr, held, module, function)
+            return bool(received) and self.visit(*callee, received)
+        return False
+
+    def received(self, node, call: ast.Call, held: set[str], module: str, function) -> frozenset[str]:
+        params = [a.arg for a in node.args.posonlyargs + node.args.args]
+        named = set(params) | {a.arg for a in node.args.kwonlyargs}
+        got = {params[i] for i, a in enumerate(call.args) if i < len(params) and self.carries(a, held, module, function)}
+        got |= {k.arg for k in call.keywords if k.arg in named and self.carries(k.value, held, module, function)}
+        return frozenset(got)
+
+    def visit(self, module: str, node, received: frozenset[str]) -> bool:
+        """Walk ``node`` with ``received`` parameters holding a carrier; return whether it returns one."""
+        key = (module, node.name, received)
+        if key in self.returns:
+            return self.returns[key]
+        self.returns[key] = False
+        self.stays.setdefault((module, node.name), set()).update(received)
+        held = set(received)
+        for _ in range(2):  # twice: an assignment may come after a loop's use
+            for stmt in ast.walk(node):
+                if isinstance(stmt, ast.Assign) and self.carries(stmt.value, held, module, node):
+                    held |= {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        returns = False
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Call) and (callee := _callee(module, node, inner)) and callee[1] is not node:
+                received_there = self.received(callee[1], inner, held, module, node)
+                if received_there:
+                    self.calls.add(((module, node.name), (callee[0], callee[1].name)))
+                    self.visit(*callee, received_there)
+            if isinstance(inner, ast.Return) and inner.value is not None:
+                returns = returns or self.carries(inner.value, held, module, node)
+        self.returns[key] = returns
+        return returns
+
+
+def _walk_from_build_run() -> _Walk:
+    walk = _Walk()
+    walk.visit("labkit.run", DEFINITIONS["labkit.run"]["build_run"], frozenset({"preset"}))
+    return walk
+
+
+def test_the_preset_walks_from_build_run_down_through_few_places():
+    walk = _walk_from_build_run()
+    stays = sorted(f"{m}.{f}" for m, f in walk.stays)
+    modules = sorted({m for m, _ in walk.stays})
+    climbs = sorted(f"{a[0]}.{a[1]} -> {b[0]}.{b[1]}" for a, b in walk.calls if _layer(b[0]) > _layer(a[0]))
+    assert {"labkit.presets.get_preset", "labkit.validation.validate", "labkit.plan.resolve_plan"} <= set(stays)
+    assert len(stays) <= 12, stays
+    assert len(modules) <= 6, modules
+    assert not climbs, climbs
+
+
+def test_the_walk_follows_a_preset_through_calls_and_returns():  # the figures above are only as good as this
+    module = "labkit.__walk_example__"
+    source = ("from labkit.plan import resolve_plan\n"
+              "def top(preset):\n    plan = middle(preset)\n    return bottom(plan.preset, 3)\n"
+              "def middle(p):\n    return p.replace(seed=1)\n"
+              "def bottom(q, n):\n    return n\n"
+              "def unrelated(preset):\n    return preset\n")
+    MODULES[module] = Path(__file__)  # _scope reads the module's own imports from its file: none of labkit here
+    DEFINITIONS[module] = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    try:
+        walk = _Walk()
+        walk.visit(module, DEFINITIONS[module]["top"], frozenset({"preset"}))
+    finally:
+        del MODULES[module], DEFINITIONS[module]
+    assert sorted(f for _, f in walk.stays) == ["bottom", "middle", "top"]
+    assert walk.stays[(module, "bottom")] == {"q"}
