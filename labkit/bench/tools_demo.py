@@ -1,4 +1,4 @@
-"""``python -m labkit.bench.tools_demo``: SmolLM2-135M-Instruct learns to use a calculator on a CPU (notebook 08).
+"""``python -m labkit bench tools-demo``: SmolLM2-135M-Instruct learns to use a calculator on a CPU (notebook 08).
 
 The stages, on the same held-out word problems (:class:`labkit.tasks.WordProblems`, the fixed pool), each
 evaluated greedily with the tool (:func:`labkit.tools.tool_rollouts`): the untrained model with the tool in
@@ -30,8 +30,8 @@ def _stage(scores: dict) -> dict:
     return {k: v for k, v in scores.items()}
 
 
-def run(*, seed: int = 0, warm_up_steps: int = 2, warm_up_lr: float = 1e-3, steps: int = 8,
-        learning_rate: float = 1e-3, eval_problems: int = 96, prompts_per_step: int = 2, num_generations: int = 8,
+def run(*, seed: int = 0, warm_up_steps: int = 3, warm_up_lr: float = 1e-3, steps: int = 6,
+        learning_rate: float = 1e-3, eval_problems: int = 64, prompts_per_step: int = 2, num_generations: int = 8,
         max_completion_length: int = 96, control: bool = True, threads: int = 1, progress: bool = False,
         dashboard=None) -> dict:
     """Return the summary of the tool experiment (see the module docstring); nothing is written."""
@@ -129,13 +129,13 @@ def run(*, seed: int = 0, warm_up_steps: int = 2, warm_up_lr: float = 1e-3, step
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit.bench.tools_demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m labkit bench tools-demo", description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warm-up-steps", type=int, default=2)
+    parser.add_argument("--warm-up-steps", type=int, default=3)
     parser.add_argument("--warm-up-lr", type=float, default=1e-3)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--eval-problems", type=int, default=96)
+    parser.add_argument("--eval-problems", type=int, default=64)
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = run(seed=args.seed, warm_up_steps=args.warm_up_steps, warm_up_lr=args.warm_up_lr, steps=args.steps,
                   learning_rate=args.lr, eval_problems=args.eval_problems, prompts_per_step=args.prompts_per_step,
                   control=not args.no_control, threads=args.threads, progress=True)
-    summary["command"] = "python -m labkit.bench.tools_demo " + " ".join(argv if argv is not None else sys.argv[1:])
+    summary["command"] = "python -m labkit bench tools-demo " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out) if args.out else results_dir() / "tools_demo.json"
     write_json(out, summary)
     for name, s in summary["stages"].items():
