@@ -74,7 +74,7 @@ class _Recorder:
 
 def _built_by_labkit(preset, output_dir, monkeypatch, tokenizer):
     """Return what build_run hands GRPOTrainer (model, reward functions, GRPOConfig, LoRA and 4-bit configs)."""
-    import labkit.training
+    import labkit.run
     from labkit.run import build_run
 
     seen = {}
@@ -85,7 +85,7 @@ def _built_by_labkit(preset, output_dir, monkeypatch, tokenizer):
                     quantization_config=quantization_config)
         return SimpleNamespace(model=SimpleNamespace(), remove_callback=lambda *a: None)
 
-    monkeypatch.setattr(labkit.training, "build_trainer", build_trainer)
+    monkeypatch.setattr(labkit.run, "build_trainer", build_trainer)
     build_run(preset, output_dir, tokenizer=tokenizer, train_dataset=[{"prompt": [], "answer": "1"}], seed=0)
     return seen
 
