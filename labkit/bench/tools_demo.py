@@ -29,6 +29,7 @@ __all__ = ["main", "run"]
 def run(*, seed: int = 0, warm_up_steps: int = 3, warm_up_lr: float = 1e-3, steps: int = 6,
         learning_rate: float = 1e-3, eval_problems: int = 64, prompts_per_step: int = 2, num_generations: int = 8,
         max_completion_length: int = 96, control: bool = True, control_steps: int = 1, micro_batch: int = 4,
+        temperature: float = 1.0,
         threads: int = 1, progress: bool = False, dashboard=None) -> dict:
     """Return the summary of the tool experiment (see the module docstring); nothing is written."""
     from datasets import Dataset
@@ -81,7 +82,7 @@ def run(*, seed: int = 0, warm_up_steps: int = 3, warm_up_lr: float = 1e-3, step
                                 "completions/mean_length", "loss"))
         with tempfile.TemporaryDirectory(prefix="labkit-tools-") as folder:
             trainer = tool_trainer(model, tokenizer, train, folder, max_steps=n_steps, learning_rate=lr, seed=seed,
-                                   micro_batch=micro_batch,
+                                   micro_batch=micro_batch, temperature=temperature,
                                    num_generations=num_generations, prompts_per_step=prompts_per_step,
                                    max_completion_length=max_completion_length,
                                    callbacks=[recorder] + ([dashboard] if dashboard is not None else []),
@@ -120,7 +121,7 @@ def run(*, seed: int = 0, warm_up_steps: int = 3, warm_up_lr: float = 1e-3, step
         "recipe": {"seed": seed, "warm_up_steps": warm_up_steps, "warm_up_batch": 4, "warm_up_lr": warm_up_lr,
                    "grpo_steps": steps, "learning_rate": learning_rate, "prompts_per_step": prompts_per_step,
                    "num_generations": num_generations, "max_completion_length": max_completion_length,
-                   "max_tool_calling_iterations": 2, "lora_rank": preset.lora_rank, "micro_batch": micro_batch,
+                   "max_tool_calling_iterations": 2, "lora_rank": preset.lora_rank, "micro_batch": micro_batch, "temperature": temperature,
                    "control_steps": control_steps if control else None,
                    "rewards": ["right_answer_reward", "CalculatorEnv.get_reward"]},
         "warm_up_losses": warm_losses, "train_logs": logs, "examples": {k: v[:6] for k, v in examples.items()},
@@ -143,12 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--control-steps", type=int, default=1)
     parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of GRPO's rollouts")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: results/tools_demo.json")
     args = parser.parse_args(argv)
     summary = run(seed=args.seed, warm_up_steps=args.warm_up_steps, warm_up_lr=args.warm_up_lr, steps=args.steps,
                   learning_rate=args.lr, eval_problems=args.eval_problems, prompts_per_step=args.prompts_per_step,
                   control=not args.no_control, control_steps=args.control_steps, micro_batch=args.micro_batch,
+                  temperature=args.temperature,
                   threads=args.threads, progress=True)
     summary["command"] = "python -m labkit bench tools-demo " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out) if args.out else results_dir() / "tools_demo.json"
