@@ -299,19 +299,22 @@ def read_notebook_times(path: str | Path | None = None) -> dict:
     return json.loads(path.read_text()).get("notebooks", {})
 
 
-def record_notebook_time(name: str, seconds: float, *, note: str = "", path: str | Path | None = None) -> Path:
-    """Record that notebook ``name`` ran end to end in CPU mode in ``seconds``, with provenance; return the file.
+def record_notebook_time(name: str, seconds: float, *, note: str = "", peak_kernel_rss_gib: float | None = None,
+                         path: str | Path | None = None) -> Path:
+    """Record that notebook ``name`` ran end to end in CPU mode in ``seconds`` (and its kernel's peak resident
+    memory), with provenance; return the file.
 
-    Written by ``tests/test_notebooks_run.py`` when ``LABKIT_RECORD_TIMES=1``; the README's notebook
-    table and each notebook's header state :func:`notebook_time_label` of these figures (a test checks).
+    Written by ``python -m labkit bench notebooks``; the README's notebook table and each notebook's header
+    state :func:`notebook_time_label` of these figures (a test checks).
     """
     path = Path(path) if path else results_dir() / NOTEBOOK_TIMES
     record = json.loads(path.read_text()) if path.exists() else {}
-    record.setdefault("command", "LABKIT_RECORD_TIMES=1 python -m pytest tests/test_notebooks_run.py -k NN")
+    record["command"] = "python -m labkit bench notebooks NN"
     record.setdefault("notebooks", {})[name] = {
         "seconds": round(float(seconds), 1),
         "mode": "cpu",
         "note": note,
+        **({"peak_kernel_rss_gib": peak_kernel_rss_gib} if peak_kernel_rss_gib is not None else {}),
         # the 1-minute load average as the notebook ended: its own threads count, other work shows above the cores
         "load_average_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "provenance": provenance(),

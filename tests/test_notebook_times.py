@@ -13,7 +13,7 @@ TIMES = read_notebook_times(REPO / "results/notebook_times.json")
 
 
 def test_every_notebook_has_a_measured_time_with_provenance():
-    assert set(TIMES) == {p.name for p in NOTEBOOKS}, "run LABKIT_RECORD_TIMES=1 pytest tests/test_notebooks_run.py"
+    assert set(TIMES) == {p.name for p in NOTEBOOKS}, "run python -m labkit bench notebooks NN"
     for name, record in TIMES.items():
         assert record["seconds"] > 0 and record["mode"] == "cpu", name
         assert record["provenance"]["device"] and record["provenance"]["date"], name

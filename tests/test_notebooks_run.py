@@ -3,7 +3,6 @@ without stderr output (red boxes that look like errors); every interactive contr
 import ast
 import json
 import os
-import time
 import re
 from pathlib import Path
 
@@ -35,7 +34,6 @@ def stderr_outputs(notebook: dict) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_in_cpu_mode(path, tmp_path):
     papermill = pytest.importorskip("papermill")
-    started = time.perf_counter()
     env_before = dict(os.environ)
     os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
                        "LABKIT_RUNS": str(tmp_path / "runs")})  # the notebooks' runs/ folders, not the repository's
@@ -47,7 +45,7 @@ def test_notebook_runs_in_cpu_mode(path, tmp_path):
             cwd=str(path.parent),  # notebooks read results/ and docs/ relative to themselves
             kernel_name="python3",
             progress_bar=False,
-            execution_timeout=900,  # per cell; a stuck cell fails instead of hanging CI
+            execution_timeout=cell_limit_s(path.name),  # per cell; a stuck cell fails instead of hanging CI
         )
     finally:
         os.environ.clear()
@@ -57,7 +55,6 @@ def test_notebook_runs_in_cpu_mode(path, tmp_path):
     if artifacts:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         (Path(artifacts) / path.name).write_bytes((tmp_path / path.name).read_bytes())
-    _record_time(path.name, time.perf_counter() - started)
     noise = stderr_outputs(json.loads((tmp_path / path.name).read_text()))
     assert not noise, f"{path.name} writes to stderr (a red box that looks like an error):\n" + "\n\n".join(noise)
 
@@ -174,16 +171,20 @@ def test_setup_silences_exactly_the_library_noise_it_names(caplog):
         (transformers_logging.enable_progress_bar if bars else transformers_logging.disable_progress_bar)()
 
 
-def _record_time(name: str, seconds: float) -> None:
-    """With LABKIT_RECORD_TIMES=1, record this notebook's CPU run time in results/notebook_times.json.
+def cell_limit_s(name: str) -> int:
+    """The per-cell timeout for notebook ``name``: four times its whole recorded CPU run (results/notebook_times.json,
+    `python -m labkit bench notebooks`), at least 900 s. No cell takes longer than its whole notebook, and a machine
+    at a load of 3-4 on 2 cores runs 3 to 4 times slower (issue 33: 04's training cell, about 640 s idle, ran out of
+    a 900 s limit there). The limit only stops a stuck cell; the times themselves are the benchmark's, not a test's."""
+    from labkit.lab import read_notebook_times
 
-    The README's notebook table and each notebook's header state these figures (tests/test_notebook_times.py).
-    LABKIT_TIMES_NOTE says on what machine, and how busy it was.
-    """
-    if os.environ.get("LABKIT_RECORD_TIMES") == "1":
-        from labkit.lab import record_notebook_time
+    recorded = read_notebook_times(Path(__file__).resolve().parents[1] / "results" / "notebook_times.json")
+    return max(900, round(4 * recorded.get(name, {}).get("seconds", 0)))
 
-        record_notebook_time(name, seconds, note=os.environ.get("LABKIT_TIMES_NOTE", ""))
+
+def test_the_cell_limit_follows_the_recorded_time():
+    assert cell_limit_s("04_lora_grpo_16gb.ipynb") >= 4 * 600  # about 640 s idle: 2,400 s or more at a load of 3-4
+    assert cell_limit_s("no_such_notebook.ipynb") == 900
 
 
 def test_importing_labkit_silences_bitsandbytes_before_any_trainer_import():

@@ -37,6 +37,8 @@ BENCHMARKS = {
                          "as it goes -> results/smollm2_long_run/ (an hour or more; background)"),
     "full-vs-lora": ("full_vs_lora",
                      "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),
+    "notebooks": ("notebooks", "each notebook end to end in CPU mode: wall time and the kernel's peak memory "
+                               "-> results/notebook_times.json"),
     "tools-demo": ("tools_demo", "SmolLM2-135M-Instruct learns to call a calculator (TRL's environment_factory) on CPU: "
                                  "held-out tool-call, well-formed and right-answer rates before/after GRPO, McNemar, "
                                  "a learning-rate-0 control -> results/tools_demo.json"),
