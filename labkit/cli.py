@@ -443,7 +443,7 @@ def print_real_demo_summary(summary: dict) -> None:
           f"({summary['rise_points']:+.1f} points, McNemar p = {summary['mcnemar_p']:.2g}; short answers "
           f"{summary['short_answer_before']:.1%} -> {summary['short_answer_after']:.1%}; {summary['mean_words_before']:.1f}"
           f" -> {summary['mean_words_after']:.1f} words) in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} "
-          "CPU s)")
+          "CPU s" + (f"; peak memory {summary['peak_rss_gib']:.1f} GiB)" if "peak_rss_gib" in summary else ")"))
 
 
 def check_cli(argv: list[str] | None = None) -> int:

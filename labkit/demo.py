@@ -308,6 +308,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     from labkit.evaluate import gsm8k_accuracy, mcnemar_test, paired_bootstrap, wilson_interval
     from labkit.lab import seed_everything
     from labkit.models import load_policy
+    from labkit.monitor import peak_rss_bytes
     from labkit.presets import get_preset
     from labkit.run import build_run
     from labkit.tasks import WordProblems
@@ -419,6 +420,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         # CPU time of this process (all its threads): what the run costs, whatever else the machine is doing
         "cpu_seconds": cpu_seconds,
         "load_average_start": load_start, "load_average_end": list(os.getloadavg()),
+        "peak_rss_gib": round(peak_rss_bytes() / 2**30, 2),  # the whole run's (this process's) resident memory
         "seconds_detail": {"load": loaded_s, "eval_before": before.seconds, "train": train_s,
                            "eval_after": after.seconds},
         "steps": len(recorder.values["step_time"]),

@@ -211,9 +211,11 @@ PRESETS: dict[str, Preset] = {
                         "rewarded by labkit.rewards.right_answer_reward: the stated answer is the gold number).",
             target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
             # 4 prompts x 8 completions a step: with 2, one step in six had no right or no wrong reply in any group
-            # (no signal) and seed 0 rose 11.5 points; with 4, 30.2 (results/smollm2_experiments.json)
-            per_device_train_batch_size=32,
-            gradient_accumulation_steps=1,
+            # (no signal) and seed 0 rose 11.5 points; with 4, 30.2 (results/smollm2_experiments.json). The 32
+            # completions are generated together and trained in 8 micro-batches of 4: the same gradient as one pass,
+            # at a peak of 2.5 GiB of RAM instead of 10.9 (results/cpu_ram.json)
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=8,
             num_generations=8,
             max_prompt_length=128,
             max_completion_length=24,  # one sentence with its calculation fits; chosen by results/smollm2_experiments.json

@@ -37,6 +37,8 @@ BENCHMARKS = {
                          "as it goes -> results/smollm2_long_run/ (an hour or more; background)"),
     "full-vs-lora": ("full_vs_lora",
                      "full-parameter vs LoRA GRPO on the CPU nano task (3 seeds, LR sweep) -> results/full_vs_lora.json"),
+    "cpu-ram": ("cpu_ram", "peak RAM of notebook 04's CPU recipe (cpu-smollm2) and three other layouts of its batch, "
+                           "2 GRPO steps each -> results/cpu_ram.json"),
     "notebooks": ("notebooks", "each notebook end to end in CPU mode: wall time and the kernel's peak memory "
                                "-> results/notebook_times.json"),
     "tools-demo": ("tools_demo", "SmolLM2-135M-Instruct learns to call a calculator (TRL's environment_factory) on CPU: "
