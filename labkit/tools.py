@@ -463,7 +463,7 @@ def record_batches(trainer) -> list[dict]:
 TOOLS_16GB = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="lora", gradient_accumulation_steps=4,
                   num_generations=8, max_prompt_length=448, reasoning_tokens=512, max_tool_calling_iterations=3,
                   tokens_per_round=64, optim="adamw_bnb_8bit", gradient_checkpointing=True, learning_rate=2e-4,
-                  max_steps=200, lora_rank=16, card_gib=15.7)
+                  max_steps=200, lora_rank=16, card="rtx3080-laptop-16gb")  # labkit.cards: what a 16 GB laptop gives PyTorch
 
 
 def size_tools_recipe(recipe: dict | None = None, *, batches=(4, 8, 12, 16, 24, 32)) -> list[dict]:
@@ -475,10 +475,11 @@ def size_tools_recipe(recipe: dict | None = None, *, batches=(4, 8, 12, 16, 24, 
     (:func:`labkit.memory.estimate`, bf16) is sized like the presets (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB)
     against 80 % of the card. An **estimate**: the rehearsal on fake tensors and ``bench gpu`` have not run it yet.
     """
-    from labkit.cards import SIZING_TARGET, sized_gib
+    from labkit.cards import CARDS, SIZING_TARGET, sized_gib
     from labkit.memory import estimate
 
     r = dict(TOOLS_16GB, **(recipe or {}))
+    card_gib = CARDS[r["card"]].gib
     completion = r["reasoning_tokens"] + r["max_tool_calling_iterations"] * r["tokens_per_round"]
     rows = []
     for batch in batches:
@@ -493,5 +494,5 @@ def size_tools_recipe(recipe: dict | None = None, *, batches=(4, 8, 12, 16, 24, 
         rows.append({"per_device_train_batch_size": batch, "max_prompt_length": r["max_prompt_length"],
                      "max_completion_length": completion, "estimated_gib": round(peak, 2),
                      "sized_gib": round(sized_gib(peak), 2),
-                     "fits_80_percent": sized_gib(peak) <= SIZING_TARGET * r["card_gib"]})
+                     "fits_80_percent": sized_gib(peak) <= SIZING_TARGET * card_gib})
     return rows

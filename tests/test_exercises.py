@@ -271,7 +271,7 @@ def test_the_extractor_table_of_notebook_02_shows_the_tags_and_none():
 
 
 MY_NOTEBOOKS = ("01_grpo_objective.ipynb", "01b_grpo_variants.ipynb", "02_reward_functions.ipynb",
-                "03_nano_grpo_cpu.ipynb")
+                "03_nano_grpo_cpu.ipynb", "08_grpo_with_tools.ipynb")
 ASSIGNED_CHECK = re.compile(r"""^(\w+) = labkit\.exercises\.check\("(\w+)", \1\)""", re.M)
 
 
