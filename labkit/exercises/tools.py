@@ -115,14 +115,7 @@ class _Raises(CalculatorEnv):
 
 
 class _NoCap(CalculatorEnv):
-    def calculate(self, expression: str) -> str:
-        self.calls += 1
-        result = safe_calculate(expression)
-        if result.startswith(ERROR_PREFIX):
-            self.errors += 1
-        else:
-            self.results.append(result)
-        return result
+    max_calls = float("inf")  # every call is evaluated, however many a rollout makes
 
 
 class _KeepsLastRollout(CalculatorEnv):
