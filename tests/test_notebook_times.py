@@ -50,3 +50,25 @@ def test_labels():
     assert notebook_time_label(59) == "under 1 min"
     assert notebook_time_label(61) == "about 1 min"
     assert notebook_time_label(150) == "about 2 min" and notebook_time_label(151) == "about 3 min"
+
+
+def ram_label(gib: float) -> str:
+    """How a header and the README state a notebook's measured RAM: its kernel's peak, rounded up to a whole GiB."""
+    import math
+
+    return f"{math.ceil(gib)} GiB of RAM"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_that_needs_a_gigabyte_or_more_says_how_much(path):
+    peak = TIMES[path.name].get("peak_kernel_rss_gib")
+    if peak is None or peak < 1.0:
+        pytest.skip("no peak recorded, or under 1 GiB: any laptop has it")
+    label = ram_label(peak)
+    header = "".join(json.loads(path.read_text())["cells"][0]["source"])
+    assert label in header, f"{path.name}'s header should state '{label}' (results/notebook_times.json: {peak} GiB)"
+    assert label in _readme_cpu_cells()[path.name], f"the README's row for {path.name} should state '{label}'"
+
+
+def test_ram_label_rounds_up():
+    assert ram_label(2.49) == "3 GiB of RAM" and ram_label(3.0) == "3 GiB of RAM" and ram_label(6.87) == "7 GiB of RAM"
