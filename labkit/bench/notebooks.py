@@ -91,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="JSON file (default results/notebook_times.json); rows of "
                                                     "other notebooks already there are kept")
     args = parser.parse_args(argv)
+    import importlib.util
+
+    if importlib.util.find_spec("papermill") is None:
+        print("bench notebooks runs each notebook with papermill, which is not installed: "
+              "pip install -e \".[dev]\" (or pip install papermill)")
+        return 2
     paths = sorted(NOTEBOOKS.glob("*.ipynb"))
     if args.names:
         def matches(p, n):
