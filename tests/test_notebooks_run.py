@@ -33,23 +33,11 @@ def stderr_outputs(notebook: dict) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_in_cpu_mode(path, tmp_path):
-    papermill = pytest.importorskip("papermill")
-    env_before = dict(os.environ)
-    os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
-                       "LABKIT_RUNS": str(tmp_path / "runs")})  # the notebooks' runs/ folders, not the repository's
-    try:
-        papermill.execute_notebook(
-            str(path),
-            str(tmp_path / path.name),
-            parameters={"MODE": "cpu"},
-            cwd=str(path.parent),  # notebooks read results/ and docs/ relative to themselves
-            kernel_name="python3",
-            progress_bar=False,
-            execution_timeout=cell_limit_s(path.name),  # per cell; a stuck cell fails instead of hanging CI
-        )
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
+    pytest.importorskip("papermill")
+    from labkit.bench.notebooks import execute_cpu_mode
+
+    # per cell; a stuck cell fails instead of hanging CI
+    execute_cpu_mode(path, tmp_path, timeout_s=cell_limit_s(path.name))
     # Executed copies are kept under tmp_path; LABKIT_ARTIFACTS keeps them for CI.
     artifacts = os.environ.get("LABKIT_ARTIFACTS")
     if artifacts:

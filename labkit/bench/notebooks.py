@@ -19,7 +19,7 @@ from pathlib import Path
 from labkit.lab import busy_cores
 from labkit.memory import GIB
 
-__all__ = ["main", "run_notebook", "KernelMemory"]
+__all__ = ["main", "execute_cpu_mode", "run_notebook", "KernelMemory"]
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -55,26 +55,35 @@ class KernelMemory:
         self._thread.join()
 
 
-def run_notebook(path: Path, workdir: Path, *, timeout_s: int = 1800) -> dict:
-    """Run one notebook in CPU mode (papermill, parameters ``MODE="cpu"``) and return its row."""
+def execute_cpu_mode(path: Path, workdir: Path, *, timeout_s: int) -> Path:
+    """Execute notebook ``path`` as CI does: papermill, parameters ``MODE="cpu"``, offline, its runs under
+    ``workdir``, from its own folder (notebooks read results/ and docs/ relative to themselves), at most
+    ``timeout_s`` per cell. Return the executed copy (``workdir / path.name``); a failing cell raises."""
     import papermill
 
-    before = busy_cores()
     env_before = dict(os.environ)
     os.environ.update({"LABKIT_MODE": "cpu", "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
-                       "LABKIT_RUNS": str(workdir / "runs")})
+                       "LABKIT_RUNS": str(workdir / "runs")})  # the notebooks' runs/ folders, not the repository's
+    try:
+        papermill.execute_notebook(str(path), str(workdir / path.name), parameters={"MODE": "cpu"},
+                                   cwd=str(path.parent), kernel_name="python3", progress_bar=False,
+                                   execution_timeout=timeout_s)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    return workdir / path.name
+
+
+def run_notebook(path: Path, workdir: Path, *, timeout_s: int = 1800) -> dict:
+    """Run one notebook in CPU mode (:func:`execute_cpu_mode`) and return its row: time, kernel peak, error."""
+    before = busy_cores()
     started = time.perf_counter()
     error = None
     try:
         with KernelMemory() as memory:
-            papermill.execute_notebook(str(path), str(workdir / path.name), parameters={"MODE": "cpu"},
-                                       cwd=str(path.parent), kernel_name="python3", progress_bar=False,
-                                       execution_timeout=timeout_s)
+            execute_cpu_mode(path, workdir, timeout_s=timeout_s)
     except Exception as exc:  # noqa: BLE001 - a failing notebook is a row that says so, and the next one runs
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
     seconds = time.perf_counter() - started
     return {"notebook": path.name, "seconds": round(seconds, 1), "minutes": round(seconds / 60, 1),
             "peak_kernel_rss_gib": round(memory.peak_bytes / GIB, 2), "ok": error is None, "error": error,
