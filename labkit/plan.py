@@ -145,5 +145,6 @@ def grpo_arguments(preset) -> dict:
         save_strategy="steps" if preset.save_steps else "no",
         save_steps=preset.save_steps or 500,
         save_total_limit=preset.save_total_limit,
+        **({"max_tool_calling_iterations": preset.max_tool_calling_iterations} if preset.environment else {}),
         **preset.trl_options,
     )

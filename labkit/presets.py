@@ -21,8 +21,8 @@ the card cannot do fails in :func:`labkit.validation.validate`.
 ``laptop-16gb-published`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile
 (REFERENCES.md): per-device batch 1, gradient accumulation 4, 4 generations, prompts up
 to 256 tokens, completions up to 786, LoRA on q/k/o/up/down, 8-bit AdamW, gradient
-checkpointing; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4`` and ``qlora-3b``
-take the largest ``per_device_train_batch_size`` (in multiples of ``num_generations``: whole prompt
+checkpointing; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4``, ``qlora-3b`` and
+``tools-16gb`` (notebook 08: GSM8K with a calculator environment) take the largest ``per_device_train_batch_size`` (in multiples of ``num_generations``: whole prompt
 groups) whose rehearsed peak plus :func:`labkit.cards.sized_gib`'s allowance is within 80 % of the card.
 """
 from __future__ import annotations
@@ -88,6 +88,11 @@ class Preset:
     train_limit: int | None = None  # None: the whole GSM8K train split
     # What the prompts are: "gsm8k" (labkit.data) or "word-problems" (labkit.tasks.WordProblems, the CPU mode's).
     task: str = "gsm8k"
+    # Tools (notebook 08): the environment TRL's environment_factory gets, by name (labkit.environments.ENVIRONMENTS:
+    # "calculator"), None for no tool; and GRPOConfig's max_tool_calling_iterations, the tool rounds a rollout may
+    # take. TRL bounds the whole multi-turn completion, tool turns included, by max_completion_length.
+    environment: str | None = None
+    max_tool_calling_iterations: int | None = None
     eval_batch_size: int = 32
     # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.mem_get_info()'s total),
     # None for no GPU: read from the one table of cards (labkit.cards; _PRESET_CARDS says which card each
@@ -172,7 +177,7 @@ PRESETS: dict[str, Preset] = {
             description="The published 16 GB laptop recipe (RTX 3080 Mobile), kept for comparison: LoRA, batch 1 x 4, "
                         "G=4, 256 + 786 tokens, 8-bit AdamW, gradient checkpointing; a fifth of the card (rehearsed).",
         ),
-        # the next three: sized by rehearsal (module docstring; results/rehearsal.csv)
+        # the next three, and tools-16gb: sized by rehearsal (module docstring; results/rehearsal.csv)
         Preset(
             name="laptop-16gb", model="Qwen/Qwen2.5-1.5B-Instruct", method="lora",
             description="The published laptop recipe (laptop-16gb-published) sized to the card: batch 24 x 4 (96 "
@@ -201,6 +206,25 @@ PRESETS: dict[str, Preset] = {
                         "QLoRA: the embeddings and norms stay bf16 (prepare_model_for_kbit_training=False).",
             per_device_train_batch_size=24,
             optim="paged_adamw_8bit",
+        ),
+        Preset(
+            name="tools-16gb",
+            model="Qwen/Qwen2.5-1.5B-Instruct",
+            method="lora",
+            description="GRPO with a calculator tool on a 16 GB card (notebook 08): Qwen2.5-1.5B-Instruct (its "
+                        "template renders tools) on GSM8K, TRL's environment_factory with labkit's CalculatorEnv, "
+                        "up to 3 tool rounds; prompts up to 448 tokens (the tool schema included), completions up to "
+                        "704 (512 of reasoning + 3 rounds of 64: TRL counts the tool turns in the completion); "
+                        "rewarded for the right stated answer and, by the environment, for a call that computed it. "
+                        "Batch 16 x 4 (64 completions of 8 prompts a step), sized by rehearsal: peak 8.5 GiB (fake "
+                        "tensors); batch 24 rehearses at 11.2 GiB, past 80 % of the card with the allowance.",
+            per_device_train_batch_size=16,
+            num_generations=8,
+            max_prompt_length=448,
+            max_completion_length=704,
+            rewards=("right_answer",),
+            environment="calculator",
+            max_tool_calling_iterations=3,
         ),
         Preset(
             name="cpu-smollm2",
@@ -279,6 +303,7 @@ _PRESET_CARDS = {
     "laptop-16gb": "rtx3080-laptop-16gb",  # Ampere: bf16
     "laptop-16gb-published": "rtx3080-laptop-16gb",
     "qlora-3b": "rtx3080-laptop-16gb",
+    "tools-16gb": "rtx3080-laptop-16gb",
 }
 
 

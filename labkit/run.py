@@ -57,18 +57,29 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
 
     The length is the chat-templated prompt's, with the generation prompt, i.e. exactly what
     ``GRPOTrainer`` feeds the model. TRL 1.16 has no ``max_prompt_length``; filtering
-    (rather than cutting the question short) keeps every prompt intact.
+    (rather than cutting the question short) keeps every prompt intact. A tool recipe (``preset.environment``)
+    asks each question with the tool prompt (:func:`labkit.environments.tool_prompt`), and its length counts
+    the tool schema the template renders into the prompt.
     """
     limit = limit if limit is not None else preset.train_limit
     dataset = task_dataset(preset.task, split, seed=preset.seed if seed is None else seed)
+    tools = None
+    if preset.environment:
+        from labkit.environments import ENVIRONMENTS, environment_tools, tool_prompt
+
+        tools = environment_tools(ENVIRONMENTS[preset.environment]())
+        dataset = dataset.map(lambda row: {"prompt": tool_prompt(row["prompt"][-1]["content"])})
+
+    def measure(rows):
+        return [len(tokenizer.apply_chat_template(p, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"]) for p in rows["prompt"]]
+
     # Measure only what may be kept: with a limit, a window a few times larger is plenty.
     window = dataset if limit is None else dataset.select(range(min(len(dataset), 4 * limit + 64)))
-    lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=True)["input_ids"]) for p in window["prompt"]]
+    lengths = measure(window)
     if limit is not None and len(window) < len(dataset) and sum(n <= preset.max_prompt_length for n in lengths) < limit:
         window = dataset
-        lengths = [len(tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=True)["input_ids"]) for p in window["prompt"]]
+        lengths = measure(window)
     keep, dropped = [], 0
     for index, n in enumerate(lengths):
         if limit is not None and len(keep) == limit:
@@ -425,7 +436,7 @@ def is_main_process() -> bool:
 
 def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None, tokenizer=None,
               train_dataset=None, callbacks=None, seed: int | None = None, num_processes: int | None = None,
-              print_logs: bool = True, **config_overrides) -> Run:
+              print_logs: bool = True, environment_factory=None, **config_overrides) -> Run:
     """Return a :class:`Run`: the preset validated, its prompts filtered, a ``GRPOTrainer`` built.
 
     ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`; it is resolved once, for
@@ -441,6 +452,9 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     (``logging_steps=5``, ``disable_tqdm=True``, ``generation_kwargs=...``).
     ``print_logs=False`` drops transformers' printing of every log line and its progress bar and
     "Step | Training Loss" table (``disable_tqdm=True``; a :class:`labkit.dashboard.LiveDashboard` shows both).
+    A tool recipe (``preset.environment``, notebook 08) hands TRL the named environment class
+    (:data:`labkit.environments.ENVIRONMENTS`); ``environment_factory`` replaces that class with your own
+    (the learner's checked ``CalculatorEnv``), and is refused for a recipe without an environment.
     """
     plan = preset if isinstance(preset, Plan) else None
     preset = plan.preset if plan else get_preset(preset)
@@ -452,6 +466,9 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
                           f"never be saved. Set the {SECRET_FIELDS[secrets[0]]} environment variable instead.")
     device = device or (plan.card if plan and plan.card else detect_device())
     warnings = validate(preset, device, num_processes=num_processes)
+    if environment_factory is not None and not preset.environment:
+        raise PresetError(f"environment_factory was given, but the recipe {preset.name!r} has no tool environment: "
+                          "use a tool recipe (tools-16gb) or --set environment=calculator max_tool_calling_iterations=3.")
     plan = plan or resolve_plan(preset, device)  # everything below reads the plan
     preset, output_dir = plan.preset, Path(output_dir)
 
@@ -490,12 +507,19 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
             # The classic LoRA pitfall: with checkpointing and a frozen embedding, nothing entering a
             # checkpointed block requires grad and the adapters get no gradient at all.
             model.enable_input_require_grads()
+    environment = None
+    if preset.environment:  # a tool recipe: a template that renders tools and parses calls back, and the env class
+        from labkit.environments import ENVIRONMENTS, prepare_tool_tokenizer
+
+        prepare_tool_tokenizer(tokenizer)
+        environment = environment_factory or ENVIRONMENTS[preset.environment]
     dropped = 0
     if train_dataset is None:
         train_dataset, dropped = training_prompts(preset, tokenizer)
     callbacks = [*(callbacks or []), SavePresetCallback(preset)]
     trainer = build_trainer(model, reward_funcs, train_dataset, args, tokenizer=tokenizer,
-                            peft_config=peft_config, callbacks=callbacks, quantization_config=quantization)
+                            peft_config=peft_config, callbacks=callbacks, quantization_config=quantization,
+                            environment_factory=environment)
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
     match_adapter_dtype(trainer.model, plan.precision)
     if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead

@@ -1,16 +1,10 @@
-"""GRPO with a tool: a safe calculator, the environment TRL 1.16 calls it through, tool rollouts and their metrics.
+"""GRPO with a tool, as notebook 08 teaches it: tool rollouts and their metrics, the warm-up, the masks.
 
-Introduced in ``08_grpo_with_tools.ipynb``. TRL 1.16's ``GRPOTrainer(environment_factory=...)`` makes one
-environment per rollout, calls its ``reset(**example)`` before generation, exposes its public methods as tools
-(their names, type hints and docstrings become the tool schema in the prompt), runs the tool calls the model
-writes (``_tool_call_loop``) and, when the environment defines ``get_reward()``, adds its value as one more
-reward (weight 1, logged under the class's name).
+Introduced in ``08_grpo_with_tools.ipynb``. The environment itself (:func:`safe_calculate`,
+:class:`CalculatorEnv`, :func:`prepare_tool_tokenizer`, :func:`tool_prompt`) lives in
+:mod:`labkit.environments`, below the recipe core, so that a preset can name it (``tools-16gb``); they are
+re-exported here for the notebook.
 
-- :func:`safe_calculate`: the calculator: labkit's ast-based evaluator (never ``eval``), with decimals, a
-  length cap and a size cap; every bad input gives a short ``"error: ..."`` string, never an exception.
-- :class:`CalculatorEnv`: the environment (``reset``, the ``calculate`` tool, ``get_reward``, a cap on calls).
-- :func:`prepare_tool_tokenizer`: a tokenizer whose template renders tools and whose replies parse back
-  (SmolLM2's own template has no tools: it gets the Qwen2.5 template TRL recognises).
 - :func:`tool_rollouts` and :func:`tool_scores`: greedy (or sampled) multi-turn rollouts with the tool, as
   TRL runs them, and the held-out figures: replies that call the tool, well-formed calls, right answers.
 - :func:`warm_up`: a few supervised steps on tool-use demonstrations (a small model never writes a tool call
@@ -19,141 +13,18 @@ reward (weight 1, logged under the class's name).
 from __future__ import annotations
 
 import re
-import warnings
-from fractions import Fraction
 
 import torch
 
-__all__ = ["TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX", "safe_calculate",
+from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, NO_TOOL_SYSTEM_PROMPT,
+                                 TOOL_SYSTEM_PROMPT, CalculatorEnv, prepare_tool_tokenizer, safe_calculate,
+                                 tool_prompt)
+
+__all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX", "safe_calculate",
            "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
            "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "tool_trainer", "record_batches",
-           "execute_tool_calls", "TOOLS_16GB", "size_tools_recipe"]
-
-TOOL_SYSTEM_PROMPT = ("Use the calculate tool for the arithmetic, then answer in one short sentence.")
-MAX_CALLS = 3  # tool calls a rollout may make; the rest get an error message
-MAX_EXPRESSION_CHARS = 100  # longer expressions are refused before parsing
-ERROR_PREFIX = "error: "
-_DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
-
-
-def _format(value: Fraction) -> str:
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.6g}"
-
-
-def safe_calculate(expression) -> str:
-    """Return the value of an arithmetic expression as text, or a short ``"error: ..."`` message; never raises.
-
-    Accepted: integers and decimals (``2.5`` is read as the exact ``25/10``), ``+ - * /``, ``**`` with an
-    exponent of at most 8, brackets, ``x`` / ``×`` for times, thousands separators (``1,200``). Refused with a
-    message: a non-string, more than :data:`MAX_EXPRESSION_CHARS` characters, names, calls and attributes
-    (``__import__('os')``), division by zero, and any intermediate value beyond 10^12 (``9**9**9`` stops at
-    its first power, having computed nothing big). The evaluation is
-    :func:`labkit.rewards.parse.evaluate_expression`: ``ast.parse`` and a walk over whitelisted nodes.
-    """
-    from labkit.rewards.parse import evaluate_expression
-
-    if not isinstance(expression, str):
-        return f"{ERROR_PREFIX}the expression must be a string, not {type(expression).__name__}"
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        return f"{ERROR_PREFIX}the expression is longer than {MAX_EXPRESSION_CHARS} characters"
-    text = _THOUSANDS.sub("", expression.strip().rstrip("=").strip())
-    text = re.sub(r"(?<=[\d)\s])[xX](?=[\s\d(])", "*", text)
-    text = _DECIMAL.sub(lambda m: f"({m.group(1)}{m.group(2)}/1{'0' * len(m.group(2))})", text)
-    if not text:
-        return f"{ERROR_PREFIX}empty expression"
-    with warnings.catch_warnings():  # ast.parse warns on odd escapes ("\\F") in string literals: model text, not ours
-        warnings.simplefilter("ignore")
-        value = evaluate_expression(text, allow_power=True)
-        as_product = None if value is not None else evaluate_expression(re.sub(r"/", "*", text), allow_power=True)
-    if value is not None:
-        return _format(value)
-    if re.search(r"[A-Za-z_]", text):
-        return f"{ERROR_PREFIX}only numbers and + - * / ** ( ) are allowed"
-    if as_product is not None:  # the same with every "/" read as "*" evaluates: a division by zero
-        return f"{ERROR_PREFIX}division by zero"
-    return f"{ERROR_PREFIX}cannot evaluate {expression[:40]!r} (too large, or not arithmetic)"
-
-
-class CalculatorEnv:
-    """The lab's tool environment: TRL makes one per rollout (``environment_factory=CalculatorEnv``).
-
-    - ``reset(**example)``: called by TRL before each rollout with the dataset row (``prompt``, ``answer``,
-      ...); clears the previous rollout's calls and keeps the gold ``answer``. Returns ``None``: the prompt
-      stays as it is (a string would be appended to the last user message).
-    - ``calculate(expression)``: the tool (its docstring and type hint become the schema the model reads).
-      At most :data:`MAX_CALLS` calls a rollout; every failure is a string that goes back to the model.
-    - ``get_reward()``: 1.0 when a call of this rollout returned the gold answer, else 0.0 (TRL adds it to
-      the other rewards with weight 1, under the name ``CalculatorEnv``).
-
-    ``calls``, ``errors`` and ``results`` are what this rollout did (the notebook's metrics read them).
-    """
-
-    max_calls = MAX_CALLS
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self, answer=None, **example) -> None:
-        self.answer = None if answer is None else str(answer)
-        self.calls = 0
-        self.errors = 0
-        self.results: list[str] = []
-        return None
-
-    def calculate(self, expression: str) -> str:
-        """Evaluate an arithmetic expression and return its value.
-
-        Args:
-            expression: numbers with + - * / and brackets, for example "7 * (8 + 2)".
-        """
-        self.calls += 1
-        if self.calls > self.max_calls:
-            self.errors += 1
-            return f"{ERROR_PREFIX}at most {self.max_calls} calls per question; answer now"
-        result = safe_calculate(expression)
-        if result.startswith(ERROR_PREFIX):
-            self.errors += 1
-        else:
-            self.results.append(result)
-        return result
-
-    def get_reward(self) -> float:
-        from labkit.rewards.parse import answers_match
-
-        if self.answer is None:
-            return 0.0
-        return 1.0 if any(answers_match(r, self.answer) for r in self.results) else 0.0
-
-
-# ----------------------------------------------------------------------------- the chat template
-
-
-def prepare_tool_tokenizer(tokenizer):
-    """Return ``tokenizer`` ready for tool calls: a template that renders tools, and a response parser.
-
-    A template that cannot render a tool conversation (SmolLM2's: TRL's ``supports_tool_calling`` is False)
-    is replaced by TRL's copy of Qwen2.5's ChatML template (``trl/chat_templates/qwen2_5.jinja``): SmolLM2
-    speaks ChatML (``<|im_start|>``, ``<|im_end|>``), so only the tool blocks are new to it. That exact text
-    is one ``add_response_schema`` recognises, so tool calls written as
-    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` parse back (``parse_response``).
-    Qwen2.5's own tokenizer is left as it is (its template is that one).
-    """
-    from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template, supports_tool_calling
-
-    if not supports_tool_calling(tokenizer):
-        tokenizer.chat_template = qwen2_5_chat_template
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        add_response_schema(tokenizer)
-    return tokenizer
-
-
-def tool_prompt(question: str, system_prompt: str = TOOL_SYSTEM_PROMPT) -> list[dict]:
-    """Return the conversational prompt of a question for the tool runs (system prompt, then the question)."""
-    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
-
+           "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe", "tools_demo_table",
+           "plot_tools_demo"]
 
 _OPS = {"gets": "+", "more": "+", "gives away": "-", "left": "-", "bags with": "*"}
 
@@ -165,15 +36,18 @@ def _expression(question: str) -> str:
     return f"{a} {op} {b}"
 
 
-def demonstration(question: str, answer: str) -> list[dict]:
+def demonstration(question: str, answer: str, *, tool: bool = True) -> list[dict]:
     """Return a tool-use conversation for a word problem of :class:`labkit.tasks.WordProblems` (the warm-up's data).
 
     The assistant calls ``calculate`` with the problem's one operation, reads the result and states it:
-    ``"Mia has 56 stickers."``.
+    ``"Mia has 56 stickers."``. ``tool=False``: the same final sentence with no tool call (the warm-up of the
+    run without the tool).
     """
     expression = _expression(question)
     result = safe_calculate(expression)
     subject, item = question.split(" ", 1)[0], re.search(r"How many (\w+)", question).group(1)
+    if not tool:
+        return [{"role": "assistant", "content": f"{subject} has {result} {item}."}]
     return [{"role": "assistant", "content": "", "tool_calls": [
                 {"type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}]},
             {"role": "tool", "name": "calculate", "content": result},
@@ -196,15 +70,17 @@ def _assistant_spans(tokenizer, prompt: list[dict], turns: list[dict], tools) ->
 
 
 def warm_up(model, tokenizer, pairs, *, steps: int = 8, batch_size: int = 4, learning_rate: float = 1e-3,
-            system_prompt: str = TOOL_SYSTEM_PROMPT, seed: int = 0) -> list[float]:
+            system_prompt: str = TOOL_SYSTEM_PROMPT, seed: int = 0, tool: bool = True) -> list[float]:
     """Return the loss per step of a short supervised warm-up on tool-use demonstrations (``model`` is trained).
 
     ``pairs`` are ``(question, answer)`` word problems; each becomes :func:`demonstration`'s conversation and
     the loss is the cross-entropy on the assistant's tokens only (the tool's reply is masked, as GRPO masks
-    it). AdamW on the trainable parameters (the LoRA adapters).
+    it). AdamW on the trainable parameters (the LoRA adapters). ``tool=False``: the demonstrations state the
+    answer without the tool, and the prompt has no tool schema (pass ``system_prompt=NO_TOOL_SYSTEM_PROMPT``).
     """
     env = CalculatorEnv()
-    examples = [_assistant_spans(tokenizer, tool_prompt(q, system_prompt), demonstration(q, a), [env.calculate])
+    examples = [_assistant_spans(tokenizer, tool_prompt(q, system_prompt), demonstration(q, a, tool=tool),
+                                 [env.calculate] if tool else None)
                 for q, a in pairs]
     generator = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -278,7 +154,7 @@ def execute_tool_calls(tools, tool_calls) -> list[tuple[dict, bool]]:
 
 def tool_rollouts(model, tokenizer, dataset, *, env_factory=CalculatorEnv, max_new_tokens: int = 48,
                   max_tool_calling_iterations: int = 2, batch_size: int = 16, do_sample: bool = False,
-                  temperature: float = 1.0) -> list[dict]:
+                  temperature: float = 1.0, use_tool: bool = True) -> list[dict]:
     """Return one record per row of ``dataset`` (``prompt``, ``answer``): a multi-turn rollout with the tool.
 
     As TRL's ``_tool_call_loop`` runs it: generate; parse the reply (``trl.chat_template_utils.parse_response``);
@@ -287,17 +163,20 @@ def tool_rollouts(model, tokenizer, dataset, *, env_factory=CalculatorEnv, max_n
     that raises, an unknown tool or wrong arguments give an error message in the tool turn, as in TRL. Each
     record holds the ``messages`` generated (assistant and tool turns), the ``text`` of the assistant turns,
     whether a tool call was attempted (``attempted``: the reply contains ``<tool_call>``), ``calls`` parsed,
-    ``errors`` and the environment's ``reward``.
+    ``errors`` and the environment's ``reward``. ``use_tool=False``: the prompt has no tool schema and a tool
+    call is not run (one turn): the run without the tool, scored the same way.
     """
     from trl.chat_template_utils import parse_response
 
+    if not use_tool:
+        max_tool_calling_iterations = 0
     records = []
     for start in range(0, len(dataset), batch_size):
         rows = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         envs = [env_factory() for _ in rows]
         for env, row in zip(envs, rows):
             env.reset(**row)
-        tools = [[env.calculate] for env in envs]
+        tools = [[env.calculate] if use_tool else None for env in envs]
         conversations = [list(row["prompt"]) for row in rows]
         generated = [[] for _ in rows]
         state = [{"attempted": False, "calls": 0, "errors": 0} for _ in rows]
@@ -457,42 +336,107 @@ def record_batches(trainer) -> list[dict]:
 
 # ----------------------------------------------------------------------------- real mode: a 16 GB card
 
-# GSM8K with the calculator on Qwen2.5-1.5B-Instruct (its own template renders tools; TRL recognises it). The
-# prompt carries the tool schema (about 230 tokens of Qwen's template) besides the question; each tool round adds
-# the call the model writes (about 37 tokens, trained) and the tool turn (about 26, masked) to the completion.
-TOOLS_16GB = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="lora", gradient_accumulation_steps=4,
-                  num_generations=8, max_prompt_length=448, reasoning_tokens=512, max_tool_calling_iterations=3,
-                  tokens_per_round=64, optim="adamw_bnb_8bit", gradient_checkpointing=True, learning_rate=2e-4,
-                  max_steps=200, lora_rank=16, card="rtx3080-laptop-16gb")  # labkit.cards: what a 16 GB laptop gives PyTorch
+# GSM8K with the calculator on Qwen2.5-1.5B-Instruct: the preset tools-16gb (labkit.presets), which
+# ``python -m labkit train --preset tools-16gb`` runs through labkit.run.build_run. Its completion budget counts the
+# tool rounds: REASONING_TOKENS of the model's own text plus max_tool_calling_iterations x TOKENS_PER_ROUND (the call
+# the model writes, about 37 tokens, trained, and the tool turn, about 26, masked: tool_round_tokens measures them).
+REASONING_TOKENS = 512
+TOKENS_PER_ROUND = 64
 
 
-def size_tools_recipe(recipe: dict | None = None, *, batches=(4, 8, 12, 16, 24, 32)) -> list[dict]:
+def tools_recipe():
+    """Return the real mode's tool recipe: the preset ``tools-16gb``."""
+    from labkit.presets import get_preset
+
+    return get_preset("tools-16gb")
+
+
+def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]:
     """Return one row per ``per_device_train_batch_size``: the estimated peak of the tool recipe, and whether it fits.
 
-    The completion budget counts the tool rounds: ``max_completion_length = reasoning_tokens +
-    max_tool_calling_iterations x tokens_per_round`` (TRL bounds the whole multi-turn completion, tool turns
-    included, by ``max_completion_length``), and the prompt the tool schema. Each row's estimate
-    (:func:`labkit.memory.estimate`, bf16) is sized like the presets (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB)
-    against 80 % of the card. An **estimate**: the rehearsal on fake tensors and ``bench gpu`` have not run it yet.
+    ``preset`` (default ``tools-16gb``) bounds the whole multi-turn completion by ``max_completion_length``
+    (:data:`REASONING_TOKENS` + ``max_tool_calling_iterations`` x :data:`TOKENS_PER_ROUND`) and its prompt, the
+    tool schema included, by ``max_prompt_length``. Each row's **estimate** (:func:`labkit.preflight.estimate` of
+    the plan on the preset's card) is sized like the presets (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB)
+    against 80 % of the card; the preset's own batch was chosen by the rehearsal on fake tensors
+    (``python -m labkit bench rehearsal``, results/rehearsal.csv).
     """
-    from labkit.cards import CARDS, SIZING_TARGET, sized_gib
-    from labkit.memory import estimate
+    from labkit.cards import SIZING_TARGET, sized_gib
+    from labkit.plan import resolve_plan
+    from labkit.preflight import estimate
+    from labkit.presets import card_device
 
-    r = dict(TOOLS_16GB, **(recipe or {}))
-    card_gib = CARDS[r["card"]].gib
-    completion = r["reasoning_tokens"] + r["max_tool_calling_iterations"] * r["tokens_per_round"]
+    preset = preset or tools_recipe()
     rows = []
     for batch in batches:
-        if batch % r["num_generations"] and (batch * r["gradient_accumulation_steps"]) % r["num_generations"]:
+        if batch % preset.num_generations:
             continue
-        peak = estimate(r["model"], r["method"], per_device_train_batch_size=batch,
-                        gradient_accumulation_steps=r["gradient_accumulation_steps"],
-                        num_generations=r["num_generations"], max_prompt_length=r["max_prompt_length"],
-                        max_completion_length=completion, optim=r["optim"],
-                        gradient_checkpointing=r["gradient_checkpointing"], precision="bf16",
-                        lora_rank=r["lora_rank"]).total
-        rows.append({"per_device_train_batch_size": batch, "max_prompt_length": r["max_prompt_length"],
-                     "max_completion_length": completion, "estimated_gib": round(peak, 2),
+        candidate = preset.replace(per_device_train_batch_size=batch)
+        peak = estimate(resolve_plan(candidate, card_device(preset))).total
+        rows.append({"per_device_train_batch_size": batch, "max_prompt_length": preset.max_prompt_length,
+                     "max_completion_length": preset.max_completion_length, "estimated_gib": round(peak, 2),
                      "sized_gib": round(sized_gib(peak), 2),
-                     "fits_80_percent": sized_gib(peak) <= SIZING_TARGET * card_gib})
+                     "fits_80_percent": sized_gib(peak) <= SIZING_TARGET * preset.card_gib,
+                     "the preset": batch == preset.per_device_train_batch_size})
     return rows
+
+
+# ----------------------------------------------------------------------------- reading the recorded experiment
+
+_STAGES = {"untrained": "untrained", "before_grpo": "after the warm-up", "after_grpo": "after GRPO",
+           "control_lr0": "control (lr 0)"}
+_ARMS = {"tool": "with the calculator", "no_tool": "without a tool"}
+
+
+def tools_demo_table(summary: dict):
+    """Return a table of ``python -m labkit bench tools-demo``'s figures: one row per arm and stage.
+
+    Columns: the share of replies that call the tool, that call it well, and that are right, with the right-answer
+    rate's 95 % Wilson interval.
+    """
+    import pandas as pd
+
+    rows = []
+    for arm, figures in summary["arms"].items():
+        for stage, s in figures["stages"].items():
+            low, high = figures["right_answer_ci95"][stage]
+            rows.append({"run": _ARMS.get(arm, arm), "stage": _STAGES.get(stage, stage), "tool call": s["tool_call"],
+                         "well formed": s["well_formed"], "right answer": s["right_answer"],
+                         "95 % interval": f"{low:.0%} to {high:.0%}"})
+    return pd.DataFrame(rows).set_index(["run", "stage"])
+
+
+def plot_tools_demo(summary: dict, ax=None):
+    """Return a bar chart of the recorded right-answer rates: each stage, with and without the tool, with 95 % intervals.
+
+    The title carries the paired test of the two runs after GRPO (McNemar's exact test on the same problems).
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 3.6))
+    stages = ("untrained", "before_grpo", "after_grpo")
+    arms = [a for a in ("no_tool", "tool") if a in summary["arms"]]
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        figures = summary["arms"][arm]
+        rates = [figures["stages"][s]["right_answer"] for s in stages]
+        lows = [r - figures["right_answer_ci95"][s][0] for r, s in zip(rates, stages)]
+        highs = [figures["right_answer_ci95"][s][1] - r for r, s in zip(rates, stages)]
+        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(stages))]
+        ax.bar(xs, rates, width, yerr=[lows, highs], capsize=3, label=_ARMS[arm],
+               color="#4c78a8" if arm == "tool" else "#bab0ac")
+        for x, r in zip(xs, rates):
+            ax.text(x, r + 0.02, f"{r:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(stages)), [_STAGES[s] for s in stages])
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel(f"right answers ({summary['held_out_problems']} held-out)")
+    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
+    after = summary.get("tool_vs_no_tool", {}).get("after_grpo")
+    title = f"Word problems with {summary.get('numbers', 'small')} numbers, SmolLM2-135M on a CPU"
+    if after:
+        title += (f"\nafter GRPO, tool - no tool: {after['right_answer_change_points']:+.1f} points, "
+                  f"McNemar p = {after['mcnemar_p']:.2g} (bars: 95 % intervals)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    return ax

@@ -61,8 +61,11 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
 
 
 def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, peft_config=None,
-                  callbacks=None, eval_dataset=None, quantization_config=None):
+                  callbacks=None, eval_dataset=None, quantization_config=None, environment_factory=None):
     """Return a ``trl.GRPOTrainer`` for ``model`` (a path, hub id or loaded model).
+
+    ``environment_factory`` (a tool recipe: :data:`labkit.environments.ENVIRONMENTS`) goes to TRL, which makes
+    one environment per rollout and runs the tool calls (notebook 08).
 
     ``quantization_config`` (QLoRA: :func:`labkit.models.quantization_config`) goes to TRL, which loads
     a model given by name with it (trl/trainer/grpo_trainer.py 336-348).
@@ -91,6 +94,8 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
                   peft_config=peft_config)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
+    if environment_factory is not None:
+        kwargs["environment_factory"] = environment_factory
     if tokenizer is not None:
         kwargs["processing_class"] = tokenizer
     return GRPOTrainer(**kwargs)

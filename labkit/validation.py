@@ -53,6 +53,7 @@ _NUMBER_FIELDS = {
     "temperature": (_FLOAT, 0.0, 100.0, False),  # > 0
     "lora_alpha": (_FLOAT, 0.0, 100_000.0, True),  # > 0
     "card_gib": (_FLOAT, 0.0, 100_000.0, True),  # > 0
+    "max_tool_calling_iterations": (_INT, 1, 64, True),
 }
 # Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
 _ZERO_ALLOWED = {"beta", "seed", "learning_rate"}
@@ -126,6 +127,7 @@ def _field_errors(p: Preset) -> list[str]:
             errors.append(f"{name} must be a non-empty text, not {value!r}.")
     if isinstance(p.task, str) and p.task not in TASKS:
         errors.append(f"task must be one of {', '.join(TASKS)}, not {p.task!r}.")
+    errors.extend(_tool_errors(p))
     for name in ("gradient_checkpointing", "prepare_model_for_kbit_training"):
         if not isinstance(getattr(p, name), bool):
             errors.append(f"{name} must be true or false, not {getattr(p, name)!r}.")
@@ -151,6 +153,29 @@ def _field_errors(p: Preset) -> list[str]:
     if isinstance(p.model, str) and p.model.strip():
         errors.extend(_model_errors(p.model))
     return errors
+
+
+def _tool_errors(p: Preset) -> list[str]:
+    """Return what is wrong with the tool fields: an unknown environment, tool rounds without an environment."""
+    from labkit.environments import ENVIRONMENTS
+
+    rounds = p.max_tool_calling_iterations
+    _, low, high, _ = _NUMBER_FIELDS["max_tool_calling_iterations"]
+    if not (rounds is None or (isinstance(rounds, int) and not isinstance(rounds, bool) and low <= rounds <= high)):
+        return []  # a bad value: _NUMBER_FIELDS' check says what is allowed, once
+    if p.environment is None:
+        if p.max_tool_calling_iterations is not None:
+            return [f"max_tool_calling_iterations={p.max_tool_calling_iterations!r} must come with a tool environment "
+                    f"(it needs one): set --set environment=NAME ({', '.join(ENVIRONMENTS)}), or remove "
+                    "max_tool_calling_iterations."]
+        return []
+    if not isinstance(p.environment, str) or p.environment not in ENVIRONMENTS:
+        return [f"environment must be one of {', '.join(ENVIRONMENTS)} (labkit.environments.ENVIRONMENTS) or None, "
+                f"not {p.environment!r}."]
+    if p.max_tool_calling_iterations is None:
+        return ["max_tool_calling_iterations must be set for a tool recipe (it needs max_tool_calling_iterations: "
+                "the tool rounds a rollout may take; TRL's default is no limit): set --set max_tool_calling_iterations=3."]
+    return []
 
 
 def _secret_errors(options: dict) -> list[str]:
@@ -300,7 +325,7 @@ _SET_BY_PRESET = {
     "gradient_checkpointing_kwargs": "gradient_checkpointing",
     "activation_checkpointing_kwargs": "gradient_checkpointing",
     "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
-    "output_dir": "--output-dir",
+    "output_dir": "--output-dir", "max_tool_calling_iterations": "max_tool_calling_iterations",
     "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or --config "
                              "steps_per_generation=N: generation batch = per_device_train_batch_size x N)",
 }

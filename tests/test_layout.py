@@ -156,7 +156,7 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 # notebooks' helpers) sit on top of all of them.
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
-                                "labkit.rewards", "labkit.data", "labkit.tasks"}),
+                                "labkit.rewards", "labkit.data", "labkit.tasks", "labkit.environments"}),
     ("the recipe", {"labkit.presets"}),
     ("its validation", {"labkit.validation"}),
     ("the plan", {"labkit.plan"}),

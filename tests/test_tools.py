@@ -108,13 +108,28 @@ def test_tool_scores_count_calls_form_and_answers():
     assert scores["right"] == [True, False, True, False]
 
 
-def test_the_real_mode_recipe_counts_tool_rounds_and_fits_a_16gb_card():
+def test_the_real_mode_recipe_counts_tool_rounds_and_its_batch_is_the_largest_estimated_to_fit():
+    from labkit.tools import REASONING_TOKENS, TOKENS_PER_ROUND, tools_recipe
+
+    recipe = tools_recipe()
+    assert recipe.max_completion_length == REASONING_TOKENS + recipe.max_tool_calling_iterations * TOKENS_PER_ROUND
     rows = size_tools_recipe()
-    assert all(r["max_completion_length"] == 512 + 3 * 64 for r in rows)
     peaks = [r["estimated_gib"] for r in rows]
-    assert peaks == sorted(peaks) and any(r["fits_80_percent"] for r in rows) and not rows[-1]["fits_80_percent"]
-    more_rounds = size_tools_recipe({"max_tool_calling_iterations": 6})
-    assert all(m["estimated_gib"] > r["estimated_gib"] for m, r in zip(more_rounds, rows))
+    assert peaks == sorted(peaks) and len(set(peaks)) == len(peaks)
+    (own,) = [r for r in rows if r["the preset"]]
+    assert own["fits_80_percent"] and own["per_device_train_batch_size"] == recipe.per_device_train_batch_size
+    assert not rows[-1]["fits_80_percent"]
+    six_rounds = recipe.replace(max_tool_calling_iterations=6,
+                                max_completion_length=REASONING_TOKENS + 6 * TOKENS_PER_ROUND)
+    assert all(m["estimated_gib"] > r["estimated_gib"] for m, r in zip(size_tools_recipe(six_rounds), rows))
+
+
+def test_demonstrations_without_the_tool_state_the_same_answer():
+    question = "Mia has 27 bags with 48 stickers in each bag. How many stickers does Mia have in total?"
+    with_tool, without = demonstration(question, "1296"), demonstration(question, "1296", tool=False)
+    assert without == [{"role": "assistant", "content": "Mia has 1296 stickers."}]
+    assert with_tool[-1] == without[-1] and with_tool[0]["tool_calls"][0]["function"]["arguments"] == {
+        "expression": "27 * 48"}
 
 
 # --------------------------------------------------------------------------- the template and the rollout loop

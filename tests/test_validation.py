@@ -101,7 +101,7 @@ _FIELDS.update({
     "model": ["123", "/nonexistent/x", "a/b/c", "tiny:gpt9", "none"], "method": ["dora", "1", "none"],
     "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
     "reward_weights": ["nan,1,1", "abc", "inf,1,1", "0,0,0", "1"], "name": ["1", "none"], "description": ["1"],
-    "task": ["chess", "1", "none"],
+    "task": ["chess", "1", "none"], "environment": ["abacus", "1"],
 })
 _CONFIG = {name: _invalid_for(kind, low, high, low_allowed, True)
            for name, (kind, low, high, low_allowed) in TRL_NUMBER_RANGES.items()}

@@ -50,7 +50,9 @@ __all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "re
 
 LABEL = "measured on {device}, random weights, every completion at max_completion_length"
 # The presets a 16 GB card or a T4 is sized by; laptop-16gb first: its row also photographs the dashboard.
-PRESET_ORDER = ("laptop-16gb", "laptop-16gb-published", "workshop", "colab-t4", "qlora-3b")
+# tools-16gb (notebook 08) last: its rollouts with random weights write no tool call, so it measures the recipe's
+# shapes (the tool schema in every prompt, completions forced to the budget that counts 3 tool rounds)
+PRESET_ORDER = ("laptop-16gb", "laptop-16gb-published", "workshop", "colab-t4", "qlora-3b", "tools-16gb")
 GRID = [(model, method, "bf16") for model in ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct",
                                                "Qwen/Qwen2.5-3B-Instruct") for method in ("lora", "qlora", "full")]
 GRID += [("Qwen/Qwen2.5-0.5B-Instruct", method, "fp16") for method in ("lora", "qlora", "full")]
@@ -68,7 +70,7 @@ PARTS = ("presets", "qlora", "doctor", "grid", "speed")
 PENDING = {"unsloth": "needs Unsloth's own environment (python -m labkit bench unsloth)"}
 # Seconds a row took on an H100 (results/gpu, 2026-11-26: wall_s plus ~15 s of process start), for --budget-s;
 # a row not timed yet gets its part's guess. Generation dominates: TRL's generate at ~80 ms a decoding step.
-EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225,
+EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225, "tools-16gb": 180,
               "grid-Qwen2.5-0.5B-lora-bf16": 45}
 PART_EXPECTED_S = {"presets": 170, "grid": 60, "qlora": 225, "doctor": 90, "speed": 150}
 PHASE_ORDER = ("generation", "scoring", "forward", "backward", "optimizer")

@@ -25,7 +25,7 @@ from labkit.presets import PRESETS, Preset, get_preset
 
 __all__ = ["main", "configurations", "rehearse_row", "FIELDS", "SIZED"]
 
-SIZED = ("laptop-16gb", "colab-t4", "qlora-3b")  # the presets sized to their card by rehearsal (labkit.presets)
+SIZED = ("laptop-16gb", "colab-t4", "qlora-3b", "tools-16gb")  # the presets sized to their card by rehearsal (labkit.presets)
 
 GRID_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 # Unsloth's headline (docs: "GRPO ... in 5GB of VRAM" for Qwen2.5 1.5B): 8 completions of 512 tokens in one step.
