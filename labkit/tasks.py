@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "WORKED_ANSWER_PROMPT", "SYSTEM_PROMPTS", "worked_solution", "carries", "short_working_reward",
-           "WORKING_BUDGET", "SPLITS"]
+           "WORKING_BUDGET", "SPLITS", "NUMBER_RANGES"]
 
 SPLITS = ("train", "test")
 _TEST_SHARE = 0.2  # a fixed fifth of all problems is held out: never trained on, only evaluated
@@ -169,6 +169,10 @@ _NAMES = ("Sam", "Mia", "Leo", "Ava", "Tom", "Zoe", "Ben", "Lily", "Max", "Emma"
           "Omar", "Nina")
 _ITEMS = ("apples", "marbles", "stickers", "books", "pencils", "cookies", "shells", "cards", "stamps", "balloons",
           "coins", "toys")
+# "small": what SmolLM2-135M-Instruct often gets right in its head (notebook 04); "large": three-digit sums and
+# two-digit products it almost never gets right without a calculator (notebook 08's comparison with and without it)
+NUMBER_RANGES = {"small": {"add": (2, 20), "sub": (8, 30), "sub_min_taken": 2, "mul": (2, 9)},
+                 "large": {"add": (100, 999), "sub": (300, 999), "sub_min_taken": 101, "mul": (12, 99)}}
 _HELD_OUT_SEED = 10_000  # the held-out problems are the same for every training seed
 _HELD_OUT_POOL = 200
 
@@ -183,29 +187,37 @@ class WordProblems:
     tokens), so the groups GRPO samples differ in reward, which is what it learns from.
     The held-out ``"test"`` problems are a fixed pool (the same for every seed) that ``"train"``
     never draws from; they are new instances of the same three templates, not new templates.
+    ``numbers="large"`` (notebook 08) draws three-digit sums and differences and two-digit products
+    (:data:`NUMBER_RANGES`): the arithmetic a calculator helps with; it has its own held-out pool.
     """
 
     system_prompt: str = SHORT_ANSWER_PROMPT
+    numbers: str = "small"
+
+    def __post_init__(self):
+        if self.numbers not in NUMBER_RANGES:
+            raise ValueError(f"numbers must be one of {sorted(NUMBER_RANGES)}, not {self.numbers!r}")
 
     @staticmethod
-    def make_problem(rng: random.Random) -> tuple[str, str]:
-        """Return ``(question, gold answer)`` for one random problem."""
+    def make_problem(rng: random.Random, numbers: str = "small") -> tuple[str, str]:
+        """Return ``(question, gold answer)`` for one random problem with :data:`NUMBER_RANGES` ``[numbers]``."""
+        r = NUMBER_RANGES[numbers]
         name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
         kind = rng.choice(("add", "sub", "mul"))
         if kind == "add":
-            a, b = rng.randint(2, 20), rng.randint(2, 20)
+            a, b = rng.randint(*r["add"]), rng.randint(*r["add"])
             return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", str(a + b)
         if kind == "sub":
-            a = rng.randint(8, 30)
-            b = rng.randint(2, a - 1)
+            a = rng.randint(*r["sub"])
+            b = rng.randint(r["sub_min_taken"], a - 1)
             return (f"{name} has {a} {item}. {name} gives away {b} {item}. How many {item} does {name} have left?",
                     str(a - b))
-        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        a, b = rng.randint(*r["mul"]), rng.randint(*r["mul"])
         return f"{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have in total?", str(a * b)
 
     def problems(self, n: int, seed: int = 0, split: str = "train") -> list[tuple[str, str]]:
         """Return ``n`` problems of ``split``: the held-out pool's first ``n``, or ``n`` fresh ones drawn with ``seed``."""
-        held_out = _held_out_pool()
+        held_out = _held_out_pool(self.numbers)
         if split == "test":
             if not 1 <= n <= len(held_out):
                 raise ValueError(f"the held-out pool has {len(held_out)} problems; asked for {n}")
@@ -215,7 +227,7 @@ class WordProblems:
         taken = {q for q, _ in held_out}
         rng, out = random.Random(seed), []
         while len(out) < n:
-            question, answer = self.make_problem(rng)
+            question, answer = self.make_problem(rng, self.numbers)
             if question not in taken:
                 out.append((question, answer))
         return out
@@ -232,11 +244,11 @@ class WordProblems:
         return Dataset.from_dict({"prompt": [self.prompt(q) for q, _ in pairs], "answer": [a for _, a in pairs]})
 
 
-@functools.lru_cache(maxsize=1)
-def _held_out_pool() -> list[tuple[str, str]]:
+@functools.lru_cache(maxsize=2)
+def _held_out_pool(numbers: str = "small") -> list[tuple[str, str]]:
     rng, pool, seen = random.Random(_HELD_OUT_SEED), [], set()
     while len(pool) < _HELD_OUT_POOL:
-        question, answer = WordProblems.make_problem(rng)
+        question, answer = WordProblems.make_problem(rng, numbers)
         if question not in seen:
             seen.add(question)
             pool.append((question, answer))

