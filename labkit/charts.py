@@ -17,8 +17,16 @@ __all__ = ["svg_chart", "card_html", "gauge_html", "mark_nonfinite", "reward_ban
            "LIVE_POINTS", "MAIN_SERIES"]
 
 
+# TRL 1.16's tool metrics (trl/trainer/grpo_trainer.py: the share of completions with a tool call, and of calls
+# that raised): what a learner reads on the dashboard
+_TOOL_LABELS = {"tools/call_frequency": "tool calls", "tools/failure_frequency": "tool errors"}
+
+
 def short_label(name: str) -> str:
-    """``rewards/correctness/mean`` -> ``correctness``; ``clip_ratio/low_mean`` -> ``low``."""
+    """``rewards/correctness/mean`` -> ``correctness``; ``clip_ratio/low_mean`` -> ``low``;
+    ``tools/call_frequency`` -> ``tool calls``; ``tools/failure_frequency`` -> ``tool errors``."""
+    if name in _TOOL_LABELS:
+        return _TOOL_LABELS[name]
     if name.startswith("rewards/") and name.endswith("/mean"):
         return name[len("rewards/"):-len("/mean")]
     if name.startswith("clip_ratio/"):

@@ -152,6 +152,11 @@ def quiet_library_noise() -> None:
     # gradient checkpointing (notebook 06's comparison run): again TRL's call, not the learner's.
     warnings.filterwarnings("ignore", message=r"`gradient_checkpointing_(enable|disable)` is deprecated",
                             category=FutureWarning)
+    # TRL 1.16 warns, every time a trainer is built with environment_factory (trl/trainer/grpo_trainer.py lines
+    # 618-625), that the feature is experimental: notebook 08 says so in its text, and a red box per trainer would
+    # look like an error. Only that message: TRL's other experimental notices still show.
+    warnings.filterwarnings("ignore", message=r"You are using 'environment_factory', which is an experimental feature",
+                            category=UserWarning)
     from transformers.utils import logging as transformers_logging
 
     # transformers' "Loading weights" / "Writing model shards" bars: the lab loads and saves small models

@@ -148,10 +148,14 @@ def test_setup_silences_exactly_the_library_noise_it_names(caplog):
             quiet_library_noise()
             warnings.warn("`is_gradient_checkpointing` is deprecated and will be removed in v6.", FutureWarning)
             warnings.warn("something else is deprecated", FutureWarning)
+            warnings.warn("You are using 'environment_factory', which is an experimental feature. This API may "
+                          "change or be removed at any time without prior notice.", UserWarning)
+            warnings.warn("You are using 'rollout_func', which is an experimental feature.", UserWarning)
             with caplog.at_level(logging.WARNING):
                 bnb.warning("Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'")
                 logging.getLogger("bitsandbytes.other").warning("a different bitsandbytes warning")
-        assert [str(w.message) for w in caught] == ["something else is deprecated"]
+        assert [str(w.message) for w in caught] == ["something else is deprecated",
+                                                    "You are using 'rollout_func', which is an experimental feature."]
         assert [r.getMessage() for r in caplog.records] == ["a different bitsandbytes warning"]
         assert not transformers_logging.is_progress_bar_enabled()
     finally:
