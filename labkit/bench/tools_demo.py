@@ -121,8 +121,8 @@ def _paired(before, after, mcnemar_test, paired_bootstrap) -> dict:
             "gained": test.gained, "lost": test.lost, "change_ci95_paired_bootstrap": [low, high]}
 
 
-def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int = 3, warm_up_lr: float = 1e-3,
-        steps: int = 6, learning_rate: float = 1e-3, eval_problems: int = 64, prompts_per_step: int = 2,
+def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int = 8, warm_up_lr: float = 1e-3,
+        steps: int = 6, learning_rate: float = 3e-4, eval_problems: int = 64, prompts_per_step: int = 2,
         num_generations: int = 8, max_completion_length: int = 96, control: bool = True, control_steps: int = 1,
         micro_batch: int = 4, temperature: float = 1.0, threads: int = 1, progress: bool = False,
         dashboard=None) -> dict:
@@ -189,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--numbers", choices=("small", "large"), default="large",
                         help="the word problems' numbers (labkit.tasks.NUMBER_RANGES); default: large")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, some of {ARMS}")
-    parser.add_argument("--warm-up-steps", type=int, default=3)
+    parser.add_argument("--warm-up-steps", type=int, default=8)
     parser.add_argument("--warm-up-lr", type=float, default=1e-3)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=3e-4, help="GRPO's learning rate (the warm-up's is --warm-up-lr)")
     parser.add_argument("--eval-problems", type=int, default=64)
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--no-control", action="store_true")
