@@ -24,7 +24,7 @@ __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPR
            "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
            "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "tool_trainer", "record_batches",
            "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe", "tools_demo_table",
-           "plot_tools_demo"]
+           "tools_demo_tests", "plot_tools_demo"]
 
 _OPS = {"gets": "+", "more": "+", "gives away": "-", "left": "-", "bags with": "*"}
 
@@ -426,10 +426,10 @@ def plot_tools_demo(summary: dict, ax=None):
         xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(stages))]
         ax.bar(xs, rates, width, yerr=[lows, highs], capsize=3, label=_ARMS[arm],
                color="#4c78a8" if arm == "tool" else "#bab0ac")
-        for x, r in zip(xs, rates):
-            ax.text(x, r + 0.02, f"{r:.0%}", ha="center", va="bottom", fontsize=8)
+        for x, r, up in zip(xs, rates, highs):
+            ax.text(x, r + up + 0.015, f"{r:.0%}", ha="center", va="bottom", fontsize=8)  # above its interval
     ax.set_xticks(range(len(stages)), [_STAGES[s] for s in stages])
-    ax.set_ylim(0, 1.08)
+    ax.set_ylim(0, 1.12)
     ax.set_ylabel(f"right answers ({summary['held_out_problems']} held-out)")
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
     after = summary.get("tool_vs_no_tool", {}).get("after_grpo")
@@ -440,3 +440,21 @@ def plot_tools_demo(summary: dict, ax=None):
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8, frameon=False)
     return ax
+
+
+def tools_demo_tests(summary: dict):
+    """Return the recorded paired tests as a table: GRPO against the warm-up in each run, and the two runs after GRPO.
+
+    Changes and their 95 % paired bootstrap intervals in points; McNemar's exact p; problems gained and lost.
+    """
+    import pandas as pd
+
+    tests = {f"{_ARMS.get(arm, arm)}: GRPO against the warm-up": figures["grpo_vs_before"]["after_grpo"]
+             for arm, figures in summary["arms"].items()}
+    if summary.get("tool_vs_no_tool"):
+        tests["after GRPO: with the calculator against without"] = summary["tool_vs_no_tool"]["after_grpo"]
+    return pd.DataFrame({name: {"change": f"{t['right_answer_change_points']:+.1f} points",
+                                "95 % paired interval": "{:+.0f} to {:+.0f} points".format(
+                                    *(100 * x for x in t["change_ci95_paired_bootstrap"])),
+                                "gained": t["gained"], "lost": t["lost"], "McNemar p": f"{t['mcnemar_p']:.2g}"}
+                         for name, t in tests.items()}).T

@@ -161,9 +161,17 @@ def test_the_tools_demo_table_and_chart_read_the_record():
     import matplotlib
 
     matplotlib.use("Agg")
-    from labkit.tools import plot_tools_demo, tools_demo_table
+    from labkit.tools import plot_tools_demo, tools_demo_table, tools_demo_tests
 
     summary = _recorded()
+    tests = tools_demo_tests(summary)
+    after = summary["tool_vs_no_tool"]["after_grpo"]
+    row = tests.loc["after GRPO: with the calculator against without"]
+    assert row["change"] == f"{after['right_answer_change_points']:+.1f} points" and row["gained"] == after["gained"]
+    low, high = (round(100 * x) for x in summary["arms"]["tool"]["grpo_vs_before"]["after_grpo"][
+        "change_ci95_paired_bootstrap"])
+    assert tests.loc["with the calculator: GRPO against the warm-up", "95 % paired interval"] == \
+        f"{low:+d} to {high:+d} points"
     table = tools_demo_table(summary)
     assert table.loc[("with the calculator", "after GRPO"), "right answer"] == \
         summary["arms"]["tool"]["stages"]["after_grpo"]["right_answer"]
