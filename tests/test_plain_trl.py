@@ -80,9 +80,9 @@ def _built_by_labkit(preset, output_dir, monkeypatch, tokenizer):
     seen = {}
 
     def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, peft_config=None, callbacks=None,
-                      eval_dataset=None, quantization_config=None):
+                      eval_dataset=None, quantization_config=None, environment_factory=None):
         seen.update(model=model, reward_funcs=reward_funcs, args=args, peft_config=peft_config,
-                    quantization_config=quantization_config)
+                    quantization_config=quantization_config, environment_factory=environment_factory)
         return SimpleNamespace(model=SimpleNamespace(), remove_callback=lambda *a: None)
 
     monkeypatch.setattr(labkit.run, "build_trainer", build_trainer)
@@ -113,6 +113,7 @@ def test_04_plain_trl_cell_equals_build_run(name, tmp_path, monkeypatch, tiny_mo
     else:
         assert plain.kwargs["quantization_config"] is None is seen["quantization_config"]
     assert plain.model == seen["model"]  # the same name or folder, loaded by TRL
+    assert seen["environment_factory"] is None and "environment_factory" not in plain.kwargs  # no tool in 04
     assert [f.__name__ for f in plain.reward_funcs] == [f.__name__ for f in seen["reward_funcs"]]
 
 
