@@ -17,8 +17,8 @@ import re
 import torch
 
 from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, NO_TOOL_SYSTEM_PROMPT,
-                                 TOOL_SYSTEM_PROMPT, CalculatorEnv, prepare_tool_tokenizer, safe_calculate,
-                                 tool_prompt)
+                                 TOOL_SYSTEM_PROMPT, CalculatorEnv, environment_tools, prepare_tool_tokenizer,
+                                 safe_calculate, tool_prompt)
 
 __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX", "safe_calculate",
            "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
@@ -176,7 +176,7 @@ def tool_rollouts(model, tokenizer, dataset, *, env_factory=CalculatorEnv, max_n
         envs = [env_factory() for _ in rows]
         for env, row in zip(envs, rows):
             env.reset(**row)
-        tools = [[env.calculate] if use_tool else None for env in envs]
+        tools = [environment_tools(env) if use_tool else None for env in envs]  # as TRL lists an env's tools
         conversations = [list(row["prompt"]) for row in rows]
         generated = [[] for _ in rows]
         state = [{"attempted": False, "calls": 0, "errors": 0} for _ in rows]

@@ -41,7 +41,6 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
     """Return one arm's figures: a fresh model, the untrained evaluation, the warm-up, GRPO, (the control)."""
     from datasets import Dataset
 
-    from labkit.evaluate import mcnemar_test, paired_bootstrap
     from labkit.lab import seed_everything
     from labkit.models import load_policy
     from labkit.presets import get_preset
@@ -106,7 +105,7 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
     before = stages["before_grpo"]["right"]
     comparisons = {}
     for name in [n for n in ("after_grpo", "control_lr0") if n in stages]:
-        comparisons[name] = _paired(before, stages[name]["right"], mcnemar_test, paired_bootstrap)
+        comparisons[name] = _paired(before, stages[name]["right"])
     return {"system_prompt": system, "stages": stages, "grpo_vs_before": comparisons, "warm_up_losses": warm_losses,
             "train_logs": logs, "examples": {k: v[:6] for k, v in examples.items()},
             "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu_started,
@@ -114,7 +113,10 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
             "seconds_warm_up_and_grpo": seconds["warm_up"] + seconds["train_after_grpo"]}
 
 
-def _paired(before, after, mcnemar_test, paired_bootstrap) -> dict:
+def _paired(before, after) -> dict:
+    """Return the paired change from verdicts ``before`` to ``after``: points, McNemar's test, the bootstrap interval."""
+    from labkit.evaluate import mcnemar_test, paired_bootstrap
+
     test = mcnemar_test(before, after)
     low, high = paired_bootstrap(before, after)[1:]
     return {"right_answer_change_points": 100 * (sum(after) - sum(before)) / len(before), "mcnemar_p": test.p_value,
@@ -127,7 +129,7 @@ def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int 
         micro_batch: int = 4, temperature: float = 1.0, threads: int = 1, progress: bool = False,
         dashboard=None) -> dict:
     """Return the summary of the tool experiment (see the module docstring); nothing is written."""
-    from labkit.evaluate import mcnemar_test, paired_bootstrap, wilson_interval
+    from labkit.evaluate import wilson_interval
     from labkit.presets import get_preset
     from labkit.tasks import NUMBER_RANGES, WordProblems
 
@@ -151,7 +153,7 @@ def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int 
     if len(results) == 2:
         for stage in ("untrained", "before_grpo", "after_grpo"):
             tool_vs_no_tool[stage] = _paired(results["no_tool"]["stages"][stage]["right"],
-                                             results["tool"]["stages"][stage]["right"], mcnemar_test, paired_bootstrap)
+                                             results["tool"]["stages"][stage]["right"])
     preset = get_preset("cpu-smollm2")
     return {
         "what": "SmolLM2-135M-Instruct learns to use a calculator tool (TRL 1.16 environment_factory) on one-step "
