@@ -72,3 +72,17 @@ def test_a_notebook_that_needs_a_gigabyte_or_more_says_how_much(path):
 
 def test_ram_label_rounds_up():
     assert ram_label(2.49) == "3 GiB of RAM" and ram_label(3.0) == "3 GiB of RAM" and ram_label(6.87) == "7 GiB of RAM"
+
+
+def test_the_instructors_table_states_the_recorded_times_and_peaks():
+    rows = {}
+    for line in (REPO / "docs/instructor.md").read_text().splitlines():
+        match = re.match(r"\|\s*(\d\d[a-z]?_\w+\.ipynb)\s*\|([^|]*)\|\s*(\d+)[^|]*\|([^|]*)\|", line)
+        if match:
+            rows[match.group(1)] = (match.group(2).strip(), int(match.group(3)), match.group(4).strip())
+    assert set(rows) == set(TIMES), "docs/instructor.md's table should have one row per notebook"
+    for name, (label, seconds, peak) in rows.items():
+        record = TIMES[name]
+        assert label == notebook_time_label(record["seconds"]), name
+        assert seconds == round(record["seconds"]), f"docs/instructor.md says {seconds} s for {name}"
+        assert peak == f"{record['peak_kernel_rss_gib']} GiB", f"docs/instructor.md says {peak!r} for {name}"
