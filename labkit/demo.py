@@ -84,16 +84,15 @@ def _paired_statistics(before: dict, after: dict) -> dict:
     paired-bootstrap interval of the change in greedy accuracy (one verdict per problem), and pass@k for
     k = 1..samples before and after (Chen et al.'s unbiased estimator, averaged over problems).
     """
-    from labkit.evaluate import mcnemar_test, paired_bootstrap, pass_at_k
+    from labkit.evaluate import paired_change, pass_at_k
 
-    test = mcnemar_test(before["greedy_right"], after["greedy_right"])
-    change, low, high = paired_bootstrap(before["greedy_right"], after["greedy_right"])
+    paired = paired_change(before["greedy_right"], after["greedy_right"])
     n = before["samples"]
     curve = {when: [sum(pass_at_k(n, c, k) for c in e["right_per_problem"]) / len(e["right_per_problem"])
                     for k in range(1, n + 1)] for when, e in (("before", before), ("after", after))}
     return {
-        "greedy_change": change, "greedy_change_95ci": [low, high],
-        "mcnemar": {"gained": test.gained, "lost": test.lost, "p_value": test.p_value, "n": test.n},
+        "greedy_change": paired.change, "greedy_change_95ci": [paired.low, paired.high],
+        "mcnemar": {"gained": paired.gained, "lost": paired.lost, "p_value": paired.p_value, "n": paired.n},
         "pass_at_k": {"k": list(range(1, n + 1)), **curve},
     }
 
@@ -305,7 +304,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     """
     import tempfile
 
-    from labkit.evaluate import gsm8k_accuracy, mcnemar_test, paired_bootstrap, wilson_interval
+    from labkit.evaluate import gsm8k_accuracy, paired_change, wilson_interval
     from labkit.lab import seed_everything
     from labkit.models import load_policy
     from labkit.monitor import peak_rss_bytes
@@ -390,8 +389,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     scores_before, scores_after = held_out_scores(before), held_out_scores(after)
     right_before, right_after = scores_before["right"], scores_after["right"]
-    test = mcnemar_test(right_before, right_after)
-    change, low, high = paired_bootstrap(right_before, right_after)
+    paired = paired_change(right_before, right_after)
     n = len(right_before)
     questions = [p[-1]["content"] for p in held_out["prompt"]]
     completions = [{"question": questions[i], "gold": held_out[i]["answer"], "before": before.records[i]["completion"],
@@ -409,8 +407,8 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         "rise_points": 100 * (scores_after["right_answer"] - scores_before["right_answer"]),
         "right_number_before_ci95": list(wilson_interval(sum(right_before), n)),
         "right_number_after_ci95": list(wilson_interval(sum(right_after), n)),
-        "mcnemar_p": test.p_value, "gained": test.gained, "lost": test.lost,
-        "change_ci95_paired_bootstrap": [low, high],
+        "mcnemar_p": paired.p_value, "gained": paired.gained, "lost": paired.lost,
+        "change_ci95_paired_bootstrap": [paired.low, paired.high],
         "short_answer_before": scores_before["short_answer"], "short_answer_after": scores_after["short_answer"],
         "cut_off_before": before.truncated_rate, "cut_off_after": after.truncated_rate,
         "last_number_before": scores_before["last_number"], "last_number_after": scores_after["last_number"],

@@ -23,6 +23,7 @@ Before/after statistics (the same problems scored twice, so the comparison is *p
   (``gained``: wrong before, right after; ``lost``: the reverse); the problems right or wrong
   both times carry no information about the change;
 - :func:`paired_bootstrap`: a percentile interval of the change in rate, resampling problems;
+- :func:`paired_change`: both at once (:class:`PairedChange`), what every before/after record in the lab keeps;
 - :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al. (2021, arXiv 2107.03374, eq. 1):
   the chance that at least one of k samples drawn from n (c of them right) is right.
 """
@@ -38,7 +39,8 @@ from statistics import NormalDist
 import torch
 
 __all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95", "wilson_interval",
-           "McNemarResult", "mcnemar_test", "paired_bootstrap", "paired_columns", "pass_at_k"]
+           "McNemarResult", "mcnemar_test", "paired_bootstrap", "PairedChange", "paired_change", "paired_columns",
+           "pass_at_k"]
 
 
 def ci95(rate: float, n: int) -> float:
@@ -130,6 +132,36 @@ def paired_bootstrap(before, after, *, n_resamples: int = 10_000, confidence: fl
     alpha = (1 - confidence) / 2
     low, high = np.quantile(means, [alpha, 1 - alpha])
     return float(diff.mean()), float(low), float(high)
+
+
+@dataclass
+class PairedChange:
+    """A paired before/after comparison of per-problem verdicts: the change, its interval and the exact test."""
+
+    n: int
+    gained: int  # wrong before, right after
+    lost: int  # right before, wrong after
+    p_value: float  # exact McNemar (:func:`mcnemar_test`)
+    change: float  # (gained - lost) / n, a rate
+    low: float  # the paired bootstrap interval of the change (:func:`paired_bootstrap`)
+    high: float
+
+    @property
+    def points(self) -> float:
+        """Return the change in percentage points."""
+        return 100 * self.change
+
+
+def paired_change(before, after, *, confidence: float = 0.95) -> PairedChange:
+    """Return a :class:`PairedChange`: :func:`mcnemar_test` and :func:`paired_bootstrap` of the same verdicts.
+
+    One call for the figures every before/after record of the lab keeps (notebooks 03, 04 and 08, ``labkit demo``,
+    ``bench tools-demo``), so each record's change, interval and p come from the same code.
+    """
+    test = mcnemar_test(before, after)
+    change, low, high = paired_bootstrap(before, after, confidence=confidence)
+    return PairedChange(n=test.n, gained=test.gained, lost=test.lost, p_value=test.p_value, change=change, low=low,
+                        high=high)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -303,8 +335,8 @@ def paired_columns(before, after) -> dict:
     ``McNemar p``: the exact test (:func:`mcnemar_test`) as text with two significant figures, so a
     p of 2e-06 never reads 0. Used by :func:`before_after_table` and ``labkit.demo.held_out_table``.
     """
-    _, low, high = paired_bootstrap(before, after)
-    return {"change 95% CI": _interval(low, high), "McNemar p": f"{mcnemar_test(before, after).p_value:.2g}"}
+    paired = paired_change(before, after)
+    return {"change 95% CI": _interval(paired.low, paired.high), "McNemar p": f"{paired.p_value:.2g}"}
 
 
 def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_METRICS)):

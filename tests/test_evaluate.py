@@ -185,6 +185,21 @@ def test_paired_bootstrap_is_paired():
     assert (low, high) == pytest.approx((expected.low, expected.high), abs=0.015)
 
 
+def test_paired_change_is_the_test_and_the_interval_of_the_same_verdicts():
+    from labkit.evaluate import paired_change
+
+    before = [i % 3 == 0 for i in range(64)]
+    after = [i % 2 == 0 for i in range(64)]
+    paired = paired_change(before, after)
+    test, (change, low, high) = mcnemar_test(before, after), paired_bootstrap(before, after)
+    assert (paired.n, paired.gained, paired.lost, paired.p_value) == (test.n, test.gained, test.lost, test.p_value)
+    assert (paired.change, paired.low, paired.high) == (change, low, high)
+    assert paired.points == pytest.approx(100 * (sum(after) - sum(before)) / 64)
+    assert paired.low < paired.change < paired.high
+    with pytest.raises(ValueError, match="one verdict per problem"):
+        paired_change([True], [True, False])
+
+
 def test_pass_at_k_against_enumeration():
     from itertools import combinations
 

@@ -35,9 +35,9 @@ __all__ = ["main", "run"]
 ARMS = ("tool", "no_tool")
 
 
-def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, steps, learning_rate, prompts_per_step,
-         num_generations, max_completion_length, control, control_steps, micro_batch, temperature, progress,
-         dashboard) -> dict:
+def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_batch, warm_up_lr, steps, learning_rate,
+         prompts_per_step, num_generations, max_completion_length, max_tool_calling_iterations, control,
+         control_steps, micro_batch, temperature, progress, dashboard) -> dict:
     """Return one arm's figures: a fresh model, the untrained evaluation, the warm-up, GRPO, (the control)."""
     from datasets import Dataset
 
@@ -62,7 +62,8 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
 
     def evaluate(name):
         t = time.perf_counter()
-        records = tool_rollouts(model, tokenizer, held, max_new_tokens=48, use_tool=use_tool)
+        records = tool_rollouts(model, tokenizer, held, max_new_tokens=48, use_tool=use_tool,
+                                max_tool_calling_iterations=max_tool_calling_iterations)
         seconds[f"eval_{name}"] = time.perf_counter() - t
         stages[name] = tool_scores(records)
         examples[name] = [{"question": r["question"], "gold": r["gold"], "messages": r["messages"]} for r in records]
@@ -73,7 +74,8 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
     evaluate("untrained")
     t = time.perf_counter()
     demos = task.problems(64, seed=seed + 1000)  # training problems, never the held-out pool
-    warm_losses = warm_up(model, tokenizer, demos, steps=warm_up_steps, learning_rate=warm_up_lr, seed=seed,
+    warm_losses = warm_up(model, tokenizer, demos, steps=warm_up_steps, batch_size=warm_up_batch,
+                          learning_rate=warm_up_lr, seed=seed,
                           system_prompt=system, tool=use_tool)
     seconds["warm_up"] = time.perf_counter() - t
     evaluate("before_grpo")
@@ -94,6 +96,7 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
                                    micro_batch=micro_batch, temperature=temperature,
                                    num_generations=num_generations, prompts_per_step=prompts_per_step,
                                    max_completion_length=max_completion_length,
+                                   max_tool_calling_iterations=max_tool_calling_iterations,
                                    callbacks=[recorder] + ([dashboard] if dashboard is not None else []),
                                    disable_tqdm=not progress)
             t = time.perf_counter()
@@ -115,17 +118,18 @@ def _arm(use_tool: bool, *, task, held_out, seed, warm_up_steps, warm_up_lr, ste
 
 def _paired(before, after) -> dict:
     """Return the paired change from verdicts ``before`` to ``after``: points, McNemar's test, the bootstrap interval."""
-    from labkit.evaluate import mcnemar_test, paired_bootstrap
+    from labkit.evaluate import paired_change
 
-    test = mcnemar_test(before, after)
-    low, high = paired_bootstrap(before, after)[1:]
-    return {"right_answer_change_points": 100 * (sum(after) - sum(before)) / len(before), "mcnemar_p": test.p_value,
-            "gained": test.gained, "lost": test.lost, "change_ci95_paired_bootstrap": [low, high]}
+    paired = paired_change(before, after)
+    return {"right_answer_change_points": paired.points, "mcnemar_p": paired.p_value, "gained": paired.gained,
+            "lost": paired.lost, "change_ci95_paired_bootstrap": [paired.low, paired.high]}
 
 
-def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int = 8, warm_up_lr: float = 1e-3,
+def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int = 8, warm_up_batch: int = 4,
+        warm_up_lr: float = 1e-3,
         steps: int = 6, learning_rate: float = 3e-4, eval_problems: int = 64, prompts_per_step: int = 2,
-        num_generations: int = 8, max_completion_length: int = 96, control: bool = True, control_steps: int = 1,
+        num_generations: int = 8, max_completion_length: int = 96, max_tool_calling_iterations: int = 2,
+        control: bool = True, control_steps: int = 1,
         micro_batch: int = 4, temperature: float = 1.0, threads: int = 1, progress: bool = False,
         dashboard=None) -> dict:
     """Return the summary of the tool experiment (see the module docstring); nothing is written."""
@@ -140,10 +144,12 @@ def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int 
     started, cpu_started, load_start = time.perf_counter(), time.process_time(), list(os.getloadavg())
     task = WordProblems(numbers=numbers)
     held_out = task.problems(eval_problems, split="test")
-    settings = dict(task=task, held_out=held_out, seed=seed, warm_up_steps=warm_up_steps, warm_up_lr=warm_up_lr,
+    settings = dict(task=task, held_out=held_out, seed=seed, warm_up_steps=warm_up_steps, warm_up_batch=warm_up_batch,
+                    warm_up_lr=warm_up_lr,
                     steps=steps, learning_rate=learning_rate, prompts_per_step=prompts_per_step,
                     num_generations=num_generations, max_completion_length=max_completion_length,
-                    control_steps=control_steps, micro_batch=micro_batch, temperature=temperature,
+                    max_tool_calling_iterations=max_tool_calling_iterations, control_steps=control_steps,
+                    micro_batch=micro_batch, temperature=temperature,
                     progress=progress, dashboard=dashboard)
     results = {arm: _arm(arm == "tool", control=control and arm == "tool", **settings) for arm in arms}
     n = len(held_out)
@@ -171,10 +177,12 @@ def run(*, seed: int = 0, numbers: str = "large", arms=ARMS, warm_up_steps: int 
                         "learning rate 0 for control_steps steps: LoRA's weights do not move and greedy decoding is "
                         "deterministic, so it shows the pipeline changes nothing by itself; it is not a noise estimate "
                         "(McNemar's test is)",
-        "recipe": {"seed": seed, "warm_up_steps": warm_up_steps, "warm_up_batch": 4, "warm_up_lr": warm_up_lr,
+        "recipe": {"seed": seed, "warm_up_steps": warm_up_steps, "warm_up_batch": warm_up_batch,
+                   "warm_up_lr": warm_up_lr,
                    "grpo_steps": steps, "learning_rate": learning_rate, "prompts_per_step": prompts_per_step,
                    "num_generations": num_generations, "max_completion_length": max_completion_length,
-                   "max_tool_calling_iterations": 2, "lora_rank": preset.lora_rank, "micro_batch": micro_batch,
+                   "max_tool_calling_iterations": max_tool_calling_iterations, "lora_rank": preset.lora_rank,
+                   "micro_batch": micro_batch,
                    "temperature": temperature, "control_steps": control_steps if control else None,
                    "rewards": {"tool": ["right_answer_reward", "CalculatorEnv.get_reward"],
                                "no_tool": ["right_answer_reward"]}},
@@ -192,11 +200,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the word problems' numbers (labkit.tasks.NUMBER_RANGES); default: large")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, some of {ARMS}")
     parser.add_argument("--warm-up-steps", type=int, default=8)
+    parser.add_argument("--warm-up-batch", type=int, default=4, help="demonstrations per warm-up step")
     parser.add_argument("--warm-up-lr", type=float, default=1e-3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--lr", type=float, default=3e-4, help="GRPO's learning rate (the warm-up's is --warm-up-lr)")
     parser.add_argument("--eval-problems", type=int, default=64)
     parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--max-tool-calling-iterations", type=int, default=2,
+                        help="tool rounds per completion (GRPOConfig.max_tool_calling_iterations), in GRPO and in "
+                             "the evaluation")
     parser.add_argument("--no-control", action="store_true")
     parser.add_argument("--control-steps", type=int, default=1)
     parser.add_argument("--micro-batch", type=int, default=4)
@@ -205,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="default: results/tools_demo.json")
     args = parser.parse_args(argv)
     summary = run(seed=args.seed, numbers=args.numbers, arms=tuple(a for a in args.arms.split(",") if a),
-                  warm_up_steps=args.warm_up_steps, warm_up_lr=args.warm_up_lr, steps=args.steps,
+                  warm_up_steps=args.warm_up_steps, warm_up_batch=args.warm_up_batch, warm_up_lr=args.warm_up_lr,
+                  steps=args.steps,
                   learning_rate=args.lr, eval_problems=args.eval_problems, prompts_per_step=args.prompts_per_step,
+                  max_tool_calling_iterations=args.max_tool_calling_iterations,
                   control=not args.no_control, control_steps=args.control_steps, micro_batch=args.micro_batch,
                   temperature=args.temperature,
                   threads=args.threads, progress=True)
