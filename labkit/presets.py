@@ -86,7 +86,8 @@ class Preset:
     rewards: tuple[str, ...] = ("gsm8k",)
     reward_weights: tuple[float, ...] | None = None  # None: gsm8k's own weights, 1.0 for named rewards
     train_limit: int | None = None  # None: the whole GSM8K train split
-    # What the prompts are: "gsm8k" (labkit.data) or "word-problems" (labkit.tasks.WordProblems, the CPU mode's).
+    # What the prompts are: "gsm8k" (labkit.data), "word-problems" (labkit.tasks.WordProblems, the CPU mode's) or
+    # "word-problems-large" (the same with three-digit sums and two-digit products: notebook 08's).
     task: str = "gsm8k"
     # Tools (notebook 08): the environment TRL's environment_factory gets, by name (labkit.environments.ENVIRONMENTS:
     # "calculator"), None for no tool; and GRPOConfig's max_tool_calling_iterations, the tool rounds a rollout may
@@ -252,6 +253,37 @@ PRESETS: dict[str, Preset] = {
             train_limit=64,
             save_steps=8,  # a checkpoint every 8 steps (section 7 of notebook 04 resumes from one)
             save_total_limit=1,
+            eval_batch_size=16,
+            card_gib=None,
+        ),
+        Preset(
+            name="cpu-tools",
+            model="smollm2-135m",
+            method="lora",
+            description="Notebook 08's CPU mode: SmolLM2-135M-Instruct with LoRA learns to use the calculator "
+                        "(TRL's environment_factory, labkit's CalculatorEnv, up to 2 tool rounds) on word problems "
+                        "with large numbers; 2 prompts x 8 completions a step in micro-batches of 4, 6 steps at "
+                        "3e-4. The GRPO settings of `python -m labkit bench tools-demo`'s recorded tool run, which "
+                        "first warms the model up on 8 x 4 demonstrations (labkit.tools.warm_up): from a fresh "
+                        "SmolLM2 this recipe rarely sees a right answer, so it has little to learn from.",
+            target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+            # a tool completion is long (the schema in the prompt, the tool turns): 16 of them in one fp32 pass of
+            # SmolLM2-135M took 18 GB of RAM, so the 16 completions of a step train in micro-batches of 4
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=4,
+            num_generations=8,
+            max_prompt_length=320,  # the tool prompt with its rendered schema: 256-260 tokens
+            max_completion_length=96,  # every assistant turn and tool turn of up to 2 rounds
+            learning_rate=3e-4,  # 1e-3 collapsed twice (results/tools_demo.json, tried_before)
+            optim="adamw_torch",
+            gradient_checkpointing=False,
+            max_steps=6,
+            rewards=("right_answer",),
+            task="word-problems-large",
+            environment="calculator",
+            max_tool_calling_iterations=2,
+            train_limit=64,
+            save_steps=None,
             eval_batch_size=16,
             card_gib=None,
         ),

@@ -68,7 +68,9 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
         from labkit.environments import ENVIRONMENTS, environment_tools, tool_prompt
 
         tools = environment_tools(ENVIRONMENTS[preset.environment]())
-        dataset = dataset.map(lambda row: {"prompt": tool_prompt(row["prompt"][-1]["content"])})
+        # a list, not dataset.map: map draws a progress widget that a saved notebook cannot show again
+        prompts = [tool_prompt(prompt[-1]["content"]) for prompt in dataset["prompt"]]
+        dataset = dataset.remove_columns("prompt").add_column("prompt", prompts)
 
     def measure(rows):
         return [len(tokenizer.apply_chat_template(p, tools=tools, add_generation_prompt=True, tokenize=True,
@@ -95,22 +97,25 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
 
 
 def task_dataset(task: str, split: str = "train", *, seed: int | None = None, limit: int | None = None):
-    """Return the prompts of ``task`` (``"gsm8k"`` or ``"word-problems"``) and ``split`` with their gold ``answer``.
+    """Return the prompts of ``task`` (``"gsm8k"``, ``"word-problems"`` or ``"word-problems-large"``) and ``split``
+    with their gold ``answer``.
 
     GSM8K's train split is shuffled with ``seed`` (its test split keeps its order); the word
     problems' train split is drawn with ``seed`` (1,000 of them), their held-out ``"test"`` split
-    is a fixed pool of 200 that training never sees.
+    is a fixed pool of 200 that training never sees; ``"word-problems-large"`` are the same problems with
+    :data:`labkit.tasks.NUMBER_RANGES` ``["large"]`` (notebook 08: the arithmetic a calculator is for).
     """
     if task == "gsm8k":
         from labkit.data import load_gsm8k
 
         return load_gsm8k(split, limit=limit, seed=seed)
-    if task == "word-problems":
+    if task in ("word-problems", "word-problems-large"):
         from labkit.tasks import _HELD_OUT_POOL, WordProblems
 
         n = limit or (_HELD_OUT_POOL if split == "test" else 1000)
-        return WordProblems().dataset(n, seed=seed or 0, split=split)
-    raise ValueError(f"task must be 'gsm8k' or 'word-problems', not {task!r}")
+        numbers = "large" if task == "word-problems-large" else "small"
+        return WordProblems(numbers=numbers).dataset(n, seed=seed or 0, split=split)
+    raise ValueError(f"task must be 'gsm8k', 'word-problems' or 'word-problems-large', not {task!r}")
 
 
 def eval_prompts(preset: Preset, limit: int | None = None):

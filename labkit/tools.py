@@ -22,7 +22,7 @@ from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, 
 
 __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX", "safe_calculate",
            "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
-           "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "tool_trainer", "record_batches",
+           "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "record_batches",
            "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe", "tools_demo_table",
            "tools_demo_tests", "plot_tools_demo"]
 
@@ -272,48 +272,6 @@ def tool_round_tokens(tokenizer, expression: str = "123 * 456", result: str = "5
 
 
 # ----------------------------------------------------------------------------- the trainer
-
-
-def tool_trainer(model, tokenizer, train_dataset, output_dir, *, env_factory=CalculatorEnv, reward_funcs=None,
-                 max_steps: int = 8, learning_rate: float = 1e-3, num_generations: int = 8, prompts_per_step: int = 2,
-                 max_completion_length: int = 96, max_tool_calling_iterations: int = 2, temperature: float = 1.0,
-                 seed: int = 0, callbacks=None, micro_batch: int | None = None, **config):
-    """Return a ``trl.GRPOTrainer`` that trains ``model`` with the tool environment ``env_factory``.
-
-    TRL 1.16 takes the environment as ``environment_factory``: its ``calculate`` method becomes the tool, its
-    ``get_reward`` an extra reward (weight 1). ``reward_funcs`` (default: :func:`labkit.rewards.right_answer_reward`
-    on the assistant's text) score the final answer. ``max_completion_length`` bounds the whole multi-turn
-    completion (every assistant turn *and* every tool turn between them); ``max_tool_calling_iterations`` the
-    tool rounds. ``micro_batch``: completions per forward/backward pass (``per_device_train_batch_size``; the
-    accumulation makes up the ``num_generations x prompts_per_step`` of a step; ``None``: all in one pass). A tool
-    completion is long (the schema in the prompt, the tool turns): on a CPU, 16 of them in one fp32 pass of
-    SmolLM2-135M took 18 GB. ``config``: any other ``GRPOConfig`` field. The dataset needs ``prompt`` and ``answer`` (the
-    ``answer`` column reaches both the reward functions and ``env.reset``).
-    """
-    from trl import GRPOTrainer
-
-    from labkit.rewards import right_answer_reward
-    from labkit.training import grpo_config
-
-    prepare_tool_tokenizer(tokenizer)
-    completions = num_generations * prompts_per_step
-    micro_batch = micro_batch or completions
-    if completions % micro_batch:
-        raise ValueError(f"micro_batch ({micro_batch}) must divide num_generations x prompts_per_step ({completions})")
-    args = grpo_config(output_dir, per_device_train_batch_size=micro_batch,
-                       gradient_accumulation_steps=completions // micro_batch, num_generations=num_generations,
-                       max_completion_length=max_completion_length,
-                       max_tool_calling_iterations=max_tool_calling_iterations, learning_rate=learning_rate,
-                       max_steps=max_steps, temperature=temperature, seed=seed, beta=0.0,
-                       **({"precision": "fp32"} if next(model.parameters()).device.type == "cpu" else {}), **config)
-    trainer = GRPOTrainer(model=model, reward_funcs=list(reward_funcs or [right_answer_reward]), args=args,
-                          train_dataset=train_dataset, processing_class=tokenizer, environment_factory=env_factory,
-                          callbacks=callbacks)
-    if args.disable_tqdm:  # then transformers prints every log as a dict (PrinterCallback): the dashboard shows them
-        from transformers import PrinterCallback
-
-        trainer.remove_callback(PrinterCallback)
-    return trainer
 
 
 def record_batches(trainer) -> list[dict]:

@@ -58,7 +58,7 @@ _NUMBER_FIELDS = {
 # Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
 _ZERO_ALLOWED = {"beta", "seed", "learning_rate"}
 _STRING_FIELDS = ("name", "model", "method", "description", "optim", "task")
-TASKS = ("gsm8k", "word-problems")  # labkit.run.task_dataset knows these
+TASKS = ("gsm8k", "word-problems", "word-problems-large")  # labkit.run.task_dataset knows these
 
 # GRPOConfig fields that GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low allowed).
 # A value outside these ranges crashes after the model loads, or trains silently on nonsense.

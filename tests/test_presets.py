@@ -16,7 +16,7 @@ T4 = CARDS["t4"].device()
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
 SMALL_CAP = 4.0  # GiB: a cap below every card of labkit.cards, so that preflight has to plan
 MPS = dev.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
-CARDS = {"laptop-16gb": LAPTOP, "laptop-16gb-published": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "workshop": T4,
+CARDS = {"laptop-16gb": LAPTOP, "laptop-16gb-published": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "cpu-tools": CPU, "workshop": T4,
          "tools-16gb": LAPTOP}
 
 

