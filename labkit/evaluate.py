@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
@@ -135,15 +135,11 @@ def paired_bootstrap(before, after, *, n_resamples: int = 10_000, confidence: fl
 
 
 @dataclass
-class PairedChange:
-    """A paired before/after comparison of per-problem verdicts: the change, its interval and the exact test."""
+class PairedChange(McNemarResult):
+    """A paired before/after comparison of per-problem verdicts: the exact test (:class:`McNemarResult`, whose
+    ``change`` is the change in rate) and the paired bootstrap interval of that change."""
 
-    n: int
-    gained: int  # wrong before, right after
-    lost: int  # right before, wrong after
-    p_value: float  # exact McNemar (:func:`mcnemar_test`)
-    change: float  # (gained - lost) / n, a rate
-    low: float  # the paired bootstrap interval of the change (:func:`paired_bootstrap`)
+    low: float
     high: float
 
     @property
@@ -159,9 +155,8 @@ def paired_change(before, after, *, confidence: float = 0.95) -> PairedChange:
     ``bench tools-demo``), so each record's change, interval and p come from the same code.
     """
     test = mcnemar_test(before, after)
-    change, low, high = paired_bootstrap(before, after, confidence=confidence)
-    return PairedChange(n=test.n, gained=test.gained, lost=test.lost, p_value=test.p_value, change=change, low=low,
-                        high=high)
+    _, low, high = paired_bootstrap(before, after, confidence=confidence)  # its change is test.change
+    return PairedChange(**asdict(test), low=low, high=high)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

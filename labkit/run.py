@@ -109,12 +109,11 @@ def task_dataset(task: str, split: str = "train", *, seed: int | None = None, li
         from labkit.data import load_gsm8k
 
         return load_gsm8k(split, limit=limit, seed=seed)
-    if task in ("word-problems", "word-problems-large"):
-        from labkit.tasks import _HELD_OUT_POOL, WordProblems
+    from labkit.tasks import _HELD_OUT_POOL, WORD_PROBLEM_TASKS, WordProblems
 
+    if task in WORD_PROBLEM_TASKS:
         n = limit or (_HELD_OUT_POOL if split == "test" else 1000)
-        numbers = "large" if task == "word-problems-large" else "small"
-        return WordProblems(numbers=numbers).dataset(n, seed=seed or 0, split=split)
+        return WordProblems(numbers=WORD_PROBLEM_TASKS[task]).dataset(n, seed=seed or 0, split=split)
     raise ValueError(f"task must be 'gsm8k', 'word-problems' or 'word-problems-large', not {task!r}")
 
 

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = ["AdditionTask", "WordProblems", "SHORT_ANSWER_PROMPT", "WORKED_ANSWER_PROMPT", "SYSTEM_PROMPTS", "worked_solution", "carries", "short_working_reward",
-           "WORKING_BUDGET", "SPLITS", "NUMBER_RANGES"]
+           "WORKING_BUDGET", "SPLITS", "NUMBER_RANGES", "WORD_PROBLEM_TASKS"]
 
 SPLITS = ("train", "test")
 _TEST_SHARE = 0.2  # a fixed fifth of all problems is held out: never trained on, only evaluated
@@ -173,6 +173,8 @@ _ITEMS = ("apples", "marbles", "stickers", "books", "pencils", "cookies", "shell
 # two-digit products it almost never gets right without a calculator (notebook 08's comparison with and without it)
 NUMBER_RANGES = {"small": {"add": (2, 20), "sub": (8, 30), "sub_min_taken": 2, "mul": (2, 9)},
                  "large": {"add": (100, 999), "sub": (300, 999), "sub_min_taken": 101, "mul": (12, 99)}}
+# A preset's ``task`` names for the word problems, and the NUMBER_RANGES key of each (labkit.run.task_dataset)
+WORD_PROBLEM_TASKS = {"word-problems": "small", "word-problems-large": "large"}
 _HELD_OUT_SEED = 10_000  # the held-out problems are the same for every training seed
 _HELD_OUT_POOL = 200
 

@@ -23,6 +23,7 @@ from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS, model_shape
 from labkit.models import _TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.presets import RECIPE_TARGETS, Preset, PresetError
 from labkit.rewards import named_rewards
+from labkit.tasks import WORD_PROBLEM_TASKS
 
 __all__ = ["validate", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
            "trl_config_errors", "too_few_prompts"]
@@ -58,7 +59,7 @@ _NUMBER_FIELDS = {
 # Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
 _ZERO_ALLOWED = {"beta", "seed", "learning_rate"}
 _STRING_FIELDS = ("name", "model", "method", "description", "optim", "task")
-TASKS = ("gsm8k", "word-problems", "word-problems-large")  # labkit.run.task_dataset knows these
+TASKS = ("gsm8k", *WORD_PROBLEM_TASKS)  # labkit.run.task_dataset knows these
 
 # GRPOConfig fields that GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low allowed).
 # A value outside these ranges crashes after the model loads, or trains silently on nonsense.

@@ -37,7 +37,7 @@ __all__ = ["main", "run"]
 ARMS = ("tool", "no_tool")
 
 
-def _arm(use_tool: bool, recipe, *, held_out, warm_up_steps, warm_up_batch, warm_up_lr, control, control_steps,
+def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch, warm_up_lr, control, control_steps,
          progress, dashboard) -> dict:
     """Return one arm's figures: a fresh model, the untrained evaluation, the warm-up, GRPO through
     :func:`labkit.run.build_run` with ``recipe`` (without its environment in the no-tool arm), (the control)."""
@@ -46,7 +46,6 @@ def _arm(use_tool: bool, recipe, *, held_out, warm_up_steps, warm_up_batch, warm
     from labkit.lab import seed_everything
     from labkit.models import load_policy
     from labkit.run import build_run, task_dataset
-    from labkit.tasks import WordProblems
     from labkit.tools import (NO_TOOL_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, prepare_tool_tokenizer, tool_prompt,
                               tool_rollouts, tool_scores, warm_up)
     from labkit.training import LogRecorder
@@ -79,7 +78,6 @@ def _arm(use_tool: bool, recipe, *, held_out, warm_up_steps, warm_up_batch, warm
 
     evaluate("untrained")
     t = time.perf_counter()
-    task = WordProblems(numbers=_numbers(recipe.task))
     demos = task.problems(64, seed=seed + 1000)  # training problems, never the held-out pool nor GRPO's prompts
     warm_losses = warm_up(model, tokenizer, demos, steps=warm_up_steps, batch_size=warm_up_batch,
                           learning_rate=warm_up_lr, seed=seed, system_prompt=system, tool=use_tool)
@@ -122,15 +120,6 @@ def _arm(use_tool: bool, recipe, *, held_out, warm_up_steps, warm_up_batch, warm
             "seconds_warm_up_and_grpo": seconds["warm_up"] + seconds["train_after_grpo"]}
 
 
-def _numbers(task: str) -> str:
-    """Return the :data:`labkit.tasks.NUMBER_RANGES` key of a word-problem task (a preset's ``task``)."""
-    numbers = {"word-problems": "small", "word-problems-large": "large"}.get(task)
-    if numbers is None:
-        raise ValueError(f"the recipe's task must be word-problems-large or word-problems (the experiment scores "
-                         f"their held-out pool), not {task!r}")
-    return numbers
-
-
 def _paired(before, after) -> dict:
     """Return the paired change from verdicts ``before`` to ``after``: points, McNemar's test, the bootstrap interval."""
     from labkit.evaluate import paired_change
@@ -151,7 +140,7 @@ def run(*, recipe="cpu-tools", arms=ARMS, warm_up_steps: int = 8, warm_up_batch:
     """
     from labkit.evaluate import wilson_interval
     from labkit.presets import get_preset
-    from labkit.tasks import NUMBER_RANGES, WordProblems
+    from labkit.tasks import NUMBER_RANGES, WORD_PROBLEM_TASKS, WordProblems
     from labkit.validation import validate
 
     unknown = [a for a in arms if a not in ARMS]
@@ -161,12 +150,16 @@ def run(*, recipe="cpu-tools", arms=ARMS, warm_up_steps: int = 8, warm_up_batch:
     if not recipe.environment:
         raise ValueError(f"the recipe {recipe.name!r} has no tool environment: bench tools-demo compares a tool "
                          "recipe (cpu-tools) with the same recipe without its tool")
-    numbers = _numbers(recipe.task)
+    numbers = WORD_PROBLEM_TASKS.get(recipe.task)
+    if numbers is None:
+        raise ValueError(f"the recipe's task must be word-problems-large or word-problems (the experiment scores "
+                         f"their held-out pool), not {recipe.task!r}")
     validate(recipe, None)  # a bad field stops here, before a model loads
     torch.set_num_threads(threads)
     started, cpu_started, load_start = time.perf_counter(), time.process_time(), list(os.getloadavg())
-    held_out = WordProblems(numbers=numbers).problems(eval_problems, split="test")
-    settings = dict(held_out=held_out, warm_up_steps=warm_up_steps, warm_up_batch=warm_up_batch,
+    task = WordProblems(numbers=numbers)
+    held_out = task.problems(eval_problems, split="test")
+    settings = dict(task=task, held_out=held_out, warm_up_steps=warm_up_steps, warm_up_batch=warm_up_batch,
                     warm_up_lr=warm_up_lr, control_steps=control_steps, progress=progress, dashboard=dashboard)
     results = {arm: _arm(arm == "tool", recipe, control=control and arm == "tool", **settings) for arm in arms}
     n = len(held_out)
