@@ -179,10 +179,27 @@ def parse_pairs(option: str, pairs: list[str] | None) -> dict:
     return out
 
 
+class _SecretSafeParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose error messages never repeat a secret.
+
+    argparse quotes the words it could not read ("unrecognized arguments: -= hub_token=hf_..."): a token typed
+    on the command line would be printed back. Each ``KEY=VALUE`` word whose key is a secret field
+    (:data:`labkit.validation.SECRET_FIELDS`) is shown as ``KEY=***``.
+    """
+
+    def error(self, message: str):
+        import re
+
+        from labkit.validation import SECRET_FIELDS
+
+        keys = "|".join(re.escape(key) for key in SECRET_FIELDS)
+        super().error(re.sub(rf"\b({keys})\s*=\S*", r"\1=***", message))
+
+
 def train_parser():
     from labkit.presets import PRESETS
 
-    parser = argparse.ArgumentParser(
+    parser = _SecretSafeParser(
         prog="python -m labkit train",
         description="Train GRPO on GSM8K with a named preset; re-run the same command to resume after an interruption.",
     )

@@ -99,3 +99,17 @@ def test_commands_that_load_models_silence_library_noise_first(monkeypatch, comm
     monkeypatch.setattr(importlib.import_module("labkit.cli"), "parse_value", lambda rest: calls.append("run"))
     assert main([command]) == 0
     assert calls == (["quiet", "run"] if quiet else ["run"])
+
+
+@pytest.mark.parametrize("argv", [
+    ["--config", "-=", "hub_token=hf_0000000000000000"],  # found by tests/test_fuzz.py: argparse quoted it back
+    ["--max-steps", "3", "hub_token=hf_0000000000000000"],
+])
+def test_an_argparse_error_never_repeats_a_token(argv, capsys, tmp_path):
+    from labkit.cli import train_cli
+
+    with pytest.raises(SystemExit) as exc:
+        train_cli(["--preset", "cpu-tiny", "--dry-run", "--output-dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "unrecognized arguments" in err and "hub_token=***" in err
+    assert "hf_0000000000000000" not in err
