@@ -27,9 +27,14 @@ Running it for real, on a card:
 - ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
 - ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment)
 
-Around them: ``labkit.lab`` (setup, seeds, provenance), ``labkit.demo`` (the main job),
-``labkit.cli`` (every ``python -m labkit`` command), ``labkit.bench`` (every benchmark, one file
-each) and ``labkit.nbcheck`` (structural checks of the notebooks).
+Around them: ``labkit.lab`` (the run context: setup, seeds, where runs and results are),
+``labkit.workshop`` (the pre-workshop checklist), ``labkit.colab`` (the install cell's work on Colab),
+``labkit.demo`` (the main job), ``labkit.results`` (readers of recorded figures) and ``labkit.cli``
+(every ``python -m labkit`` command; ``labkit.options`` its ``KEY=VALUE`` parser).
+
+Not in this package, by design: the measurements that write ``results/`` live in ``bench/`` beside it
+(``python -m bench NAME``), and the maintainer's tools in ``scripts/`` (``python -m scripts.nbcheck``,
+``python -m scripts.colab``). ``labkit`` never imports either.
 """
 from __future__ import annotations
 
@@ -47,9 +52,9 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 __version__ = "0.2.0"
 
 _SUBMODULES = (
-    "bench",
     "charts",
     "cli",
+    "colab",
     "dashboard",
     "data",
     "demo",
@@ -60,16 +65,18 @@ _SUBMODULES = (
     "models",
     "monitor",
     "nano",
-    "nbcheck",
     "objective",
+    "options",
     "oom",
     "presets",
+    "results",
     "rewards",
     "run",
     "scale",
     "tasks",
     "training",
     "unsloth_path",
+    "workshop",
 )
 
 __all__ = ["setup", "__version__", *_SUBMODULES]

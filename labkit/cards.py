@@ -93,7 +93,7 @@ def card_gib(key: str) -> float:
 # --------------------------------------------------------------------------- sizing a preset from a rehearsal
 
 # The one statement of the allowance the 16 GB / T4 presets are sized with (issue 25, "Use the card"). A
-# rehearsal (labkit.rehearsal) counts the tensors a step keeps alive; a real card also spends:
+# rehearsal (bench.rehearse) counts the tensors a step keeps alive; a real card also spends:
 SIZING_CONTEXT_GIB = 1.0  # the CUDA context and cuBLAS workspace, outside PyTorch's allocator (about 0.3-0.5 GiB;
 #                           labkit.memory.estimate's docstring), rounded up to 1 GiB
 SIZING_FRAGMENTATION = 0.10  # PyTorch's caching allocator reserves more than is live (rounded, split blocks): +10 %

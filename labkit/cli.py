@@ -1,10 +1,12 @@
-"""The lab's command line, one table for every ``python -m labkit COMMAND``, and one ``KEY=VALUE`` parser.
+"""The learner's command line, one table for every ``python -m labkit COMMAND``.
 
-Commands: ``demo`` (the main job), ``estimate`` (the VRAM estimator), ``train`` (a preset),
-``check`` (what the lab will use here), ``bench`` (:mod:`labkit.bench`) and ``colab`` (where the lab is
-published: every notebook's badge and install cell, from one setting). Each command's
-function parses its options and calls the concept module that owns the logic; the modules are
-imported only when their command runs, so ``python -m labkit --help`` is instant and needs no torch.
+Commands: ``demo`` (the main job), ``estimate`` (the VRAM estimator), ``train`` (a preset) and
+``check`` (what the lab will use here). Each command's function parses its options and calls the
+concept module that owns the logic; the modules are imported only when their command runs, so
+``python -m labkit --help`` is instant and needs no torch. The ``KEY=VALUE`` parser they share with
+the benchmarks is :mod:`labkit.options`. The measurements and the maintainer's tools are not here:
+they sit beside the package (``python -m bench NAME``, ``python -m scripts.colab``), and their
+old names here answer with the new one (:data:`MOVED`).
 """
 from __future__ import annotations
 
@@ -15,35 +17,34 @@ import os
 import sys
 from pathlib import Path
 
+from labkit.options import UsageError, add_setting_arguments, batch_settings, parse_pairs
 
-__all__ = ["COMMANDS", "main", "UsageError", "parse_value", "parse_pairs", "on_off", "add_setting_arguments",
-           "demo_cli", "estimate_cli", "train_cli", "check_cli", "rehearse_cli", "colab_cli"]
+__all__ = ["COMMANDS", "MOVED", "main", "demo_cli", "estimate_cli", "train_cli", "check_cli"]
 
 # command -> ("module:function", one-line help). Each function takes argv and returns an exit code.
 COMMANDS = {
     "demo": ("labkit.cli:demo_cli", "the main job: a tiny model learns a task with GRPO on CPU in minutes"),
     "estimate": ("labkit.cli:estimate_cli", "estimate the VRAM of a GRPO run (model x method x settings)"),
-    "bench": ("labkit.bench:bench_cli", "run a benchmark and append its figures to results/"),
     "train": ("labkit.cli:train_cli", "train with a named preset (accelerate launch-able)"),
     "check": ("labkit.cli:check_cli", "the pre-workshop checklist: install, device, mode, free disk, model weights"),
-    "rehearse": ("labkit.cli:rehearse_cli",
-                 "rehearse a preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase"),
-    "colab": ("labkit.cli:colab_cli",
-              "set where the lab is published (--repo OWNER/NAME --ref TAG): every notebook's Colab badge and clone"),
 }
 
-MODEL_COMMANDS = ("demo", "bench", "train", "rehearse")  # they load or build models through transformers and TRL
+# Commands that moved out of the learner's package, and what to type instead (run from the repository's folder).
+MOVED = {
+    "bench": "python -m bench NAME",
+    "rehearse": "python -m bench rehearse --preset NAME",
+    "colab": "python -m scripts.colab --repo OWNER/NAME --ref TAG",
+}
 
-
-class UsageError(ValueError):
-    """A command-line value that cannot be used; the message says what to write instead."""
+MODEL_COMMANDS = ("demo", "train")  # they load or build models through transformers and TRL
 
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: python -m labkit COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "python -m labkit COMMAND --help shows a command's options."]
+    lines += ["", "python -m labkit COMMAND --help shows a command's options.",
+              "Benchmarks: python -m bench (from the repository's folder)."]
     return "\n".join(lines)
 
 
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     command, rest = argv[0], argv[1:]
+    if command in MOVED:
+        print(f"`python -m labkit {command}` moved: run `{MOVED[command]}` from the repository's folder",
+              file=sys.stderr)
+        return 2
     if command not in COMMANDS:
         print(f"unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
@@ -64,60 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     module_name, func_name = COMMANDS[command][0].split(":")
     func = getattr(importlib.import_module(module_name), func_name)  # an ImportError here is a real one: raised
     return int(func(rest) or 0)
-
-
-def parse_value(text: str):
-    """Return ``text`` as None, a bool, an int, a float (``1e-4`` too) or, failing those, the string itself."""
-    lowered = text.lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def on_off(text: str) -> bool:
-    if text.lower() in ("on", "true", "yes", "1"):
-        return True
-    if text.lower() in ("off", "false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected on/off, not {text!r}")
-
-
-def add_setting_arguments(parser: argparse.ArgumentParser, *, many: bool) -> None:
-    """Add the estimator's settings, named as GRPOConfig names them, to ``parser``; ``many`` takes lists."""
-    from labkit.memory import OPTIMIZERS, OPTIMS
-    from labkit.models import METHODS
-
-    nargs = "+" if many else None
-    parser.add_argument("--method", nargs=nargs, default=["lora"] if many else "lora", choices=METHODS)
-    parser.add_argument("--num-generations", type=int, nargs=nargs, default=[8] if many else 8,
-                        help="completions per prompt (groups the generation batch; changes no memory by itself)")
-    parser.add_argument("--per-device-train-batch-size", type=int, default=None,
-                        help="completions per forward/backward pass on one device (default: num_generations, "
-                             "one prompt's group)")
-    parser.add_argument("--gradient-accumulation-steps", type=int, default=1)
-    parser.add_argument("--steps-per-generation", type=int, default=None,
-                        help="generation batch = per_device_train_batch_size x this (default: "
-                             "gradient_accumulation_steps, as in GRPOConfig)")
-    parser.add_argument("--max-prompt-length", type=int, default=256)
-    parser.add_argument("--max-completion-length", type=int, default=512)
-    parser.add_argument("--optim", default="adamw", choices=OPTIMIZERS + OPTIMS)
-    parser.add_argument("--gradient-checkpointing", type=on_off, default=True, metavar="on|off")
-    parser.add_argument("--beta", type=float, default=0.0, help="KL weight; > 0 loads a reference model (full only)")
-    parser.add_argument("--lora-rank", type=int, default=16)
-
-
-def batch_settings(args, num_generations: int) -> dict:
-    """Return the estimator's batch arguments (GRPOConfig's names) from :func:`add_setting_arguments`' options."""
-    return dict(per_device_train_batch_size=args.per_device_train_batch_size or num_generations,
-                gradient_accumulation_steps=args.gradient_accumulation_steps,
-                steps_per_generation=args.steps_per_generation, num_generations=num_generations)
 
 
 def estimate_cli(argv: list[str] | None = None) -> int:
@@ -164,19 +115,6 @@ def estimate_cli(argv: list[str] | None = None) -> int:
     verdict = "fits" if est.total + 1.0 <= card.gib else "does not fit"
     print(f"\n{verdict} {card} with 1 GiB headroom for the CUDA context and fragmentation")
     return 0
-
-
-def parse_pairs(option: str, pairs: list[str] | None) -> dict:
-    """Return ``{key: value}`` from ``KEY=VALUE`` words (``--set`` / ``--config``), each value read by :func:`parse_value`."""
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise UsageError(f"{option} takes KEY=VALUE, not {pair!r}")
-        key, value = pair.split("=", 1)
-        if not key.strip():
-            raise UsageError(f"{option} takes KEY=VALUE, not {pair!r}: the key is empty")
-        out[key.strip()] = parse_value(value.strip())
-    return out
 
 
 class _SecretSafeParser(argparse.ArgumentParser):
@@ -465,7 +403,8 @@ def print_real_demo_summary(summary: dict) -> None:
 
 def check_cli(argv: list[str] | None = None) -> int:
     """``python -m labkit check``: the pre-workshop checklist (install, device, mode, disk, model weights)."""
-    from labkit.lab import provenance, workshop_checklist, workshop_estimate, write_json, results_dir
+    from labkit.lab import provenance, results_dir, write_json
+    from labkit.workshop import workshop_checklist, workshop_estimate
 
     parser = argparse.ArgumentParser(prog="python -m labkit check", description=check_cli.__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -488,107 +427,3 @@ def check_cli(argv: list[str] | None = None) -> int:
     else:
         print("\n".join(str(item) for item in items))
     return 0 if all(item.ok is not False for item in items) else 1
-
-
-def rehearse_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit rehearse --preset NAME [--set KEY=VALUE ...]``: :func:`labkit.rehearsal.rehearse`.
-
-    Prints the plan, the rehearsed peak of each phase with its breakdown, what is not counted and which
-    CUDA behaviours are emulated, and the estimate preflight makes for the same plan. Exit 2 on a bad preset.
-    """
-    from labkit.cards import card_gib
-    from labkit.memory import GIB
-    from labkit.presets import PRESETS, PresetError, get_preset
-    from labkit.validation import validate
-
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit rehearse",
-        description="Run a GPU preset's GRPO step (TRL 1.16's own code) at full size on fake tensors and print the "
-                    "peak live memory of each phase: rehearsed, not measured.")
-    parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
-    parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                        help="override any preset field")
-    parser.add_argument("--no-generation", action="store_true", help="skip the generation phase")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        from labkit.plan import resolve_plan
-        from labkit.preflight import estimate
-
-        preset = get_preset(args.preset, **parse_pairs("--set", args.set))
-        plan = resolve_plan(preset)
-        if plan.card is None or plan.card.kind != "cuda":
-            raise PresetError(f"{preset.name} is a CPU preset (card_gib=None): the rehearsal rehearses a GPU run; "
-                              f"give it a card with --set card_gib={card_gib('rtx3080-laptop-16gb')}")
-        for warning in validate(preset, plan.card):
-            print(f"warning: {warning}")
-    except (PresetError, UsageError, KeyError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from labkit.rehearsal import LABEL, rehearse
-
-    result = rehearse(plan, generation=not args.no_generation)
-    print(result.report())
-    est = estimate(plan)
-    rows = [("generation", est.bytes["generation_phase"]), ("training", est.bytes["training_phase"]),
-            ("peak", est.bytes["total"])]
-    print(f"\npreflight's estimate (labkit.memory.estimate) vs the rehearsal, GiB:")
-    print(f"{'phase':<11}{'estimated':>10}{'rehearsed':>11}{'ratio':>8}")
-    for name, value in rows:
-        rehearsed = result.peak if name == "peak" else max(
-            result.phases[p]["peak"] for p in (("training", "optimizer") if name == "training" else (name,))
-            if p in result.phases)
-        print(f"{name:<11}{value / GIB:>10.3f}{rehearsed / GIB:>11.3f}{value / rehearsed:>8.3f}")
-    card = plan.card.total_memory_gib
-    print(f"\ncard {card:g} GiB: rehearsed peak {result.peak_gib:.2f} GiB = {100 * result.peak_gib / card:.0f} % "
-          f"of it ({LABEL}; add the CUDA context and fragmentation, about 1 GiB, before comparing with a card)")
-    return 0
-
-
-def colab_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit colab --repo OWNER/NAME --ref TAG``: set the lab's home (:func:`labkit.nbcheck.set_home`).
-
-    Writes ``labkit/data/home.json``, every notebook's Colab badge and install cell, and the README's Colab
-    links, in one go, or nothing at all: bad input or a file it cannot rewrite exits 2 before any write.
-    Idempotent. ``--unset`` goes back to no home; ``--check`` only reports disagreements (exit 1).
-    """
-    from labkit.nbcheck import HomeError, home_problems, read_home, set_home, validate_home
-
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit colab",
-        description="Set where this copy of the lab is published, for Colab: its GitHub repository and the tag "
-                    "learners get. Rewrites labkit/data/home.json, every notebook's badge and clone cell and the "
-                    "README's Colab links. Commit the result, then create the tag on that commit and push both.")
-    parser.add_argument("--repo", help="the lab's public GitHub repository, OWNER/NAME (e.g. alice/grpo-lab)")
-    parser.add_argument("--ref", help="the tag (or commit) learners clone, e.g. v0.2.0-class")
-    parser.add_argument("--unset", action="store_true", help="forget the home: badges and clone cells say there is none")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a notebook or the README disagrees with labkit/data/home.json")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="the lab's folder (default: the one holding this labkit)")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        if args.check:
-            if args.repo or args.ref or args.unset:
-                raise HomeError("--check takes no --repo, --ref or --unset")
-            problems = home_problems(args.root)
-            print("\n".join(problems) if problems else f"every notebook and the README show {read_home(args.root)}")
-            return 1 if problems else 0
-        if args.unset and (args.repo or args.ref):
-            raise HomeError("--unset takes no --repo or --ref")
-        if not args.unset and (args.repo is None or args.ref is None):
-            raise HomeError("give both --repo OWNER/NAME and --ref TAG (or --unset, or --check)")
-        home = validate_home(None if args.unset else args.repo, None if args.unset else args.ref)
-        changed = set_home(args.root, home)
-    except HomeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not changed:
-        print(f"the lab already shows {home}: nothing to change")
-        return 0
-    rewrote = ", ".join(str(path.relative_to(args.root)) for path in changed)
-    print(f"the lab's home is now {home}; rewrote {rewrote}" if home.is_set else
-          f"the lab now has no published home; rewrote {rewrote}")
-    if home.is_set:
-        print(f"next: commit these files, then tag that commit and push both: git tag {home.ref} && "
-              f"git push origin HEAD {home.ref} (the badges open the notebooks as they are at {home.ref})")
-    return 0

@@ -40,7 +40,8 @@ import torch
 
 __all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95", "wilson_interval",
            "McNemarResult", "mcnemar_test", "paired_bootstrap", "PairedChange", "paired_change", "paired_columns",
-           "pass_at_k"]
+           "pass_at_k", "held_out_scores", "describe_held_out", "short_answer_scores", "held_out_table", "side_by_side",
+           "sampled_pass_at_k"]
 
 
 def ci95(rate: float, n: int) -> float:
@@ -328,7 +329,7 @@ def paired_columns(before, after) -> dict:
 
     ``change 95% CI``: the paired bootstrap interval of the change (:func:`paired_bootstrap`);
     ``McNemar p``: the exact test (:func:`mcnemar_test`) as text with two significant figures, so a
-    p of 2e-06 never reads 0. Used by :func:`before_after_table` and ``labkit.demo.held_out_table``.
+    p of 2e-06 never reads 0. Used by :func:`before_after_table` and :func:`held_out_table`.
     """
     paired = paired_change(before, after)
     return {"change 95% CI": _interval(paired.low, paired.high), "McNemar p": f"{paired.p_value:.2g}"}
@@ -373,3 +374,138 @@ def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_MET
     table = pd.DataFrame(rows).set_index("metric")
     table.attrs["n"] = before.n
     return table
+
+
+# --------------------------------------------------------------------------- the held-out word problems (CPU mode)
+
+
+def held_out_scores(result) -> dict:
+    """Return the held-out figures of an evaluation of :class:`labkit.tasks.WordProblems`, with per-problem verdicts.
+
+    ``result`` is :func:`labkit.evaluate.gsm8k_accuracy`'s answer on the word problems (greedy).
+    ``right_answer`` is what GRPO trains for: the share whose *stated* answer is the gold number
+    (:func:`labkit.rewards.right_answer_reward`); ``right`` holds the verdict of each problem
+    (for the paired test). ``short_answer`` (1-10 words with a number), ``last_number`` (the
+    last number in the reply is the gold one, the lenient reading) and ``mean_words`` are
+    reported beside it.
+    """
+    from labkit.rewards import right_answer_reward, short_answer_reward
+
+    texts = [r["completion"] for r in result.records]
+    golds = [r["gold"] for r in result.records]
+    n = len(texts)
+    right = [bool(x) for x in right_answer_reward(texts, answer=golds)]
+    return {
+        "right_answer": sum(right) / n,
+        "right": right,
+        "short_answer": sum(short_answer_reward(texts)) / n,
+        "last_number": sum(bool(r["lenient_correct"]) for r in result.records) / n,
+        "mean_words": sum(len(t.split()) for t in texts) / n,
+        "n": n,
+    }
+
+
+def describe_held_out(result) -> str:
+    """Return one line on an evaluation of the held-out word problems: right answers with their Wilson interval.
+
+    What notebook 04 prints in CPU mode instead of GSM8K's line (whose strict and format rates
+    cannot move on word problems): ``held-out word problems (n=96, greedy, at most 24 tokens): 36
+    right = 37.5 % [95 % Wilson 28.5-47.5 %]; 62.5 % cut off at the budget [22 s]``.
+    """
+    right = held_out_scores(result)["right"]
+    low, high = wilson_interval(sum(right), len(right))
+    return (f"held-out word problems (n={len(right)}, greedy, at most {result.max_new_tokens} tokens): {sum(right)} "
+            f"right = {sum(right) / len(right):.1%} [95 % Wilson {low:.1%}-{high:.1%}]; "
+            f"{result.truncated_rate:.1%} cut off at the budget [{result.seconds:.0f} s]")
+
+
+def short_answer_scores(result) -> dict:
+    """Return :func:`held_out_scores` without the per-problem verdicts (one row of a table)."""
+    return {k: v for k, v in held_out_scores(result).items() if k != "right"}
+
+
+def held_out_table(before, after=None):
+    """Return a pandas DataFrame of the held-out right-answer rate of the word problems, before and after GRPO.
+
+    ``before`` and ``after`` are :func:`labkit.evaluate.gsm8k_accuracy` results on the word
+    problems, or ``before`` is a :func:`labkit.demo.real_model_demo` summary (its per-problem verdicts). One
+    row, the rate GRPO trains (GSM8K's strict format rate cannot move here, nobody asked for
+    tags): each rate with its Wilson interval, the change with its paired bootstrap interval over
+    problems, and the exact McNemar p.
+    """
+    import pandas as pd
+
+    if isinstance(before, dict):
+        before, after = before["right_before"], before["right_after"]
+    else:
+        before, after = held_out_scores(before)["right"], held_out_scores(after)["right"]
+    n = len(before)
+    row = {"problems": n,
+           "before": round(sum(before) / n, 3), "before 95% CI": _interval(*wilson_interval(sum(before), n)),
+           "after": round(sum(after) / n, 3), "after 95% CI": _interval(*wilson_interval(sum(after), n)),
+           "change": round((sum(after) - sum(before)) / n, 3), **paired_columns(before, after)}
+    return pd.DataFrame([row], index=pd.Index(["right answer (held-out word problems)"], name="metric"))
+
+
+def side_by_side(dataset, before, after, rows: int = 8):
+    """Return a styled table: each held-out question beside its gold number and both replies, left-aligned.
+
+    ``dataset`` holds the problems (conversational ``prompt``: the question is its last message),
+    ``before``/``after`` are their evaluations; ``right before``/``right after`` are
+    :func:`labkit.rewards.right_answer_reward`'s verdicts.
+    """
+    import pandas as pd
+
+    b_scores, a_scores = held_out_scores(before)["right"], held_out_scores(after)["right"]
+    table = pd.DataFrame([{"question": q, "gold": b["gold"], "before": b["completion"], "right before": rb,
+                           "after": a["completion"], "right after": ra}
+                          for q, b, a, rb, ra in zip(_questions(dataset), before.records, after.records, b_scores,
+                                                     a_scores)][:rows])
+    return table.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"}).set_table_styles(
+        [{"selector": "th", "props": [("text-align", "left")]}]).hide(axis="index")
+
+
+def _questions(dataset) -> list[str]:
+    return [prompt[-1]["content"] for prompt in dataset["prompt"]]
+
+
+def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_tokens: int = 32,
+                      temperature: float = 1.0, batch_size: int = 4, seed: int = 0, progress: bool = True,
+                      desc: str = "sampled replies") -> dict:
+    """Return ``{"pass@k": {k: rate}, "right_per_problem": [c, ...]}``: ``samples`` sampled replies per problem.
+
+    Each problem of ``dataset`` (conversational ``prompt``, gold ``answer``) gets ``samples``
+    replies sampled at ``temperature`` (TRL's default sampling, as in training), scored with
+    :func:`labkit.rewards.right_answer_reward`; pass@k for k = 1..samples is
+    :func:`labkit.evaluate.pass_at_k` averaged over problems. A progress bar counts the problems
+    (``progress=False``: none); the inputs go to the model's device.
+    """
+    from labkit.dashboard.live import progress_bar
+    from labkit.rewards import right_answer_reward
+
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in dataset["prompt"]]
+    golds = list(dataset["answer"])
+    was_training = model.training
+    model.eval()
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+    counts = []
+    try:
+        with torch.inference_mode(), progress_bar(total=len(texts), desc=desc, enabled=progress) as bar:
+            for first in range(0, len(texts), batch_size):
+                enc = tokenizer(texts[first:first + batch_size], return_tensors="pt", padding=True,
+                                add_special_tokens=False).to(_device_of(model))
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                                     top_p=1.0, top_k=0, num_return_sequences=samples,
+                                     pad_token_id=tokenizer.pad_token_id)  # (b * samples, T + new)
+                replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+                for row, gold in enumerate(golds[first:first + batch_size]):
+                    mine = replies[row * samples:(row + 1) * samples]
+                    counts.append(int(sum(right_answer_reward(mine, answer=[gold] * samples))))
+                bar.update(len(golds[first:first + batch_size]))
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+    rates = {k: sum(pass_at_k(samples, c, k) for c in counts) / len(counts) for k in range(1, samples + 1)}
+    return {"pass@k": rates, "right_per_problem": counts, "samples": samples, "temperature": temperature}

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from importlib import metadata
 
-__all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance", "write_json", "MODES",
-           "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads", "busy_cores", "share_cpu", "data_dir", "NOTEBOOK_TIMES", "read_notebook_times", "record_notebook_time",
-           "notebook_time_label", "T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist",
-           "hf_cache_has_weights", "COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
+__all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance",
+           "write_json", "MODES", "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads",
+           "busy_cores", "share_cpu", "data_dir", "run_bench"]
 
 MODES = ("auto", "cpu", "real")
 _REPORTED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes",
@@ -291,258 +290,23 @@ def data_dir() -> Path:
     return Path(__file__).resolve().parent / "data"
 
 
-# --------------------------------------------------------------------------- notebook run times
+def run_bench(*args: str) -> int:
+    """Run ``python -m bench ARGS`` (a measurement that writes ``results/``) in the repository's folder, printing its
+    output as it comes, and return its exit code.
 
-NOTEBOOK_TIMES = "notebook_times.json"
-
-
-def read_notebook_times(path: str | Path | None = None) -> dict:
-    """Return ``{notebook file name: record}`` from ``results/notebook_times.json`` (empty when there is none)."""
-    path = Path(path) if path else results_dir() / NOTEBOOK_TIMES
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text()).get("notebooks", {})
-
-
-def record_notebook_time(name: str, seconds: float, *, note: str = "", peak_kernel_rss_gib: float | None = None,
-                         path: str | Path | None = None) -> Path:
-    """Record that notebook ``name`` ran end to end in CPU mode in ``seconds`` (and its kernel's peak resident
-    memory), with provenance; return the file.
-
-    Written by ``python -m labkit bench notebooks``; the README's notebook table and each notebook's header
-    state :func:`notebook_time_label` of these figures (a test checks).
-    """
-    path = Path(path) if path else results_dir() / NOTEBOOK_TIMES
-    record = json.loads(path.read_text()) if path.exists() else {}
-    record["command"] = "python -m labkit bench notebooks NN"
-    record.setdefault("notebooks", {})[name] = {
-        "seconds": round(float(seconds), 1),
-        "mode": "cpu",
-        "note": note,
-        **({"peak_kernel_rss_gib": peak_kernel_rss_gib} if peak_kernel_rss_gib is not None else {}),
-        # the 1-minute load average as the notebook ended: its own threads count, other work shows above the cores
-        "load_average_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
-        "provenance": provenance(),
-    }
-    record["notebooks"] = dict(sorted(record["notebooks"].items()))
-    return write_json(path, record)
-
-
-def notebook_time_label(seconds: float) -> str:
-    """Return how the README and the notebook headers state a CPU run time: ``"under 1 min"`` or ``"about N min"``."""
-    if seconds < 60:
-        return "under 1 min"
-    return f"about {max(1, round(seconds / 60))} min"
-
-
-# --------------------------------------------------------------------------- the workshop preset's time on a T4
-
-# Published seconds per GRPO step on a free Colab T4 (docs/references.md#t4-step-times). Not our measurements.
-T4_STEP_SECONDS = {
-    "unsloth_qwen2.5-3b_vllm": {
-        "seconds_per_step": 24.0, "params_b": 3.1, "num_generations": 8, "completion_tokens": 200, "vllm": True,
-        "source": "Unsloth's saved Colab T4 notebook (unslothai/notebooks): 250 steps in 1 h 40 min",
-    },
-    "trl_qwen2-7b_qlora": {
-        "seconds_per_step": 94.0, "params_b": 7.6, "num_generations": 8, "completion_tokens": 256, "vllm": False,
-        "source": "TRL's T4 notebook (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb): 500 steps in ~13 h",
-    },
-}
-# Not published: an allowance for the install, the ~1 GB model download and loading, in minutes. An assumption.
-_SETUP_ALLOWANCE_MIN = 10.0
-
-
-def workshop_estimate(preset="workshop", eval_questions: int = 100, eval_passes: int = 2) -> dict:
-    """Return the ESTIMATED minutes notebook 04 takes on a free T4 with ``preset``, and what the estimate rests on.
-
-    No GPU run has been measured yet: this is arithmetic on published T4 step times
-    (:data:`T4_STEP_SECONDS`), to be replaced by a measured figure. Per step, the upper figure is
-    Unsloth's 3B step (24 s; vLLM, 200 tokens), the smallest published T4 GRPO step and for a model 6x
-    larger; the lower one is TRL's 7B QLoRA step without vLLM (94 s, G = 8, 256 tokens) scaled by
-    parameter count (decoding is bound by reading the weights). An evaluation batch generates as long
-    as one step does, so ``eval_passes x ceil(eval_questions / eval_batch_size)`` batches count as steps.
-    """
-    import math
-
-    from labkit.presets import get_preset
-
-    p = get_preset(preset)
-    catalogue = json.loads((data_dir() / "architectures.json").read_text())
-    params_b = catalogue.get(p.model, {}).get("params_b")
-    trl = T4_STEP_SECONDS["trl_qwen2-7b_qlora"]
-    upper_step = T4_STEP_SECONDS["unsloth_qwen2.5-3b_vllm"]["seconds_per_step"]
-    if params_b is None:
-        raise ValueError(f"{p.model} is not in labkit/data/architectures.json: its size (params_b) is unknown")
-    lower_step = trl["seconds_per_step"] * params_b / trl["params_b"]
-    eval_batches = eval_passes * math.ceil(eval_questions / p.eval_batch_size)
-    units = p.max_steps + eval_batches
-    upper = units * upper_step / 60 + _SETUP_ALLOWANCE_MIN
-    lower = units * lower_step / 60 + _SETUP_ALLOWANCE_MIN
-    return {
-        "preset": p.name, "model": p.model, "max_steps": p.max_steps, "num_generations": p.num_generations,
-        "max_completion_length": p.max_completion_length, "eval_questions": eval_questions,
-        "eval_batches": eval_batches, "seconds_per_step_low": round(lower_step, 1),
-        "seconds_per_step_high": upper_step, "setup_allowance_min": _SETUP_ALLOWANCE_MIN,
-        "minutes_low": round(lower), "minutes_high": round(upper), "status": "estimate",
-        "note": "ESTIMATE from published T4 step times, not a measurement; replace with a measured notebook 04 run "
-                "on a T4 when one exists.",
-        "sources": {k: v["source"] for k, v in T4_STEP_SECONDS.items()},
-    }
-
-
-# --------------------------------------------------------------------------- the pre-workshop checklist
-
-
-@dataclass
-class CheckItem:
-    """One line of :func:`workshop_checklist`: what was checked, whether it is fine (None: could not tell), why."""
-
-    name: str
-    ok: bool | None
-    detail: str
-
-    def __str__(self) -> str:
-        mark = {True: "ok  ", False: "FIX ", None: "?   "}[self.ok]
-        return f"[{mark}] {self.name}: {self.detail}"
-
-
-def hf_cache_has_weights(model: str, cache: str | Path | None = None) -> bool:
-    """Return True when the Hugging Face cache holds a snapshot of ``model`` with its weights (``*.safetensors``)."""
-    if cache is None:
-        from huggingface_hub import constants
-
-        cache = constants.HF_HUB_CACHE
-    snapshots = Path(cache) / f"models--{model.replace('/', '--')}" / "snapshots"
-    return any(snapshots.glob("*/*.safetensors"))
-
-
-def _hub_reachable(timeout: float = 5.0) -> bool:
-    import urllib.request
-
-    try:  # an anonymous HEAD request: no token is read or sent
-        urllib.request.urlopen(urllib.request.Request("https://huggingface.co", method="HEAD"), timeout=timeout)
-        return True
-    except OSError:
-        return False
-
-
-def workshop_checklist(preset: str | None = None, *, online: bool | None = None, min_free_gib: float = 5.0) -> list:
-    """Return the pre-workshop checklist as :class:`CheckItem` lines: install, device, mode, disk, weights.
-
-    ``preset`` defaults to what notebook 04 picks here (``workshop`` on a GPU, ``cpu-tiny`` without).
-    ``online``: None asks the hub (unless ``HF_HUB_OFFLINE`` is set). The weights check reads the
-    local Hugging Face cache only; offline, it says what to download at home. No token is read or printed.
-    """
-    import shutil
-
-    from labkit.device import detect_device
-
-    items = []
-    versions = package_versions()
-    missing = [name for name in ("torch", "transformers", "trl", "peft", "accelerate", "datasets") if not versions[name]]
-    items.append(CheckItem("install", not missing, "missing " + ", ".join(missing) + ": run the README's install"
-                           if missing else ", ".join(f"{k} {versions[k]}" for k in ("torch", "transformers", "trl", "peft"))))
-    device = detect_device()
-    items.append(CheckItem("device", True, f"{device}" + ("" if device.kind == "cuda" else
-                                                          " (no CUDA GPU: CPU mode; the GPU steps run on Colab)")))
-    try:
-        mode = resolve_mode("auto", device)
-        items.append(CheckItem("mode", True, f"{mode} (LABKIT_MODE={os.environ.get('LABKIT_MODE', 'unset')})"))
-    except (ValueError, RuntimeError) as exc:
-        items.append(CheckItem("mode", False, str(exc)))
-        mode = "cpu"
-    from huggingface_hub import constants
-
-    cache = Path(constants.HF_HUB_CACHE)
-    probe = next((p for p in (cache, *cache.parents) if p.exists()), Path.cwd())
-    free_gib = shutil.disk_usage(probe).free / 2**30
-    items.append(CheckItem("free disk", free_gib >= min_free_gib, f"{free_gib:.1f} GiB free at {probe} "
-                           f"(need {min_free_gib:g} GiB for the workshop model and runs)"))
-    if preset is None:
-        preset = "workshop" if device.kind == "cuda" else "cpu-tiny"
-    from labkit.presets import get_preset
-
-    model = get_preset(preset).model
-    if model.startswith("tiny:"):
-        items.append(CheckItem("weights", True, f"preset {preset}: {model} is built on this machine, nothing to "
-                               "download (the GPU preset is 'workshop': python -m labkit check --preset workshop)"))
-        return items
-    cached = hf_cache_has_weights(model, cache)
-    if online is None:
-        online = os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True") and _hub_reachable()
-    download = f"hf download {model}"  # huggingface_hub >= 1.0; older releases: huggingface-cli download
-    if cached:
-        items.append(CheckItem("weights", True, f"preset {preset}: {model} is in the Hugging Face cache ({cache})"))
-    elif online:
-        items.append(CheckItem("weights", False, f"preset {preset}: {model} is not cached yet; the hub is reachable: "
-                               f"run `{download}` now, before the workshop's shared network"))
-    else:
-        items.append(CheckItem("weights", None, f"preset {preset}: {model} is not in the cache and the hub cannot be "
-                               f"checked (offline); at home, run `{download}`"))
-    return items
-
-
-# --------------------------------------------------------------------------- installing on Colab
-
-# Packages a Colab runtime ships and the lab must never replace there: swapping ipykernel, tornado or pyzmq
-# under a running kernel crashes it; torch is Colab's CUDA build; the rest are the notebook front end and the
-# scientific stack Colab's own tools import. (tests/test_colab.py keeps Colab's full preinstalled list.)
-COLAB_KEEP = frozenset({
-    "torch", "torchvision", "torchaudio", "numpy", "pandas", "scipy", "matplotlib", "ipykernel", "ipython",
-    "ipywidgets", "widgetsnbextension", "jupyterlab-widgets", "jupyter-client", "jupyter-core", "jupyter-server",
-    "jupyterlab", "notebook", "tornado", "pyzmq", "traitlets", "google-colab", "psutil", "tqdm", "requests",
-})
-
-
-def requirement_name(line: str) -> str | None:
-    """Return the normalised package name of a requirements line (``"Foo_Bar>=1"`` -> ``"foo-bar"``), or None."""
-    import re
-
-    match = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#", 1)[0])
-    return re.sub(r"[-_.]+", "-", match.group(1)).lower() if match else None
-
-
-def colab_requirements(path: str | Path) -> tuple[list[str], list[str]]:
-    """Return ``(lines to install, names kept as Colab ships them)`` from a requirements file."""
-    keep, dropped = [], []
-    for line in Path(path).read_text().splitlines():
-        name = requirement_name(line)
-        if name is None:
-            continue
-        (dropped if name in COLAB_KEEP or name.startswith("jupyter") else keep).append(line.split("#", 1)[0].strip())
-    return keep, [requirement_name(line) for line in dropped]
-
-
-def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt", *, run=None) -> bool:
-    """Install what Colab lacks from ``repo/requirements``, then labkit itself; return True if a restart is needed.
-
-    Used by every notebook's install cell on Colab. Never touches :data:`COLAB_KEEP` (they are filtered
-    out, and labkit is installed with ``--no-deps``); pip's output and errors are shown as they come.
-    A restart is needed when a package whose version changed was already imported in this kernel.
-    ``run`` replaces ``subprocess.run`` in tests.
+    The measurements live beside ``labkit``, not in it; a notebook that measures (05, 06) starts them as the
+    README does, in a process of their own, so the kernel's memory is not in their figures. Needs the
+    repository (a clone, as on Colab); an installed copy of ``labkit`` without it raises ``FileNotFoundError``.
     """
     import subprocess
-    import tempfile
 
-    run = run or subprocess.run
-    repo = Path(repo)
-    lines, kept = colab_requirements(repo / requirements)
-    watched = [requirement_name(line) for line in lines]
-    before = package_versions(watched)
-    if kept:
-        print(f"keeping Colab's own {', '.join(kept)} (not installed from {requirements})")
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
-        handle.write("\n".join(lines) + "\n")
-    run([sys.executable, "-m", "pip", "install", "-r", handle.name], check=True)
-    run([sys.executable, "-m", "pip", "install", "--no-deps", "-e", str(repo)], check=True)
-    after = package_versions(watched)
-    changed = {name: (before[name], after[name]) for name in watched if before[name] != after[name]}
-    imported = sorted(name for name in changed if name.replace("-", "_") in sys.modules)
-    for name, (old, new) in changed.items():
-        print(f"{name}: {old or 'not installed'} -> {new}")
-    if imported:
-        print(f"RESTART NEEDED: {', '.join(imported)} changed after this kernel imported it. "
-              "Runtime > Restart session, then run the notebook from the top (this cell then finds everything in place).")
-        return True
-    print("No restart needed: nothing that changed had been imported yet.")
-    return False
+    root = repo_root()
+    if root is None or not (root / "bench" / "__init__.py").is_file():
+        raise FileNotFoundError("the benchmarks (the bench/ folder) are not here: run this from a clone of the lab")
+    command = [sys.executable, "-m", "bench", *map(str, args)]
+    print("$", " ".join(["python", *command[1:]]), flush=True)
+    with subprocess.Popen(command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+    return proc.returncode
+

@@ -16,7 +16,7 @@ Weights, the reference model and the optimizer states live through both, so
 :data:`labkit.models.ARCHITECTURES`, a transformers config, or a saved model folder).
 :func:`state_bytes` and :func:`saved_activation_bytes` measure the same quantities on a real
 model, exactly, on any device; the tests hold the estimator to them. Measured peaks of real TRL
-GRPO steps come from ``python -m labkit bench memory`` (:mod:`labkit.bench.memory`), and the live
+GRPO steps come from ``python -m bench memory`` (:mod:`bench.memory`), and the live
 readings of a running step from :mod:`labkit.monitor`.
 """
 from __future__ import annotations
@@ -446,7 +446,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
       ``max_prompt_length``; with LoRA's fp32 input casts (below) counted on this side. The *end of
       decoding*: the full-length cache ``2 L kv b B_gen S``, one layer's copy of it while
       ``DynamicCache.update`` concatenates, and the sampling buffers (``B_gen V``).
-    - **transients** (generation; :mod:`labkit.rehearsal` found them): LoRA's fp32 input casts at the prefill
+    - **transients** (generation; :mod:`bench.rehearse` found them): LoRA's fp32 input casts at the prefill
       (when the prefill is the larger moment), autocast's ``V h b`` copy of an fp32 LM head (QLoRA with
       ``prepare_model_for_kbit_training``, fp32 masters) and of every fp32 master weight.
 
@@ -596,7 +596,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         mlp_wide, h_wide = 4, 4
     prefill = kv_prompt + generation_batch_ * prompt_len * (mlp_wide * shape.intermediate_size * hb + h_wide * h * rb)
     decode_end = kv_full + kv_full // L + generation_batch_ * V * (b + 3 * 4)  # logits, fp32 copy, sampling buffers
-    # Generation transients the rehearsal (labkit.rehearsal) showed: PEFT casts a LoRA input to fp32 and dropout
+    # Generation transients the rehearsal (bench.rehearse) showed: PEFT casts a LoRA input to fp32 and dropout
     # keeps an fp32 output and a mask (prefill only: one token wide while decoding); autocast copies an fp32 LM
     # head (QLoRA with prepare_model_for_kbit_training, fp32 masters) and caches the copies of every fp32 master
     # weight (every forward: both moments).

@@ -358,7 +358,7 @@ def save_random_architecture(name: str, folder: str | os.PathLike, *, dtype: tor
     (its pad and EOS become the model's); tokens it cannot decode come out as nothing, which
     only the (irrelevant) rewards see. Random init is much faster with ``device="cuda"``; the
     weights are freed before this returns. ``overrides`` change the shape (``num_hidden_layers=2``: the
-    CPU rehearsal of ``python -m labkit bench gpu --tiny``). Returns ``str(folder)``.
+    CPU rehearsal of ``python -m bench gpu --tiny``). Returns ``str(folder)``.
     """
     tokenizer = tiny_tokenizer()
     model = build_architecture(name, device=device, dtype=dtype, pad_token_id=tokenizer.pad_token_id,

@@ -365,7 +365,7 @@ class VRAMMonitor:
     def from_record(cls, record: dict) -> "VRAMMonitor":
         """Return a stopped monitor holding a recorded run's samples and phase marks, to plot without its device.
 
-        ``record`` is what ``python -m labkit bench gpu`` keeps of a measured run
+        ``record`` is what ``python -m bench gpu`` keeps of a measured run
         (``results/gpu/dashboard_laptop-16gb.json``: ``label``, ``timeline``, ``phases``): notebooks 04 and 05
         replay a real 16 GB run's memory, phase by phase, on a CPU.
         """

@@ -1,7 +1,7 @@
 """One preset resolved once into a plan: what a run trains, in which precision, with which settings.
 
 The layer above :mod:`labkit.presets` (the recipe) and :mod:`labkit.validation`, below the readers of a
-plan (:mod:`labkit.preflight`, :mod:`labkit.rehearsal`) and :func:`labkit.run.build_run`.
+plan (:mod:`labkit.preflight`, :mod:`bench.rehearse`) and :func:`labkit.run.build_run`.
 :func:`resolve_plan` turns a preset (a name or a :class:`labkit.presets.Preset`), for one card, into a
 :class:`Plan` that says everything the rest of the lab needs, decided in one place:
 
@@ -16,7 +16,7 @@ plan (:mod:`labkit.preflight`, :mod:`labkit.rehearsal`) and :func:`labkit.run.bu
 - the card: a :class:`labkit.device.DeviceInfo` (the machine's, or the one the preset is made for).
 
 ``build_run``, ``preflight``, ``train --dry-run``, the estimator (:func:`labkit.preflight.estimate`) and
-the rehearsal (:mod:`labkit.rehearsal`) all read a plan, so what the rehearsal rehearses is what
+the rehearsal (:mod:`bench.rehearse`) all read a plan, so what the rehearsal rehearses is what
 ``build_run`` would run, by construction. Introduced in ``04_lora_grpo_16gb.ipynb``.
 """
 from __future__ import annotations

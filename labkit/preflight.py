@@ -1,7 +1,7 @@
 """A plan's memory, before anything loads: :func:`estimate` (the estimator of :mod:`labkit.memory`) and
 :func:`preflight`, the estimate against the card with what to change first when it does not fit.
 
-A reader of a :class:`labkit.plan.Plan`, beside the rehearsal (:mod:`labkit.rehearsal`) and the OOM doctor
+A reader of a :class:`labkit.plan.Plan`, beside the rehearsal (:mod:`bench.rehearse`) and the OOM doctor
 (:mod:`labkit.oom`, whose candidate changes it ranks); ``python -m labkit train --dry-run`` prints it.
 Introduced in ``04_lora_grpo_16gb.ipynb``.
 """

@@ -263,7 +263,7 @@ PRESETS: dict[str, Preset] = {
             description="Notebook 08's CPU recipe: GRPO for SmolLM2-135M-Instruct with LoRA and the calculator "
                         "(TRL's environment_factory, labkit's CalculatorEnv, up to 2 tool rounds) on word problems "
                         "with large numbers; 2 prompts x 8 completions a step in micro-batches of 4, 6 steps at "
-                        "3e-4, about 70 s a step on 2 cores. It is the GRPO half of `python -m labkit bench "
+                        "3e-4, about 70 s a step on 2 cores. It is the GRPO half of `python -m bench "
                         "tools-demo`, which first warms the model up on 8 x 4 demonstrations (labkit.tools.warm_up, "
                         "notebook 08 section 5): a fresh SmolLM2 calls no tool and almost never earns a reward "
                         "(3 % of held-out replies right), so from it this recipe has little to learn from.",
@@ -295,7 +295,7 @@ PRESETS: dict[str, Preset] = {
             description="A workshop slot on a free Colab T4 (notebook 04's default on a GPU): Qwen2.5-0.5B with "
                         "LoRA, one prompt x G=8 completions of up to 256 tokens a step, 30 steps, evaluated on 100 "
                         "test questions; about 14-25 min, an ESTIMATE from published T4 step times "
-                        "(labkit.lab.workshop_estimate). It shows the loop working, not a trained model.",
+                        "(labkit.workshop.workshop_estimate). It shows the loop working, not a trained model.",
             per_device_train_batch_size=8,
             gradient_accumulation_steps=1,
             num_generations=8,

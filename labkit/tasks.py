@@ -22,7 +22,7 @@ carries only about as often as the teacher did. The reward knows better than the
 demonstrations, and that gap is what GRPO closes.
 
 :func:`short_working_reward` is a reward with a loophole, for the reward-hacking experiment of
-``03_nano_grpo_cpu.ipynb`` (``python -m labkit bench reward-hacking``): it pays for the format and a
+``03_nano_grpo_cpu.ipynb`` (``python -m bench reward-hacking``): it pays for the format and a
 short working and never reads the answer, and on this task the short working is the forgotten carry.
 """
 from __future__ import annotations

@@ -317,7 +317,7 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
     tool schema included, by ``max_prompt_length``. Each row's **estimate** (:func:`labkit.preflight.estimate` of
     the plan on the preset's card) is sized like the presets (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB)
     against 80 % of the card; the preset's own batch was chosen by the rehearsal on fake tensors
-    (``python -m labkit bench rehearsal``, results/rehearsal.csv).
+    (``python -m bench rehearsal``, results/rehearsal.csv).
     """
     from labkit.cards import SIZING_TARGET, sized_gib
     from labkit.plan import resolve_plan
@@ -347,7 +347,7 @@ _ARMS = {"tool": "with the calculator", "no_tool": "without a tool"}
 
 
 def tools_demo_table(summary: dict):
-    """Return a table of ``python -m labkit bench tools-demo``'s figures: one row per arm and stage.
+    """Return a table of ``python -m bench tools-demo``'s figures: one row per arm and stage.
 
     Columns: the share of replies that call the tool, that call it well, and that are right, with the right-answer
     rate's 95 % Wilson interval.

@@ -17,7 +17,7 @@ needs a CUDA GPU, and its releases pin older libraries than the lab's (``unsloth
   the code path of notebook 04: :func:`labkit.run.build_run`) or through Unsloth, then
   evaluates it on GSM8K (:func:`labkit.evaluate.gsm8k_accuracy`), and returns peak VRAM, seconds
   per step and accuracy. Only the model loading differs between the two backends.
-- ``python -m labkit bench unsloth`` (:func:`bench_unsloth_cli`) runs both backends, each in a
+- ``python -m bench unsloth`` (:func:`bench_unsloth_cli`) runs both backends, each in a
   fresh process, and appends their rows to ``results/unsloth_vs_trl.csv``.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""``python -m labkit bench gpu``: the command's logic on a CPU, and the GPU rows it recorded.
+"""``python -m bench gpu``: the command's logic on a CPU, and the GPU rows it recorded.
 
 - no CUDA device: one line, exit 2, nothing written; ``--tiny`` never writes beside GPU rows;
 - ``--tiny`` runs every part through ``build_run`` with two-layer models (what would break on a GPU breaks here);
 - the budget: a row cut short is kept as "cut", rows that would not finish are listed as skipped;
 - rows measured at today's settings are not measured again, a changed preset is;
-- :class:`labkit.bench.gpu.PhasePeaks` names the phases in TRL's order;
+- :class:`bench.gpu.PhasePeaks` names the phases in TRL's order;
 - the recorded laptop-16gb run: the replayed timeline (notebooks 04 and 05) agrees with the measured row.
 """
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.bench import gpu
+from bench import gpu, gpu_measure
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
 
@@ -83,7 +83,7 @@ def test_a_row_cut_by_the_budget_is_kept_and_the_rest_is_listed(tmp_path, monkey
         calls.append((spec["name"], timeout))
         raise subprocess.TimeoutExpired("worker", timeout)
 
-    import labkit.bench.worker as worker
+    import bench.worker as worker
 
     monkeypatch.setattr(worker, "run", fake_run)
     out = tmp_path / "gpu"
@@ -101,7 +101,7 @@ def test_a_row_cut_by_the_budget_is_kept_and_the_rest_is_listed(tmp_path, monkey
 
 
 def test_a_card_larger_than_the_device_is_refused(tmp_path, monkeypatch, capsys):
-    import labkit.bench.worker as worker
+    import bench.worker as worker
 
     def fake_run(kind, spec, timeout):
         if kind == "probe":
@@ -206,7 +206,7 @@ def test_every_measured_preset_row_fits_its_card_and_says_how_it_was_measured():
 def test_the_memory_table_shows_a_measured_row_only_at_its_settings(tmp_path):
     import shutil
 
-    from labkit.rehearsal import memory_columns
+    from labkit.results import memory_columns
 
     repo = Path(__file__).resolve().parents[1] / "results"
     table = memory_columns(repo / "rehearsal.csv", None, kinds=("preset",)).set_index("row")
@@ -248,7 +248,7 @@ def test_the_doctor_cap_sits_between_the_earlier_phases_and_the_target():
 
 
 def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
-    import labkit.bench.worker as worker
+    import bench.worker as worker
 
     seen = []
     lora_peaks = {"setup": 3.0, "generation": 6.5, "scoring": 3.0, "forward": 7.8, "backward": 10.3, "optimizer": 3.1}
@@ -261,7 +261,7 @@ def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
         stage, target = spec["doctor"]["stage"], spec["doctor"].get("target")
         row = dict(part="doctor", name=spec["name"], cuda="13.0", precision="bf16", estimated_total_gib=8.0,
                    estimated_generation_gib=6.0, estimated_training_gib=8.0, wall_s=1.0,
-                   settings=gpu._bench_preset(spec).replace(precision="bf16").to_dict())
+                   settings=gpu.bench_preset(spec).replace(precision="bf16").to_dict())
         if stage == "base":
             peaks = lora_peaks if spec["name"] == "doctor-lora-base" else full_peaks
             row.update(status="ok", phase_peaks_gib=peaks, **{f"{p}_allocated_gib": v for p, v in peaks.items()})
@@ -307,5 +307,5 @@ def test_the_dashboards_peak_line_is_the_runs_peak_not_the_last_phases():
     marks = [PhaseMark("generation", 0, 0, 1, 0, 0, int(6.5 * GIB)), PhaseMark("backward", 0, 1, 2, 0, 0, int(10.2 * GIB)),
              PhaseMark("optimizer step", 0, 2, 3, 0, 0, int(3.0 * GIB)), PhaseMark("backward", 1, 3, 4, 0, 0,
                                                                                   int(10.3 * GIB))]
-    gpu._restore_peak_series(record, SimpleNamespace(phases=marks))
+    gpu_measure._restore_peak_series(record, SimpleNamespace(phases=marks))
     assert record.history["memory/peak"][1] == pytest.approx([10.2, 10.3], abs=1e-6)

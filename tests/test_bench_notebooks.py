@@ -1,9 +1,9 @@
-"""`python -m labkit bench notebooks` measures what it says: a notebook's kernel memory and its failures."""
+"""`python -m bench notebooks` measures what it says: a notebook's kernel memory and its failures."""
 import json
 
 import pytest
 
-from labkit.bench.notebooks import run_notebook
+from bench.notebooks import run_notebook
 
 
 def _notebook(path, source):

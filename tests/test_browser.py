@@ -1,7 +1,7 @@
 """The live dashboard and notebook 05's estimator in a real browser: JupyterLab, headless Debian Chromium, Playwright.
 
 Starts JupyterLab on 127.0.0.1 (free port, random token) in a temporary folder holding two notebooks, whose
-metadata is labkit.nbcheck's (the test checks that JupyterLab opens them unmodified). The first feeds a
+metadata is scripts.nbcheck's (the test checks that JupyterLab opens them unmodified). The first feeds a
 LiveDashboard a simulated run and checks in the DOM that the widgets render (the card, the gauge, the eight
 SVG charts), that they update while the cell runs, and that closing the dashboard leaves a picture; then
 notebook 03's nano GRPO loop and notebook 04's path (TRL's GRPOTrainer with the dashboard made before the
@@ -138,7 +138,7 @@ def _write_notebook(path: Path, sources: list[str]) -> None:
         return {"cell_type": "code", "execution_count": None, "id": secrets.token_hex(4), "metadata": {},
                 "outputs": [], "source": source.splitlines(keepends=True)}
 
-    from labkit.nbcheck import NOTEBOOK_METADATA
+    from scripts.nbcheck import NOTEBOOK_METADATA
 
     notebook = {"cells": [cell(source) for source in sources], "metadata": NOTEBOOK_METADATA,
                 "nbformat": 4, "nbformat_minor": 5}
@@ -332,7 +332,7 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
             # wide enough for the charts side by side; 2x pixels so the README screenshot stays sharp
             page = _open_notebook(browser, url, {"width": 1600, "height": 1050})
             page.wait_for_timeout(1500)
-            # the notebook's metadata is labkit.nbcheck's: JupyterLab has nothing to rewrite, so it is not "modified"
+            # the notebook's metadata is scripts.nbcheck's: JupyterLab has nothing to rewrite, so it is not "modified"
             assert page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").count() == 0, "opened as modified"
             page.keyboard.press("Shift+Enter")  # run the first cell, move to the second
 

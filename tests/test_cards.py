@@ -75,7 +75,7 @@ def test_no_card_size_is_stated_outside_the_table():
 def test_the_scan_finds_what_it_forbids(tmp_path, monkeypatch):
     """The scan catches each kind of literal it forbids (so that the test above can fail)."""
     wrong = ['preflight("laptop-16gb", card_gib=16)', 'T4 = DeviceInfo("cuda", "Tesla T4", 14.7, (7, 5))',
-             "CARD_GIB = CARD_GB * 1e9 / GIB", "plan.fits(80)", "python -m labkit bench memory --cap-gib 15.7"]
+             "CARD_GIB = CARD_GB * 1e9 / GIB", "plan.fits(80)", "python -m bench memory --cap-gib 15.7"]
     for line in wrong:
         assert any(p.search(line) for p in _CODE), line
     assert _PROSE.search("a 16 GB card (14.9 GiB)").group(2) not in _table_figures()

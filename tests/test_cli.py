@@ -1,4 +1,5 @@
-"""labkit.cli: one command table, one KEY=VALUE parser, and every command reachable from `python -m labkit`."""
+"""labkit.cli and labkit.options: one command table, one KEY=VALUE parser, every command reachable from `python -m labkit`,
+and the commands that moved out of the package answer with their new name."""
 import ast
 import subprocess
 import sys
@@ -6,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from labkit.cli import COMMANDS, UsageError, main, parse_pairs, parse_value
+from labkit.cli import COMMANDS, MOVED, main
+from labkit.options import UsageError, parse_pairs, parse_value
 
-PACKAGE = Path(__file__).resolve().parents[1] / "labkit"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("text, value", [
@@ -34,9 +36,9 @@ def test_a_pair_without_key_or_value_is_a_usage_error(pair):
 
 
 def test_every_set_and_config_option_is_parsed_by_the_one_parser():
-    """Each command that declares --set or --config reads it with labkit.cli.parse_pairs, never a parser of its own."""
+    """Each command that declares --set or --config reads it with labkit.options.parse_pairs, never a parser of its own."""
     users = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted([*(REPO / "labkit").rglob("*.py"), *(REPO / "bench").rglob("*.py")]):
         source = path.read_text()
         tree = ast.parse(source)
         declares = any(isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument"
@@ -46,7 +48,7 @@ def test_every_set_and_config_option_is_parsed_by_the_one_parser():
             users.append(path.name)
             assert "parse_pairs(" in source, f"{path} declares --set/--config but does not parse it with parse_pairs"
             assert "yaml" not in source, f"{path} parses values with YAML (1e-4 becomes a string there)"
-    assert {"cli.py", "unsloth.py"} <= set(users)
+    assert {"cli.py", "unsloth.py", "rehearse.py"} <= set(users)
 
 
 def test_train_dry_run_takes_a_scientific_learning_rate(capsys):
@@ -69,6 +71,19 @@ def test_unknown_command_is_refused(capsys):
     assert "unknown command 'trian'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", sorted(MOVED))
+def test_a_moved_command_answers_with_its_new_name_in_one_line(command, capsys):
+    assert main([command, "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and MOVED[command] in err and "moved" in err
+
+
+def test_python_m_bench_runs_from_the_repository_folder():
+    out = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert "usage: python -m bench NAME" in out and "gpu" in out
+
+
 def test_every_command_target_exists():
     import importlib
 
@@ -80,13 +95,13 @@ def test_every_command_target_exists():
 def test_every_benchmark_module_has_a_main():
     import importlib
 
-    from labkit.bench import BENCHMARKS
+    from bench import BENCHMARKS
 
     for name, (module, _) in BENCHMARKS.items():
-        assert callable(importlib.import_module(f"labkit.bench.{module}").main), name
+        assert callable(importlib.import_module(f"bench.{module}").main), name
 
 
-@pytest.mark.parametrize("command, quiet", [("demo", True), ("train", True), ("bench", True), ("estimate", False)])
+@pytest.mark.parametrize("command, quiet", [("demo", True), ("train", True), ("estimate", False)])
 def test_commands_that_load_models_silence_library_noise_first(monkeypatch, command, quiet):
     # the long SmolLM2 run printed TRL's deprecated `is_gradient_checkpointing` FutureWarning at every evaluation
     import importlib
@@ -95,8 +110,8 @@ def test_commands_that_load_models_silence_library_noise_first(monkeypatch, comm
 
     calls = []
     monkeypatch.setattr(labkit.lab, "quiet_library_noise", lambda: calls.append("quiet"))
-    monkeypatch.setitem(COMMANDS, command, ("labkit.cli:parse_value", ""))
-    monkeypatch.setattr(importlib.import_module("labkit.cli"), "parse_value", lambda rest: calls.append("run"))
+    monkeypatch.setitem(COMMANDS, command, ("labkit.options:parse_value", ""))
+    monkeypatch.setattr(importlib.import_module("labkit.options"), "parse_value", lambda rest: calls.append("run"))
     assert main([command]) == 0
     assert calls == (["quiet", "run"] if quiet else ["run"])
 

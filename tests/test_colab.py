@@ -1,5 +1,5 @@
 """Installing the lab on Colab never replaces what Colab ships, and says when to restart; every notebook's badge
-and clone cell show the lab's one home (labkit/data/home.json), which `python -m labkit colab` sets.
+and clone cell show the lab's one home (labkit/data/home.json), which `python -m scripts.colab` sets.
 
 COLAB_SHIPS holds the packages of a Colab GPU runtime that the lab depends on or that the kernel needs,
 at Colab's versions. Source: github.com/googlecolab/backend-info, pip-freeze.gpu.txt (the runtime's
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.lab import COLAB_KEEP, colab_install, colab_requirements, requirement_name
-from labkit.nbcheck import (NO_HOME, SET_HOME, Home, HomeError, check_notebook, colab_badge, home_problems, read_home,
+from labkit.colab import COLAB_KEEP, colab_install, colab_requirements, requirement_name
+from scripts.nbcheck import (NO_HOME, SET_HOME, Home, HomeError, check_notebook, colab_badge, home_problems, read_home,
                             readme_block, set_home)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_colab_install_uses_no_deps_for_labkit_and_asks_for_a_restart_only_when_
     (tmp_path / "requirements-colab.txt").write_text("# comment\ntrl==1.16.0\npandas==2.2.2\n")
     calls = []
     versions = iter([{"trl": "1.0.0"}, {"trl": "1.16.0"}])
-    monkeypatch.setattr("labkit.lab.package_versions", lambda names: next(versions))
+    monkeypatch.setattr("labkit.colab.package_versions", lambda names: next(versions))
 
     def fake_run(command, check):
         calls.append(command)
@@ -133,7 +133,7 @@ def test_colab_install_uses_no_deps_for_labkit_and_asks_for_a_restart_only_when_
 
 
 # --------------------------------------------------------------------------- the lab's home (issue 33)
-# Where the lab is published is one setting, labkit/data/home.json; `python -m labkit colab` writes it into every
+# Where the lab is published is one setting, labkit/data/home.json; `python -m scripts.colab` writes it into every
 # notebook's badge line and install cell and the README. These tests read the setting, whatever it is, and run
 # the command on a copy of the lab (never on the real notebooks).
 
@@ -181,7 +181,7 @@ def _run_install_cell(source: str, monkeypatch, *, clone_rc=0, gpu=False) -> lis
     import shutil
     import types
 
-    import labkit.lab
+    import labkit.colab
 
     calls = []
 
@@ -192,7 +192,7 @@ def _run_install_cell(source: str, monkeypatch, *, clone_rc=0, gpu=False) -> lis
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(subprocess, "run", fake_run)
     monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi" if gpu else None)
-    monkeypatch.setattr(labkit.lab, "colab_install", lambda repo, requirements: calls.append(("colab_install", requirements)))
+    monkeypatch.setattr(labkit.colab, "colab_install", lambda repo, requirements: calls.append(("colab_install", requirements)))
     monkeypatch.setattr(sys, "path", list(sys.path))
     exec(compile(source, "<install cell>", "exec"), {})
     return calls
@@ -200,7 +200,7 @@ def _run_install_cell(source: str, monkeypatch, *, clone_rc=0, gpu=False) -> lis
 
 @pytest.fixture()
 def lab_copy(tmp_path) -> Path:
-    """A copy of what `python -m labkit colab` rewrites: notebooks/, README.md, labkit/data/home.json."""
+    """A copy of what `python -m scripts.colab` rewrites: notebooks/, README.md, labkit/data/home.json."""
     import shutil
 
     shutil.copytree(REPO / "notebooks", tmp_path / "notebooks")
@@ -236,7 +236,7 @@ def test_a_failed_clone_prints_one_sentence_naming_the_setting_instead_of_a_trac
     assert len(calls) == 1 and "git clone https://github.com/alice/grpo-lab /content/grpo-lab" in calls[0]
     out = capsys.readouterr().out.strip()
     assert out.count("\n") == 0 and "alice/grpo-lab" in out and "v0.2.0-class" in out, out
-    assert "LABKIT_REPO" in out and "LABKIT_REF" in out and "python -m labkit colab" in out, out
+    assert "LABKIT_REPO" in out and "LABKIT_REF" in out and "python -m scripts.colab" in out, out
 
 
 @pytest.mark.parametrize("gpu", [False, True])
@@ -253,10 +253,10 @@ def test_the_install_cell_clones_the_home_and_adds_the_cpu_model_only_without_a_
 
 
 def test_the_command_rewrites_a_copy_of_the_lab_in_one_go_and_is_idempotent(lab_copy, capsys):
-    from labkit.cli import main
+    from scripts.colab import main
 
     before = _snapshot(lab_copy)
-    assert main(["colab", "--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
+    assert main(["--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
     assert "git tag v0.2.0-class" in capsys.readouterr().out
     home = Home("alice/grpo-lab", "v0.2.0-class")
     assert read_home(lab_copy) == home and home_problems(lab_copy) == []
@@ -278,27 +278,27 @@ def test_the_command_rewrites_a_copy_of_the_lab_in_one_go_and_is_idempotent(lab_
         assert [c["id"] for c in new["cells"][:2]] == [c["id"] for c in old["cells"][:2]]
         assert path.read_text() == json.dumps(new, indent=1, ensure_ascii=False) + "\n"
     after = _snapshot(lab_copy)
-    assert main(["colab", "--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
+    assert main(["--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
     assert "nothing to change" in capsys.readouterr().out and _snapshot(lab_copy) == after  # idempotent
-    assert main(["colab", "--check", "--root", str(lab_copy)]) == 0
-    assert main(["colab", "--repo", "bob/lab.v2", "--ref", "spring-2027", "--root", str(lab_copy)]) == 0
+    assert main(["--check", "--root", str(lab_copy)]) == 0
+    assert main(["--repo", "bob/lab.v2", "--ref", "spring-2027", "--root", str(lab_copy)]) == 0
     assert "bob/lab.v2/blob/spring-2027" in (lab_copy / "README.md").read_text() and home_problems(lab_copy) == []
-    assert main(["colab", "--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
+    assert main(["--repo", "alice/grpo-lab", "--ref", "v0.2.0-class", "--root", str(lab_copy)]) == 0
     assert _snapshot(lab_copy) == after  # a second move comes back to the same bytes
-    assert main(["colab", "--unset", "--root", str(lab_copy)]) == 0
+    assert main(["--unset", "--root", str(lab_copy)]) == 0
     if read_home(REPO) == Home():
         assert _snapshot(lab_copy) == before  # and unsetting gives back the committed, unpublished lab
 
 
 def test_the_check_catches_a_notebook_that_disagrees_with_the_home(lab_copy, capsys):
-    from labkit.cli import main
+    from scripts.colab import main
 
     set_home(lab_copy, Home("alice/grpo-lab", "v1"))
     path = lab_copy / "notebooks/02_reward_functions.ipynb"
     path.write_text(path.read_text().replace('LABKIT_REF = \\"v1\\"', 'LABKIT_REF = \\"v0\\"'))
     assert any("02_reward_functions" in p for p in home_problems(lab_copy))
     assert any("LABKIT_REF" in p for p in check_notebook(path))
-    assert main(["colab", "--check", "--root", str(lab_copy)]) == 1
+    assert main(["--check", "--root", str(lab_copy)]) == 1
     assert "02_reward_functions" in capsys.readouterr().out
 
 
@@ -319,10 +319,10 @@ def test_the_check_catches_a_notebook_that_disagrees_with_the_home(lab_copy, cap
     (["--unset", "--repo", "alice/grpo-lab"], "--unset takes no"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(lab_copy, capsys, argv, message):
-    from labkit.cli import main
+    from scripts.colab import main
 
     before = _snapshot(lab_copy)
-    assert main(["colab", *argv, "--root", str(lab_copy)]) == 2
+    assert main([*argv, "--root", str(lab_copy)]) == 2
     assert message in capsys.readouterr().err
     assert _snapshot(lab_copy) == before
 

@@ -1,6 +1,6 @@
 """Notebook 04's CPU mode fits an 8 GB laptop (issue 33): the recipe's measured peak, its layout and the text agree.
 
-The figures come from `python -m labkit bench cpu-ram` (results/cpu_ram.json), never from a timed or measured test.
+The figures come from `python -m bench cpu-ram` (results/cpu_ram.json), never from a timed or measured test.
 """
 import json
 import re
@@ -19,7 +19,7 @@ def test_the_recorded_recipe_is_the_preset_as_it_is():
     assert (recipe["per_device_train_batch_size"], recipe["gradient_accumulation_steps"],
             recipe["gradient_checkpointing"]) == (preset.per_device_train_batch_size,
                                                   preset.gradient_accumulation_steps, preset.gradient_checkpointing), \
-        "cpu-smollm2 changed since results/cpu_ram.json was recorded: run python -m labkit bench cpu-ram"
+        "cpu-smollm2 changed since results/cpu_ram.json was recorded: run python -m bench cpu-ram"
     assert recipe["completions_per_step"] == preset.generation_batch_size == 32  # 4 prompts x 8, as before
 
 

@@ -11,7 +11,7 @@ from transformers import TrainerState
 import labkit.dashboard.live as live_module
 import labkit.dashboard.record as dash
 import labkit.monitor as monitor_module
-from labkit.bench import dashboard as bench_dashboard
+from bench import dashboard as bench_dashboard
 from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, RunRecord, detect_frontend, simulated_run
 from labkit.dashboard.live import card, charts, text_line
 from labkit.dashboard.picture import FONT_PT, MIN_FONT_PX, draw_figure

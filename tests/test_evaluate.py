@@ -129,7 +129,7 @@ def test_before_after_table_pairs_the_problems():
 
 def test_a_tiny_mcnemar_p_is_shown_not_rounded_to_zero():
     # 30 gained, none lost: p = 2 x 0.5**30, about 1.9e-09; a table rounded to 4 places printed 0.0
-    from labkit.demo import held_out_table
+    from labkit.evaluate import held_out_table
 
     table = before_after_table(_result([False] * 30 + [True] * 6), _result([True] * 36))
     assert table.loc["strict accuracy", "McNemar p"] == "1.9e-09" == f"{scipy_stats.binomtest(0, 30).pvalue:.2g}"

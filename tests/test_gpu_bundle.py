@@ -1,9 +1,9 @@
-"""The offline GPU machine bundle (labkit.bench.gpu_bundle), offline and without torch.
+"""The offline GPU machine bundle (bench.gpu_bundle), offline and without torch.
 
 - the bitsandbytes repack, on a synthetic wheel: only the kept libraries stay, RECORD lists exactly the files
   left, the file name is kept, a missing CUDA 13.0 library or a broken RECORD is a clear error;
 - the install command: valid bash (``bash -n``), and run for real against a folder of fake wheels with a stub
-  ``python3`` on PATH (it records pip's and labkit's arguments; a fake pyarrow package answers the version
+  ``python3`` on PATH (it records pip's and the benchmark's arguments; a fake pyarrow package answers the version
   probe), it installs exactly one wheel per package, the right datasets set for pyarrow 26, 24, 23 and 21,
   and stops before pip on pyarrow 20;
 - make_bundle, with the download replaced by copying fake wheels: the manifest's sizes and sha256, and the
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.bench import gpu_bundle
-from labkit.bench.gpu_bundle import BundleTooLarge, install_command, make_bundle, repack_bitsandbytes
+from bench import gpu_bundle
+from bench.gpu_bundle import BundleTooLarge, install_command, make_bundle, repack_bitsandbytes
 
 BNB = "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
 LIBS = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda118.so", "libbitsandbytes_cuda128.so",
@@ -133,7 +133,7 @@ def fake_bundle(root: Path) -> Path:
 
 
 def run_install(root: Path, pyarrow_version: str, monkeypatch) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """Run install_command('.whl') in ``root`` with a stub python3: pip and labkit are recorded, not run."""
+    """Run install_command('.whl') in ``root`` with a stub python3: pip and the benchmark are recorded, not run."""
     fake_bundle(root)
     monkeypatch.chdir(root)  # install_command finds the wheels where the command will run
     fake = root / "fakepyarrow" / "pyarrow"
@@ -142,11 +142,11 @@ def run_install(root: Path, pyarrow_version: str, monkeypatch) -> tuple[subproce
     stub_dir = root / "bin"
     stub_dir.mkdir()
     stub = stub_dir / "python3"
-    # `python3 -m pip ...` and `python3 -m labkit ...` are written to calls.txt (labkit with its PYTHONPATH);
+    # `python3 -m pip ...` and `python3 -m bench ...` are written to calls.txt (bench with its PYTHONPATH);
     # anything else (the pyarrow probe) runs in this interpreter, which finds the fake pyarrow first.
     stub.write_text(f"""#!/bin/bash
 if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip $*" >> {root}/calls.txt; exit 0; fi
-if [ "$1" = -m ] && [ "$2" = labkit ]; then echo "labkit $* PYTHONPATH=$PYTHONPATH" >> {root}/calls.txt; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = bench ]; then echo "bench $* PYTHONPATH=$PYTHONPATH" >> {root}/calls.txt; exit 0; fi
 exec {sys.executable} "$@"
 """)
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
@@ -164,7 +164,7 @@ def test_install_command_is_valid_bash(tmp_path, monkeypatch):
     assert "\n" not in command  # one line, to paste
     proc = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert command.endswith("&& python3 -m labkit bench gpu")
+    assert command.endswith("&& python3 -m bench gpu")
     assert "--no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/labkit-site" in command
 
 
@@ -177,7 +177,7 @@ def test_install_command_is_valid_bash(tmp_path, monkeypatch):
 def test_install_command_installs_one_wheel_per_package(tmp_path, monkeypatch, pyarrow, datasets, dill, multiprocess):
     proc, calls = run_install(tmp_path, pyarrow, monkeypatch)
     assert proc.returncode == 0, proc.stderr
-    assert len(calls) == 2 and calls[0].startswith("pip ") and calls[1].startswith("labkit "), calls
+    assert len(calls) == 2 and calls[0].startswith("pip ") and calls[1].startswith("bench "), calls
     wheels = [Path(arg).name for arg in calls[0].split() if arg.endswith(".whl")]
     assert all(arg.startswith(".whl/") for arg in calls[0].split() if arg.endswith(".whl"))
     names = [w.split("-")[0] for w in wheels]
@@ -186,7 +186,7 @@ def test_install_command_installs_one_wheel_per_package(tmp_path, monkeypatch, p
     versions = {w.split("-")[0]: w.split("-")[1] for w in wheels}
     assert versions == {"trl": "1.16.0", "transformers": "5.23.0", "peft": "0.21.2", "bitsandbytes": "0.50.2",
                         "datasets": datasets, "dill": dill, "multiprocess": multiprocess}
-    assert calls[1].startswith("labkit -m labkit bench gpu PYTHONPATH=/tmp/labkit-site:")
+    assert calls[1].startswith("bench -m bench gpu PYTHONPATH=/tmp/labkit-site:")
     assert calls[1].endswith(f":{tmp_path}")  # the repository ($PWD) right after the bundle's site
 
 

@@ -6,12 +6,14 @@
   a function;
 - following ``preset`` from ``labkit.run.build_run`` through the calls it is passed on to stays in at
   most 12 functions of at most 6 modules and never climbs back to a layer above;
-- concept modules (everything but ``labkit.cli`` and ``labkit.bench``) never import the command line
+- concept modules (everything but ``labkit.cli`` and ``bench``) never import the command line
   or the benchmarks;
 - ``labkit.oom`` does not import ``labkit.presets``; ``labkit.memory`` does not import ``labkit.nano``,
   ``labkit.dashboard`` or ``labkit.training``;
 - no import cycle anywhere in ``labkit``, counting imports inside functions too;
-- no module over 700 lines; every module says what it holds in an ``__all__`` and a docstring;
+- no module over 600 lines, in ``labkit``, ``bench`` or ``scripts``; every module says what it holds in an
+  ``__all__`` and a docstring;
+- no notebook imports from more than 8 labkit modules;
 - no ``except ImportError`` that could hide a real import error.
 """
 import ast
@@ -19,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "labkit"
-MAX_LINES = 700
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "labkit"
+BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
+MAX_LINES = 600
 
 
 def _module_name(path: Path) -> str:
@@ -46,7 +50,7 @@ def _imports(path: Path | str) -> set[str]:
             found.update(a.name for a in node.names if a.name.startswith("labkit"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("labkit") and node.level == 0:
             found.add(node.module)
-            # `from labkit.bench import worker` imports the submodule labkit.bench.worker
+            # `from bench import worker` imports the submodule bench.worker
             found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES)
     # a module imports its package's __init__ too, but that is not a dependency we police
     return {name for name in found if name in MODULES and name != "labkit"}
@@ -56,17 +60,55 @@ GRAPH = {name: _imports(path) for name, path in MODULES.items()}
 
 
 def _is_command_layer(name: str) -> bool:
-    return name in ("labkit.cli", "labkit.__main__") or name == "labkit.bench" or name.startswith("labkit.bench.")
+    return name in ("labkit.cli", "labkit.__main__")
 
 
 def test_the_source_parses_and_every_module_is_seen():
-    assert {"labkit.memory", "labkit.cli", "labkit.bench", "labkit.rewards.parse", "labkit.monitor"} <= set(MODULES)
+    assert {"labkit.memory", "labkit.cli", "labkit.rewards.parse", "labkit.monitor", "labkit.options"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if not _is_command_layer(n)))
-def test_concept_modules_never_import_the_command_line_or_the_benchmarks(name):
+def test_concept_modules_never_import_the_command_line(name):
     bad = sorted(dep for dep in GRAPH[name] if _is_command_layer(dep))
-    assert not bad, f"{name} imports {bad}: commands and benchmarks sit on top of the concepts, not under them"
+    assert not bad, f"{name} imports {bad}: the command line sits on top of the concepts, not under them"
+
+
+def _top_level_imports(source: str) -> set[str]:
+    """Return the first name of every module ``source`` imports, at any depth (``bench.gpu`` -> ``bench``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_labkit_never_imports_the_folders_beside_it(name):
+    bad = _top_level_imports(MODULES[name].read_text()) & set(BESIDE)
+    assert not bad, f"{name} imports {sorted(bad)}: bench/ and scripts/ sit on top of labkit, not under it"
+
+
+def test_the_import_rule_sees_an_import_of_bench():  # the rule above is only as good as this
+    assert "bench" in _top_level_imports("def f():\n    from bench.gpu import main\n")
+    assert "scripts" in _top_level_imports("import scripts.nbcheck\n")
+
+
+def test_the_folders_beside_the_package_are_packages_and_not_in_the_wheel():
+    import re
+
+    for folder in BESIDE:
+        assert (REPO / folder / "__init__.py").is_file() and (REPO / folder / "__init__.py").read_text().strip()
+    find = re.search(r"\[tool\.setuptools\.packages\.find\]\s*include = (\[.*?\])", (REPO / "pyproject.toml").read_text())
+    assert find and find.group(1) == '["labkit*"]', find
+    assert not (PACKAGE / "bench").exists() and not (PACKAGE / "nbcheck.py").exists()
+
+
+def test_scripts_never_import_bench_and_bench_never_imports_scripts():
+    for folder, other in (("bench", "scripts"), ("scripts", "bench")):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            assert other not in _top_level_imports(path.read_text()), f"{path} imports {other}"
 
 
 @pytest.mark.parametrize("name, forbidden", [
@@ -117,10 +159,13 @@ def test_the_cycle_finder_finds_a_cycle():  # the rule above is only as good as 
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_over_700_lines(name):
-    lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by concept (at most {MAX_LINES})"
+ALL_FILES = sorted([*PACKAGE.rglob("*.py"), *(p for folder in BESIDE for p in (REPO / folder).rglob("*.py"))])
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_over_600_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(REPO)} has {lines} lines; split it by concept (at most {MAX_LINES})"
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "labkit.__main__"))
@@ -160,7 +205,7 @@ LAYERS = [
     ("the recipe", {"labkit.presets"}),
     ("its validation", {"labkit.validation"}),
     ("the plan", {"labkit.plan"}),
-    ("the readers of a plan", {"labkit.preflight", "labkit.rehearsal", "labkit.oom", "labkit.training"}),
+    ("the readers of a plan", {"labkit.preflight", "labkit.oom", "labkit.training"}),
     ("the run", {"labkit.run"}),
 ]
 

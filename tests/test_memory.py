@@ -314,14 +314,14 @@ def test_estimate_cli_reads_a_saved_model_folder(tiny_model_path, capsys):
 
 
 def test_bench_memory_refuses_qlora_without_cuda(capsys):
-    from labkit.bench.memory import main as bench_memory_cli
+    from bench.memory import main as bench_memory_cli
 
     assert bench_memory_cli(["--preset", "none", "--model", "qwen2.5-0.5b", "--method", "qlora", "--device", "cpu"]) == 2
     assert "CUDA" in capsys.readouterr().err
 
 
 def test_bench_memory_dry_run_lists_at_least_eight_gpu_configurations(capsys):
-    from labkit.bench.memory import main as bench_memory_cli
+    from bench.memory import main as bench_memory_cli
 
     assert bench_memory_cli(["--preset", "gpu", "--dry-run", "--device", "cpu"]) == 0  # predictions only
     lines = [line for line in capsys.readouterr().out.splitlines() if "predicted" in line]
@@ -409,7 +409,7 @@ def test_qlora_hidden_states_are_in_the_dtype_the_estimator_counts(tiny_model_pa
 
 
 def test_bench_memory_refuses_a_card_that_other_processes_fill(monkeypatch, capsys):
-    from labkit.bench import memory as bench_memory
+    from bench import memory as bench_memory
 
     t4 = CARDS["t4"].device().as_dict()
     kinds = []

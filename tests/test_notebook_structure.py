@@ -1,11 +1,11 @@
-"""Cheap structural checks of every notebook: no torch needed (labkit.nbcheck is pure Python)."""
+"""Cheap structural checks of every notebook: no torch needed (scripts.nbcheck is pure Python)."""
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from labkit.nbcheck import NO_HOME, Home, check_notebook, check_notebooks, colab_badge
+from scripts.nbcheck import NO_HOME, Home, check_notebook, check_notebooks, colab_badge
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
@@ -143,7 +143,7 @@ def test_a_lettered_follow_up_is_a_name_and_a_number_of_its_own(tmp_path):
 
 def test_metadata_jupyterlab_would_rewrite_is_caught_and_fixed(tmp_path):
     """A kernelspec or language_info other than JupyterLab's marks the notebook modified on open (issue 26)."""
-    from labkit.nbcheck import NOTEBOOK_METADATA, fix_metadata
+    from scripts.nbcheck import NOTEBOOK_METADATA, fix_metadata
 
     nb = _good_notebook()
     nb["metadata"] = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},

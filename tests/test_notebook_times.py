@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.lab import notebook_time_label, read_notebook_times
+from bench.notebooks import notebook_time_label, read_notebook_times
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
@@ -13,7 +13,7 @@ TIMES = read_notebook_times(REPO / "results/notebook_times.json")
 
 
 def test_every_notebook_has_a_measured_time_with_provenance():
-    assert set(TIMES) == {p.name for p in NOTEBOOKS}, "run python -m labkit bench notebooks NN"
+    assert set(TIMES) == {p.name for p in NOTEBOOKS}, "run python -m bench notebooks NN"
     for name, record in TIMES.items():
         assert record["seconds"] > 0 and record["mode"] == "cpu", name
         assert record["provenance"]["device"] and record["provenance"]["date"], name

@@ -34,7 +34,7 @@ def stderr_outputs(notebook: dict) -> list[str]:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_in_cpu_mode(path, tmp_path):
     pytest.importorskip("papermill")
-    from labkit.bench.notebooks import execute_cpu_mode
+    from bench.notebooks import execute_cpu_mode
 
     # per cell; a stuck cell fails instead of hanging CI
     execute_cpu_mode(path, tmp_path, timeout_s=cell_limit_s(path.name))
@@ -165,10 +165,10 @@ def test_setup_silences_exactly_the_library_noise_it_names(caplog):
 
 def cell_limit_s(name: str) -> int:
     """The per-cell timeout for notebook ``name``: four times its whole recorded CPU run (results/notebook_times.json,
-    `python -m labkit bench notebooks`), at least 900 s. No cell takes longer than its whole notebook, and a machine
+    `python -m bench notebooks`), at least 900 s. No cell takes longer than its whole notebook, and a machine
     at a load of 3-4 on 2 cores runs 3 to 4 times slower (issue 33: 04's training cell, about 640 s idle, ran out of
     a 900 s limit there). The limit only stops a stuck cell; the times themselves are the benchmark's, not a test's."""
-    from labkit.lab import read_notebook_times
+    from bench.notebooks import read_notebook_times
 
     recorded = read_notebook_times(Path(__file__).resolve().parents[1] / "results" / "notebook_times.json")
     return max(900, round(4 * recorded.get(name, {}).get("seconds", 0)))

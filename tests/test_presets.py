@@ -42,12 +42,12 @@ def test_the_published_laptop_recipe_keeps_its_own_name_and_laptop_16gb_differs_
 
 
 def test_sized_presets_are_the_largest_batch_their_recorded_rehearsal_fits_in_80_percent_of_the_card():
-    """results/rehearsal.csv (python -m labkit bench rehearsal) holds each sized preset at its current size,
+    """results/rehearsal.csv (python -m bench rehearsal) holds each sized preset at its current size,
     fitting with the allowance of labkit.cards.sized_gib, and one step up (sizing rows) not fitting."""
     import csv
     from pathlib import Path
 
-    from labkit.bench.rehearsal import SIZED
+    from bench.rehearsal import SIZED
     from labkit.cards import SIZING_TARGET, sizing_fits
 
     path = Path(__file__).resolve().parents[1] / "results" / "rehearsal.csv"
@@ -322,7 +322,7 @@ def test_train_command_dry_run_and_bad_preset(capsys):
 
 @pytest.mark.slow
 def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
-    from labkit.bench.preset import main as bench_preset_cli
+    from bench.preset import main as bench_preset_cli
 
     assert bench_preset_cli(["--preset", "cpu-tiny", "--steps", "2", "--results", str(tmp_path)]) == 0
     import json
@@ -382,7 +382,7 @@ REPORTED = {"16 GB (Linux)": 16_374 * 1024**2, "16 GB laptop (Windows)": 16_077 
 def test_every_gpu_presets_card_and_default_cap_fit_the_card_it_names(card, monkeypatch):
     import torch
 
-    from labkit.bench import preset as bench
+    from bench import preset as bench
 
     total = REPORTED[card]
     names = ["colab-t4"] if card.startswith("T4") else ["laptop-16gb", "qlora-3b"]
@@ -440,7 +440,7 @@ def test_dry_run_of_a_gpu_preset_without_a_gpu_plans_for_the_presets_card(name, 
 
 
 def _gpu_commands(repo_root):
-    """Every ``python -m labkit train|bench memory`` command line in the README and notebooks 04-07."""
+    """Every ``python -m labkit train`` and ``python -m bench memory`` command line in the README and notebooks 04-07."""
     import json as _json
     import re as _re
     import shlex
@@ -450,7 +450,7 @@ def _gpu_commands(repo_root):
         texts += ["".join(c["source"]) for c in _json.loads(path.read_text())["cells"]]
     found = []
     for text in texts:
-        for line in _re.findall(r"(?:accelerate launch[^`\n]*?-m labkit|python -m labkit) (train[^`\n#\"]*|bench memory[^`\n#\"]*)",
+        for line in _re.findall(r"(?:accelerate launch[^`\n]*?-m labkit|python -m labkit|python -m) (train[^`\n#\"]*|bench memory[^`\n#\"]*)",
                                 text):
             words = shlex.split(line.replace("\\n", " "))
             if not any(w.isupper() and w.isalpha() for w in words):  # "--preset NAME": a placeholder, not a command
@@ -460,7 +460,7 @@ def _gpu_commands(repo_root):
 
 def test_the_gpu_commands_of_the_readme_and_notebooks_dry_run_here(repo_root, capsys, monkeypatch):
     from labkit import cli
-    from labkit.bench import memory as bench_memory
+    from bench import memory as bench_memory
 
     monkeypatch.setenv("LABKIT_DEVICE", "cpu")
     commands = _gpu_commands(repo_root)

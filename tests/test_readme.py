@@ -57,7 +57,7 @@ def test_the_learner_install_leaves_out_the_developer_tools(repo_root):
 def test_the_workshop_time_in_the_readme_and_notebook_04_is_the_estimators(repo_root):
     import json
 
-    from labkit.lab import workshop_estimate
+    from labkit.workshop import workshop_estimate
 
     est = workshop_estimate()
     stated = f"about {est['minutes_low']}-{est['minutes_high']} min"

@@ -88,7 +88,7 @@ def test_cpu_smollm2_preset_rewards_the_stated_right_answer():
 
 
 def test_held_out_table_shows_wilson_intervals_and_the_paired_test():
-    from labkit.demo import held_out_table
+    from labkit.evaluate import held_out_table
 
     summary = {"right_before": [False] * 24, "right_after": [False] * 22 + [True, True]}
     table = held_out_table(summary)
@@ -128,7 +128,7 @@ def test_real_model_demo_runs_trl_on_smollm2_and_the_control_changes_nothing(tmp
 
 def test_experiments_collect_a_demo_bench_and_a_single_run(tmp_path):
     """Every trial of the recipe search reads in one file: a 3-seed bench with its control, or one run's summary."""
-    from labkit.bench.smollm2_experiments import main
+    from bench.smollm2_experiments import main
 
     keys = ("right_number_before", "right_number_after", "rise_points", "mcnemar_p", "gained", "lost",
             "short_answer_before", "short_answer_after", "last_number_before", "last_number_after", "mean_words_before",
@@ -143,7 +143,7 @@ def test_experiments_collect_a_demo_bench_and_a_single_run(tmp_path):
                "system_prompt": "short", "provenance": provenance}
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     bench = {"preset": preset, "runs": [run, {**run, "seed": 1}], "control_lr0": [{**run, "rise_points": 0.0}],
-             "command": "python -m labkit bench smollm2-demo", "provenance": provenance}
+             "command": "python -m bench smollm2-demo", "provenance": provenance}
     (tmp_path / "demo.json").write_text(json.dumps(bench))
     assert main(["--collect", str(tmp_path / "summary.json"), "--name", "two-prompts", "--out", str(tmp_path)]) == 0
     assert main(["--collect", str(tmp_path / "demo.json"), "--out", str(tmp_path)]) == 0

@@ -1,4 +1,4 @@
-"""The rehearsal (labkit.rehearsal) counts what it claims, and the estimator stays within +-10 % of it.
+"""The rehearsal (bench.rehearse, bench.fake_tensors) counts what it claims, and the estimator stays within +-10 % of it.
 
 Fast rows rehearse every GPU preset at full width, vocabulary, batch and lengths but two decoder layers
 (against the estimate of the same two-layer model); the slow rows rehearse the presets at full depth.
@@ -11,7 +11,8 @@ import torch
 from labkit.plan import resolve_plan as resolve
 from labkit.preflight import estimate
 from labkit.presets import PRESETS
-from labkit.rehearsal import EMULATED, LABEL, NOT_COUNTED, LiveBytes, rehearse
+from bench.fake_tensors import EMULATED, LABEL, NOT_COUNTED, LiveBytes
+from bench.rehearse import rehearse
 
 GPU_PRESETS = sorted(name for name, p in PRESETS.items() if p.card_gib is not None)
 
@@ -37,10 +38,10 @@ def test_live_bytes_counts_each_storage_once_and_frees_it():
 def test_dropout_keeps_a_bool_mask_and_the_fused_head_is_compact_only_inside_the_rehearsal():
     import trl.trainer.utils as trl_utils
 
-    from labkit.rehearsal import _cuda_behaviours
+    from bench.fake_tensors import cuda_behaviours
 
     assert not trl_utils._use_triton(torch.device("cpu"))
-    with _cuda_behaviours():
+    with cuda_behaviours():
         assert trl_utils._use_triton(torch.device("cpu"))
         drop = torch.nn.Dropout(0.1).train()
         x = torch.randn(64, requires_grad=True)
@@ -115,11 +116,11 @@ def test_estimator_follows_the_rehearsed_generation_phase_at_large_batches_two_l
 
 
 def test_rehearse_command_refuses_bad_input_before_building_anything(capsys):
-    from labkit.cli import main
+    from bench.rehearse import main
 
-    assert main(["rehearse", "--preset", "no-such-preset"]) == 2
+    assert main(["--preset", "no-such-preset"]) == 2
     assert "unknown preset" in capsys.readouterr().err
-    assert main(["rehearse", "--preset", "cpu-tiny"]) == 2  # a CPU preset: nothing to rehearse on a card
+    assert main(["--preset", "cpu-tiny"]) == 2  # a CPU preset: nothing to rehearse on a card
     assert "card_gib" in capsys.readouterr().err
-    assert main(["rehearse", "--preset", "laptop-16gb", "--set", "per_device_train_batch_size"]) == 2
+    assert main(["--preset", "laptop-16gb", "--set", "per_device_train_batch_size"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err

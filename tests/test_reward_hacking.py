@@ -60,7 +60,7 @@ def test_old_logps_of_the_current_policy_give_the_on_policy_loss(tiny_model_path
 
 
 def test_bench_records_both_rewards_with_provenance(isolated_cache):
-    from labkit.bench import BENCHMARKS, bench_cli
+    from bench import BENCHMARKS, main as bench_cli
 
     assert BENCHMARKS["reward-hacking"][0] == "reward_hacking"
     out = isolated_cache / "reward_hacking.json"
@@ -68,7 +68,7 @@ def test_bench_records_both_rewards_with_provenance(isolated_cache):
                       "--sft-steps", "2", "--eval-problems", "4", "--eval-every", "0", "--out", str(out)])
     record = json.loads(out.read_text())
     assert code == (0 if record["all_passed"] else 1)  # two steps on a random model: either, honestly reported
-    assert record["command"].startswith("python -m labkit bench reward-hacking")
+    assert record["command"].startswith("python -m bench reward-hacking")
     assert {"date", "device", "versions"} <= set(record["provenance"])
     assert [(r["seed"], r["reward"]) for r in record["runs"]] == [(0, "hacked"), (0, "fixed")]
     for run in record["runs"]:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from labkit import rewards as R
-from labkit.bench import rewards as bench_rewards
+from bench import rewards as bench_rewards
 from labkit.rewards import (accuracy_reward, answers_match, check_reward_function, combine_rewards, completion_text,
                             evaluate_expression, expression_reward, extract_answer, extract_last_number,
                             extract_stated_answer, format_reward, int_answer_reward, overlong_penalty, parse_number,
@@ -664,7 +664,7 @@ def test_bench_cli_writes_its_figures_with_provenance(tmp_path):
 def test_recorded_benchmark_is_within_budget():
     path = Path(__file__).resolve().parents[1] / "results" / "rewards_bench.json"
     if not path.exists():
-        pytest.skip("run `python -m labkit bench rewards` to record results/rewards_bench.json")
+        pytest.skip("run `python -m bench rewards` to record results/rewards_bench.json")
     import json
 
     record = json.loads(path.read_text())

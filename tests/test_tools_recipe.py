@@ -181,7 +181,7 @@ def test_the_tools_demo_table_and_chart_read_the_record():
 
 
 def test_the_tools_demo_refuses_an_unknown_arm_before_loading_anything():
-    from labkit.bench.tools_demo import run
+    from bench.tools_demo import run
 
     with pytest.raises(ValueError, match="arms must be some of"):
         run(arms=("tool", "calculator"))
@@ -194,7 +194,7 @@ def test_the_tools_demo_refuses_an_unknown_arm_before_loading_anything():
 ])
 def test_the_tools_demo_refuses_a_recipe_it_cannot_run_before_loading_anything(recipe, says, monkeypatch):
     import labkit.models
-    from labkit.bench.tools_demo import run
+    from bench.tools_demo import run
 
     monkeypatch.setattr(labkit.models, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
     with pytest.raises(ValueError, match=says):
@@ -202,7 +202,7 @@ def test_the_tools_demo_refuses_a_recipe_it_cannot_run_before_loading_anything(r
 
 
 def test_the_tools_demo_command_says_what_is_wrong_in_one_line(capsys):
-    from labkit.bench.tools_demo import main
+    from bench.tools_demo import main
 
     assert main(["--set", "task=gsm8k"]) == 2
     out = capsys.readouterr().out

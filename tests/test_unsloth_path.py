@@ -118,7 +118,7 @@ def test_importing_the_module_is_cheap():
 
 
 def test_the_bench_command_refuses_the_unsloth_backend_without_a_gpu(tmp_path, capsys):
-    from labkit.bench.unsloth import main as bench_unsloth_cli
+    from bench.unsloth import main as bench_unsloth_cli
 
     assert bench_unsloth_cli(["--results", str(tmp_path)]) == 2
     assert "CUDA GPU" in capsys.readouterr().err
@@ -134,7 +134,7 @@ def test_read_comparison_is_none_until_something_is_measured(tmp_path):
 @pytest.mark.slow
 def test_the_plain_trl_backend_runs_in_its_own_process_and_is_recorded(tmp_path):
     """The comparison's plumbing end to end, on CPU: one backend, a fresh process, a JSON record, a CSV row."""
-    from labkit.bench.unsloth import bench_unsloth
+    from bench.unsloth import bench_unsloth
     from labkit.unsloth_path import RESULTS_FILE, read_comparison
 
     records = bench_unsloth("cpu-tiny", backends=("trl",), steps=2, eval_limit=4, results=tmp_path, timeout_s=300)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 from labkit.cards import CARDS
-from labkit.lab import (CheckItem, hf_cache_has_weights, repo_root, results_dir, workshop_checklist,
-                        workshop_estimate)
+from labkit.lab import repo_root, results_dir
+from labkit.workshop import CheckItem, hf_cache_has_weights, workshop_checklist, workshop_estimate
 from labkit.preflight import preflight
 from labkit.presets import PRESETS, get_preset
 from labkit.validation import validate

@@ -12,7 +12,7 @@ It shows the reward (total and per function), ``reward_std`` and ``frac_reward_z
 the reference (logged only when ``beta > 0``), the clip ratios, the entropy, the completion length,
 the loss, and memory against a budget (amber at 75 %, red at 90 %; a CPU shows this process's RSS).
 A NaN or infinite metric is shown as such ("loss is NaN since step 12"), never dropped.
-``python -m labkit bench dashboard`` measures what it costs per step. Used from notebook 03 on.
+``python -m bench dashboard`` measures what it costs per step. Used from notebook 03 on.
 """
 from labkit.dashboard.callback import LiveDashboard
 from labkit.dashboard.live import FRONTENDS, detect_frontend, progress_bar

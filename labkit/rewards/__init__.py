@@ -9,7 +9,7 @@ Introduced in ``02_reward_functions.ipynb``. Three small modules, read in this o
 - :mod:`labkit.rewards.check`: :func:`check_reward_function`, which calls a reward on awkward and
   adversarial completions before a trainer does.
 
-Three promises, each checked by ``tests/test_rewards.py`` and ``python -m labkit bench rewards``:
+Three promises, each checked by ``tests/test_rewards.py`` and ``python -m bench rewards``:
 robust (any text, 100k characters of arbitrary unicode, gives a finite float in range, never an
 exception), fast (no pattern can backtrack catastrophically; the worst time per call is recorded
 in ``results/rewards_bench.json``) and safe (model output never reaches ``eval``/``exec``).

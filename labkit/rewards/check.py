@@ -3,7 +3,7 @@
 The third part of :mod:`labkit.rewards` (introduced in ``02_reward_functions.ipynb``):
 :func:`check_reward_function` calls a reward the way TRL does, on :data:`AWKWARD_COMPLETIONS`
 (what models actually write, and what adversaries write), plain and conversational, and reports
-what breaks; :func:`adversarial_inputs` are the 100k-character inputs ``python -m labkit bench
+what breaks; :func:`adversarial_inputs` are the 100k-character inputs ``python -m bench
 rewards`` times every reward on.
 """
 from __future__ import annotations
@@ -222,7 +222,7 @@ def adversarial_inputs(n_chars: int = 100_000) -> dict[str, str]:
 
     Repeated and nested tags, long digit and separator runs, unclosed braces, hedges, unicode
     digits, and short answers built to be the worst case of each bounded parser, padded with
-    reasoning to ``n_chars``. Used by ``python -m labkit bench rewards`` and the tests.
+    reasoning to ``n_chars``. Used by ``python -m bench rewards`` and the tests.
     """
 
     def fill(unit: str, size: int = n_chars) -> str:

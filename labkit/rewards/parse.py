@@ -437,7 +437,7 @@ def _parse_latex(text: str) -> _Number | None:
 
     math-verify (latex2sympy + sympy) reads the same answers, and the tests check that both
     agree; it is not called here because it is tens of times slower on unseen answers
-    (see the module docstring and ``python -m labkit bench rewards``).
+    (see the module docstring and ``python -m bench rewards``).
     """
     text = text.strip()
     percent = text.endswith("%")

@@ -1,4 +1,4 @@
-"""``python -m labkit bench preset``: GRPO steps of a preset on its architecture with random weights, under a cap."""
+"""``python -m bench preset``: GRPO steps of a preset on its architecture with random weights, under a cap."""
 from __future__ import annotations
 
 import json
@@ -173,16 +173,16 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench preset --preset NAME [--cap-gib GIB]``: GRPO steps of a preset under a memory cap.
+    """``python -m bench preset --preset NAME [--cap-gib GIB]``: GRPO steps of a preset under a memory cap.
 
     Writes ``results/preset_NAME.json`` and appends a row to ``results/presets.csv``.
     Exit code 0 when it ran (and, on CUDA, fit with the spare asked for), 1 otherwise.
     """
     import argparse
 
-    from labkit.bench import append_csv, results_dir, write_json
+    from bench import append_csv, results_dir, write_json
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench preset", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench preset", description=main.__doc__)
     parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     parser.add_argument("--model", help="another catalogue architecture (default: the preset's)")
     parser.add_argument("--steps", type=int, default=5)

@@ -1,4 +1,4 @@
-"""``python -m labkit bench reward-hacking``: a reward with a loophole vs the lab's strict reward, nano task -> results/."""
+"""``python -m bench reward-hacking``: a reward with a loophole vs the lab's strict reward, nano task -> results/."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,7 @@ def _record(result, reward: str, window: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench reward-hacking``: GRPO on a reward with a loophole, then on the strict one -> results/.
+    """``python -m bench reward-hacking``: GRPO on a reward with a loophole, then on the strict one -> results/.
 
     For every seed, two GRPO runs from the same warmed-up model (labkit.nano, two-digit addition):
     ``hacked`` trains on :func:`labkit.tasks.short_working_reward` (the format and a working of at
@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from labkit.bench import results_dir, write_json
+    from bench import results_dir, write_json
     from labkit.lab import provenance
     from labkit.nano import NanoConfig, run_nano_grpo
     from labkit.rewards import accuracy_reward, format_reward
     from labkit.tasks import WORKING_BUDGET, short_working_reward
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench reward-hacking", description=main.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench reward-hacking", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=20, help="GRPO steps per run (the reward saturates in about 10)")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = all(all(v for k, v in c.items() if k != "seed") for c in checks)
     record = dict(
         benchmark="reward hacking on the nano task: a reward with a loophole vs the lab's strict reward (CPU)",
-        command=("python -m labkit bench reward-hacking " + " ".join(argv or [])).strip(),
+        command=("python -m bench reward-hacking " + " ".join(argv or [])).strip(),
         settings=dict(
             task="labkit.nano: two-digit addition, sloppy-teacher warm-up, then GRPO",
             config=dataclasses.asdict(base) | {"seed": None}, seeds=args.seeds, window=args.window,

@@ -1,6 +1,6 @@
-"""``python -m labkit bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
+"""``python -m bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
 
-Each backend runs ``python -m labkit.bench.unsloth arm ...`` in a fresh process, one after the
+Each backend runs ``python -m bench.unsloth arm ...`` in a fresh process, one after the
 other, so neither sees the other's memory or Unsloth's patches of TRL and transformers.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from labkit.cli import parse_pairs
+from labkit.options import parse_pairs
 from labkit.presets import get_preset
 from labkit.unsloth_path import BACKENDS, RESULTS_FILE, _CSV_FIELDS, comparison_run, unsloth_status
 
@@ -34,13 +34,13 @@ def bench_unsloth(preset="colab-t4", *, backends=BACKENDS, steps: int = 30, eval
                   python: str = sys.executable, timeout_s: float | None = None) -> list[dict]:
     """Return the records of one comparison: ``preset`` through each of ``backends``, each in a fresh process.
 
-    Every backend runs ``python -m labkit.bench.unsloth arm ...`` (:func:`comparison_run`) in its
+    Every backend runs ``python -m bench.unsloth arm ...`` (:func:`comparison_run`) in its
     own process, one after the other, so neither run sees the other's memory or Unsloth's patches.
     Each record is written to ``results/unsloth_vs_trl_BACKEND.json`` and appended as a row to
     ``results/unsloth_vs_trl.csv`` (with the device, versions and date). A backend that fails
     raises ``RuntimeError`` with the end of its output; rows already written stay.
     """
-    from labkit.bench import append_csv, results_dir, write_json
+    from bench import append_csv, results_dir, write_json
 
     folder = results_dir(results)
     records = []
@@ -50,7 +50,7 @@ def bench_unsloth(preset="colab-t4", *, backends=BACKENDS, steps: int = 30, eval
         with tempfile.TemporaryDirectory(prefix="labkit-arm-") as tmp:
             out = Path(tmp) / "record.json"
             name = preset if isinstance(preset, str) else preset.name
-            command = [python, "-m", "labkit.bench.unsloth", "arm", "--backend", backend, "--preset", name,
+            command = [python, "-m", "bench.unsloth", "arm", "--backend", backend, "--preset", name,
                        "--steps", str(steps), "--eval-limit", str(eval_limit), "--out", str(out)]
             for key, value in (overrides or {}).items():
                 command += ["--set", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
@@ -68,11 +68,11 @@ def bench_unsloth(preset="colab-t4", *, backends=BACKENDS, steps: int = 30, eval
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
+    """``python -m bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
 
     Exit codes: 0 both measured, 1 a run failed, 2 Unsloth cannot run here (the reason is printed).
     """
-    parser = argparse.ArgumentParser(prog="python -m labkit bench unsloth", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench unsloth", description=main.__doc__)
     parser.add_argument("--preset", default="colab-t4", help="a labkit.presets name (default colab-t4)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="preset overrides for BOTH backends; method is qlora (4-bit weights) and LoRA targets "
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _arm_cli(argv: list[str]) -> int:
-    """``python -m labkit.bench.unsloth arm``: one backend's :func:`comparison_run`, written as JSON to --out."""
-    parser = argparse.ArgumentParser(prog="python -m labkit.bench.unsloth arm")
+    """``python -m bench.unsloth arm``: one backend's :func:`comparison_run`, written as JSON to --out."""
+    parser = argparse.ArgumentParser(prog="python -m bench.unsloth arm")
     parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--preset", required=True)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")

@@ -1,11 +1,11 @@
-"""``python -m labkit bench chunked-logps``: peak memory of chunked vs unchunked log-probabilities."""
+"""``python -m bench chunked-logps``: peak memory of chunked vs unchunked log-probabilities."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 
-from labkit.bench import worker
+from bench import worker
 from labkit.memory import GIB
 from labkit.monitor import peak_rss_bytes, reset_peak_rss
 
@@ -61,7 +61,7 @@ def measure_chunked(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench chunked-logps``: peak CPU memory of chunked vs unchunked log-probs.
+    """``python -m bench chunked-logps``: peak CPU memory of chunked vs unchunked log-probs.
 
     Runs :func:`labkit.objective.per_token_logps` (forward and backward) on a one-layer model with
     the width and vocabulary of ``--model`` (Qwen2.5-0.5B: 896 and 151,936), random weights, the LM
@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import psutil
 
-    from labkit.bench import results_dir, write_json
+    from bench import results_dir, write_json
     from labkit.lab import provenance
     from labkit.models import architecture_config
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench chunked-logps", description=main.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench chunked-logps", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="catalogue architecture (width, vocabulary)")
     parser.add_argument("--layers", type=int, default=1)

@@ -1,11 +1,11 @@
-"""The fresh-process protocol of the memory benchmarks: ``python -m labkit.bench.worker KIND SPEC``.
+"""The fresh-process protocol of the memory benchmarks: ``python -m bench.worker KIND SPEC``.
 
 A peak memory figure means something only in a process that measured nothing before: the parent
 (:func:`run`) starts one worker per measurement, hands it a JSON spec, and reads one JSON line
 back. The parent never touches CUDA, so its own context takes no memory from the measured run.
 Kinds: ``probe`` (which device is here), ``build`` (save a catalogue architecture with random
-weights), ``measure`` (:func:`labkit.bench.memory.measure_grpo`), ``chunked``
-(:func:`labkit.bench.chunked_logps.measure_chunked`) and ``gpu`` (:func:`labkit.bench.gpu.measure`).
+weights), ``measure`` (:func:`bench.memory.measure_grpo`), ``chunked``
+(:func:`bench.chunked_logps.measure_chunked`) and ``gpu`` (:func:`bench.gpu_measure.measure`).
 """
 from __future__ import annotations
 
@@ -17,16 +17,16 @@ import sys
 __all__ = ["run", "KINDS"]
 
 KINDS = {
-    "probe": "labkit.bench.worker:probe",
-    "build": "labkit.bench.worker:build",
-    "measure": "labkit.bench.memory:measure_grpo",
-    "chunked": "labkit.bench.chunked_logps:measure_chunked",
-    "gpu": "labkit.bench.gpu:measure",
+    "probe": "bench.worker:probe",
+    "build": "bench.worker:build",
+    "measure": "bench.memory:measure_grpo",
+    "chunked": "bench.chunked_logps:measure_chunked",
+    "gpu": "bench.gpu_measure:measure",
 }
 
 
 def run(kind: str, spec: dict, timeout: float) -> dict:
-    """Return the JSON answer of ``python -m labkit.bench.worker KIND SPEC``, run in a fresh process."""
+    """Return the JSON answer of ``python -m bench.worker KIND SPEC``, run in a fresh process."""
     import subprocess
 
     env = dict(os.environ)
@@ -34,7 +34,7 @@ def run(kind: str, spec: dict, timeout: float) -> dict:
     # fixed mmap threshold every tensor over 64 KiB is its own mapping, so RSS follows live memory.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    proc = subprocess.run([sys.executable, "-m", "labkit.bench.worker", kind, json.dumps(spec)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench.worker", kind, json.dumps(spec)], env=env,
                           capture_output=True, text=True, timeout=timeout)
     answers = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not answers:
@@ -62,8 +62,8 @@ def build(spec: dict) -> dict:
 
 def _main(argv: list[str]) -> dict:
     if len(argv) != 2 or argv[0] not in KINDS:
-        raise SystemExit("labkit.bench.worker runs the benchmarks' worker processes (kinds: "
-                         f"{', '.join(KINDS)}); use python -m labkit bench memory | chunked-logps instead")
+        raise SystemExit("bench.worker runs the benchmarks' worker processes (kinds: "
+                         f"{', '.join(KINDS)}); use python -m bench memory | chunked-logps instead")
     module_name, func_name = KINDS[argv[0]].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     try:

@@ -1,4 +1,4 @@
-"""``python -m labkit bench dashboard``: what the live dashboard and the memory sampler cost per step."""
+"""``python -m bench dashboard``: what the live dashboard and the memory sampler cost per step."""
 from __future__ import annotations
 
 import argparse
@@ -62,7 +62,7 @@ def _bench_once(frontend: str, step_s: float, steps: int, monitor_interval_s: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench dashboard``: the dashboard's and the monitor's cost per training step.
+    """``python -m bench dashboard``: the dashboard's and the monitor's cost per training step.
 
     Simulated steps (sleeps standing in for GPU work, split into the four phases) are fed to a
     :class:`LiveDashboard` while a :class:`VRAMMonitor` samples. ``overhead`` is the time spent in
@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     own time; ``run_overhead`` adds the final update of ``close()``. Also times one
     ``dashboard.save()`` (the matplotlib figure), which is not part of the loop. Writes ``results/dashboard_bench.json`` with :func:`labkit.lab.provenance`.
     """
-    from labkit.bench import results_dir, write_json
+    from bench import results_dir, write_json
     from labkit.lab import provenance
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench dashboard", description=main.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench dashboard", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step-s", type=float, nargs="+", default=[0.1, 1.0],
                         help="simulated step times in seconds (default: 0.1 1.0)")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     chart_update_ms = 100 * (time.perf_counter() - started)  # the live SVG charts, 200 steps, per update
     record = {
         "benchmark": "dashboard",
-        "command": " ".join(["python -m labkit bench dashboard", *(argv or [])]),
+        "command": " ".join(["python -m bench dashboard", *(argv or [])]),
         "what": "time the training thread spends in LiveDashboard.log (chart updates included) plus the "
                 "VRAMMonitor sampler's CPU time, as a fraction of simulated step time (sleep stands in for GPU "
                 "work); run_overhead adds the one final render of close()",

@@ -1,4 +1,4 @@
-"""``python -m labkit bench smollm2-experiments``: one recipe trial of the real-model CPU experiment, recorded.
+"""``python -m bench smollm2-experiments``: one recipe trial of the real-model CPU experiment, recorded.
 
 Each call trains SmolLM2-135M-Instruct with TRL's ``GRPOTrainer`` (through
 :func:`labkit.demo.real_model_demo`, the ``cpu-smollm2`` preset with the given changes) for each
@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from labkit.bench import results_dir, write_json
+from bench import results_dir, write_json
 from labkit.demo import real_model_demo
 from labkit.lab import provenance
 from labkit.tasks import SYSTEM_PROMPTS
@@ -34,7 +34,7 @@ def append_experiment(path, record: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one trial (each seed) and append its records; see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m labkit bench smollm2-experiments", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench smollm2-experiments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default=None, help="the trial's name in the results (required to run one)")
     parser.add_argument("--collect", default=None, metavar="JSON",
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.name:
         parser.error("--name is required to run a trial")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    command = ("python -m labkit bench smollm2-experiments " + " ".join(argv or [])).strip()
+    command = ("python -m bench smollm2-experiments " + " ".join(argv or [])).strip()
     overrides: dict = {}
     generations = args.generations
     if args.generations is not None:

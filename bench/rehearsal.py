@@ -1,5 +1,5 @@
-"""``python -m labkit bench rehearsal``: every GPU preset, an 18-row grid and Unsloth's headline setting,
-rehearsed on fake tensors (:mod:`labkit.rehearsal`) beside :func:`labkit.memory.estimate`.
+"""``python -m bench rehearsal``: every GPU preset, an 18-row grid and Unsloth's headline setting,
+rehearsed on fake tensors (:mod:`bench.rehearse`) beside :func:`labkit.memory.estimate`.
 
 Rows: each preset with a card; Qwen2.5 0.5B / 1.5B / 3B x full / LoRA / QLoRA x bf16 / fp16 on the
 laptop-16gb recipe (the precision decides the card: bf16 an Ampere 16 GB card, fp16 a T4); and
@@ -18,7 +18,7 @@ import time
 import traceback
 
 from labkit.cards import card_gib, sized_gib
-from labkit.bench import append_csv, results_dir
+from bench import append_csv, results_dir
 from labkit.lab import provenance
 from labkit.memory import GIB
 from labkit.presets import PRESETS, Preset, get_preset
@@ -80,7 +80,7 @@ def rehearse_row(kind: str, name: str, preset) -> dict:
     from labkit.plan import resolve_plan
     from labkit.preflight import estimate
     from labkit.presets import card_device
-    from labkit.rehearsal import LABEL, rehearse
+    from bench.rehearse import LABEL, rehearse
 
     versions = package_versions()
     plan = resolve_plan(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset))
@@ -137,7 +137,7 @@ def _card_for(preset):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit bench rehearsal", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench rehearsal", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="all", choices=("all", "presets", "grid", "unsloth", "sizing"))
     parser.add_argument("--name", nargs="*", help="only these row names")
     parser.add_argument("--out", default=None, help="CSV to write (default results/rehearsal.csv, replaced)")

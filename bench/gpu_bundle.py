@@ -1,4 +1,4 @@
-"""The offline GPU machine bundle of ``python -m labkit bench gpu --bundle DIR``: the wheels an air-gapped box lacks.
+"""The offline GPU machine bundle of ``python -m bench gpu --bundle DIR``: the wheels an air-gapped box lacks.
 
 The GPU machine this is made for has no internet and a Python 3.12 stack of its own (a CUDA 13.0 build of
 torch 2.11, transformers 5.17, accelerate 1.15, an old peft, pyarrow of unknown version, huggingface_hub
@@ -24,7 +24,7 @@ stay under 64 MiB, so :func:`make_bundle` refuses a bundle above ``limit_mib`` (
 :func:`install_command` is the one shell command to run on the GPU machine, from the repository root: it picks
 the datasets set by the machine's pyarrow, installs one version of each package into ``/tmp/labkit-site``
 (``pip --no-deps`` fails when given two versions of one package), puts that folder and the repository first on
-``PYTHONPATH`` (ahead of the machine's older transformers and peft) and runs ``python3 -m labkit bench gpu``.
+``PYTHONPATH`` (ahead of the machine's older transformers and peft) and runs ``python3 -m bench gpu``.
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def _find_wheel(folder: Path, name: str, version: str) -> Path:
     if len(found) != 1:
         what = "no wheel" if not found else f"{len(found)} wheels ({', '.join(p.name for p in found)})"
         raise FileNotFoundError(f"{folder} holds {what} of {name}=={version}; make it with "
-                                f"`python -m labkit bench gpu --bundle {folder}` on a machine with PyPI")
+                                f"`python -m bench gpu --bundle {folder}` on a machine with PyPI")
     return found[0]
 
 
@@ -196,7 +196,7 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
                                 if others else ""))
     manifest = {
         "what": "wheels for an offline Python 3.12 x86_64 Linux GPU machine (CUDA 13.0 torch); "
-                "install with labkit.bench.gpu_bundle.install_command",
+                "install with bench.gpu_bundle.install_command",
         "python": PYTHON_VERSION,
         "platforms": list(PLATFORMS),
         "wheels": [{"file": p.name, "name": _wheel_tags(p.name)[0], "version": _wheel_tags(p.name)[1],
@@ -273,7 +273,7 @@ def repack_bitsandbytes(wheel_path: str | Path, keep: tuple[str, ...] = KEEP_LIB
 
 
 def install_command(folder: str | Path, bench_args: str = "") -> str:
-    """Return the one bash command that installs the bundle on the GPU machine and runs ``python3 -m labkit bench gpu``.
+    """Return the one bash command that installs the bundle on the GPU machine and runs ``python3 -m bench gpu``.
 
     ``bench_args`` follow the command as they are (``--budget-s 480``).
     ``folder`` is the bundle as the GPU machine's repository root sees it (``.whl``); the wheels must be in it
@@ -304,6 +304,6 @@ def install_command(folder: str | Path, bench_args: str = "") -> str:
         + " ".join(branches)
         + f" && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target {SITE} "
         + always + ' "${LABKIT_DATASETS[@]}"'
-        + f" && export PYTHONPATH={SITE}:$PWD && python3 -m labkit bench gpu"
+        + f" && export PYTHONPATH={SITE}:$PWD && python3 -m bench gpu"
         + (f" {bench_args}" if bench_args else "")
     )

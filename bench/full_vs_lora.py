@@ -1,4 +1,4 @@
-"""``python -m labkit bench full-vs-lora``: full-parameter vs LoRA GRPO on the CPU nano task -> results/."""
+"""``python -m bench full-vs-lora``: full-parameter vs LoRA GRPO on the CPU nano task -> results/."""
 from __future__ import annotations
 
 import argparse
@@ -35,7 +35,7 @@ def _nano_record(result, part: str, label: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench full-vs-lora``: full-parameter vs LoRA GRPO on the CPU nano task -> results/.
+    """``python -m bench full-vs-lora``: full-parameter vs LoRA GRPO on the CPU nano task -> results/.
 
     1. A learning-rate sweep (``--sweep-seed``) for full fine-tuning and for LoRA of the first rank.
        Each method's rate is chosen by its mean *training* reward over the last 10 steps (never by
@@ -52,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from labkit.bench import results_dir, write_json
+    from bench import results_dir, write_json
     from labkit.lab import provenance
     from labkit.nano import NanoConfig, run_nano_grpo
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench full-vs-lora", description=main.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench full-vs-lora", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ranks", type=int, nargs="+", default=[4, 16])
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             run("comparison", f"lora r={rank}", method="lora", lora_rank=rank, learning_rate=chosen["lora"], seed=seed)
     record = dict(
         benchmark="full vs LoRA GRPO on the nano task (two-digit addition with a carry, CPU)",
-        command=("python -m labkit bench full-vs-lora " + " ".join(argv or [])).strip(),
+        command=("python -m bench full-vs-lora " + " ".join(argv or [])).strip(),
         settings=dict(task="labkit.nano: two-digit addition, sloppy-teacher warm-up, then GRPO",
                       config=dataclasses.asdict(base) | {"seed": None, "method": None, "learning_rate": None},
                       seeds=args.seeds, ranks=args.ranks, learning_rates=args.learning_rates,

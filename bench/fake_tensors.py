@@ -1,44 +1,26 @@
-"""A GPU dress rehearsal without a GPU: TRL's real GRPO step at full scale on fake tensors.
+"""The rehearsal's tools: a policy at full size made of fake tensors, a counter of the bytes alive, and the CUDA
+behaviours a CPU fake-tensor run must reproduce (:mod:`bench.rehearse` runs the step with them).
 
 PyTorch's ``FakeTensorMode`` runs a model's real code with tensors that carry a shape, a dtype and a
 device but no data: nothing is computed and nothing is allocated, yet every tensor the step creates
-is seen, with its dtype and shape checked by PyTorch's meta kernels. :func:`rehearse` uses that to
-run, for a :class:`labkit.plan.Plan`, the step ``build_run`` would run on the card:
-
-1. the policy at full size, built on the meta device from the architecture catalogue, set up in the
-   order TRL uses (QLoRA: 4-bit linear layers, and ``prepare_model_for_kbit_training`` when the preset
-   asks; PEFT's LoRA; non-reentrant checkpointing; input grads; TRL's bf16 cast of a 4-bit model's adapters and labkit's
-   fix of it; TRL's fused LM head), then materialised as fake tensors, embeddings re-tied;
-2. **generation**: prefill plus a fixed-length decoding loop to ``max_completion_length`` with
-   transformers' KV cache and sampling buffers, under ``no_grad`` (``generate`` itself needs values);
-3. **training**: TRL 1.16's own ``GRPOTrainer._compute_loss`` (log-probs through the fused LM head,
-   the loss type's aggregation) and backward, for two micro-batches (micro-batches 3 and later repeat
-   the second's allocations), GradScaler under fp16, gradient clipping, the optimiser step (8-bit AdamW
-   from bitsandbytes included), twice.
-
-A :class:`LiveBytes` dispatch mode counts the bytes of every storage alive (each storage once) and
-records the peak of each phase with a breakdown. What it does not count and which CUDA behaviours it
-reproduces on CPU fake tensors (fake ``"cuda"`` tensors cannot run a backward pass without a driver)
-are listed in :data:`NOT_COUNTED` and :data:`EMULATED`, each with the library line it mirrors.
-Every figure is **rehearsed (fake tensors)**, never measured. Introduced in ``04_lora_grpo_16gb.ipynb``.
+is seen, with its dtype and shape checked by PyTorch's meta kernels. A :class:`LiveBytes` dispatch mode
+counts the bytes of every storage alive (each storage once) and records the peak of each phase with a
+breakdown. What it does not count and which CUDA behaviours it reproduces on CPU fake tensors (fake
+``"cuda"`` tensors cannot run a backward pass without a driver) are listed in :data:`NOT_COUNTED` and
+:data:`EMULATED`, each with the library line it mirrors.
 """
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 import types
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from labkit.cards import card_gib
-from labkit.memory import GIB
-
-__all__ = ["EMULATED", "NOT_COUNTED", "LABEL", "LiveBytes", "Rehearsal", "rehearse", "fake_policy", "memory_columns"]
+__all__ = ["EMULATED", "NOT_COUNTED", "LABEL", "LiveBytes", "fake_policy", "cuda_behaviours", "generate", "loss_context",
+           "optimizer_for"]
 
 LABEL = "rehearsed (fake tensors)"
 
@@ -223,7 +205,7 @@ def _addmm_fp32_in_place(acc, a, b):
 
 
 @contextlib.contextmanager
-def _cuda_behaviours():
+def cuda_behaviours():
     """Patch, for the rehearsal only, the places where a CUDA run allocates differently from CPU fakes."""
     import trl.kernels.chunked_logprob as kernels
     import trl.trainer.utils as trl_utils
@@ -393,7 +375,7 @@ def _autocast(plan):
     return torch.autocast("cpu", dtype=plan.compute_dtype)
 
 
-def _generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, completion_len: int) -> None:
+def generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, completion_len: int) -> None:
     """Prefill and decode ``completion_len`` tokens for ``prompts`` sequences, as ``generate``'s ``_sample`` does.
 
     Decoding steps cost the same allocations but for the cache's length, so step 1 runs, the cache is then
@@ -453,7 +435,7 @@ def _generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, co
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _loss_context(plan, model):
+def loss_context(plan, model):
     """An object with the attributes ``GRPOTrainer._compute_loss`` reads, from a real ``GRPOConfig``."""
     from trl import GRPOConfig, GRPOTrainer
 
@@ -484,7 +466,7 @@ def _loss_context(plan, model):
     return ctx, args
 
 
-def _optimizer(plan, params):
+def optimizer_for(plan, params):
     """The optimiser ``GRPOConfig.optim`` names, built outside fake mode (bitsandbytes' maps call .tolist())."""
     import bitsandbytes as bnb
 
@@ -499,194 +481,3 @@ def _optimizer(plan, params):
     return torch.optim.AdamW(params, lr=lr, foreach=False)
 
 
-# --------------------------------------------------------------------------- the result
-
-
-@dataclass
-class Rehearsal:
-    """What :func:`rehearse` returns: the peak live bytes of each phase, with its breakdown by category."""
-
-    plan: object
-    phases: dict  # phase -> {"peak": bytes, "breakdown": {category: bytes}}
-    settings: dict
-    seconds: float
-    cpu_seconds: float
-    notes: list = field(default_factory=list)
-
-    @property
-    def peak(self) -> int:
-        return max(p["peak"] for p in self.phases.values())
-
-    @property
-    def peak_gib(self) -> float:
-        return self.peak / GIB
-
-    def phase_gib(self, phase: str) -> float:
-        return self.phases[phase]["peak"] / GIB
-
-    def table(self) -> str:
-        cats = sorted({c for p in self.phases.values() for c in p["breakdown"]},
-                      key=lambda c: _ORDER.index(c) if c in _ORDER else 99)
-        lines = [f"{'phase':<11}{'peak GiB':>9}  " + "  ".join(f"{c:>12}" for c in cats)]
-        for name, p in self.phases.items():
-            lines.append(f"{name:<11}{p['peak'] / GIB:>9.3f}  "
-                         + "  ".join(f"{p['breakdown'].get(c, 0) / GIB:>12.3f}" for c in cats))
-        return "\n".join(lines)
-
-    def report(self) -> str:
-        lines = [f"{LABEL}: {self.plan.describe()}", "", "peak live bytes per phase, GiB (" + LABEL + "):",
-                 self.table(), "",
-                 f"peak {self.peak_gib:.3f} GiB ({LABEL}); {self.seconds:.1f} s wall, {self.cpu_seconds:.1f} s CPU"]
-        lines += ["", "not counted:"] + [f"  - {what}" for what in NOT_COUNTED]
-        lines += ["", "CUDA behaviours emulated on CPU fake tensors (library line mirrored):"]
-        lines += [f"  - {what} [{where}]" for what, where in EMULATED]
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-_ORDER = ["weights", "gradients", "optimizer", "kv_cache", "activations", "generation"]
-
-
-def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_layers: int | None = None) -> Rehearsal:
-    """Rehearse one GRPO step of ``plan`` (a :class:`labkit.plan.Plan`, a preset or its name) on fake tensors.
-
-    Returns a :class:`Rehearsal`: phases ``generation`` (prefill + decode with the KV cache), ``training``
-    (forward and backward of the micro-batches) and ``optimizer`` (clipping and the optimiser step),
-    each with its peak live bytes and the breakdown by category at that peak. ``num_layers`` rehearses a
-    shallower model of the same width (compare it with ``labkit.preflight.estimate(plan, num_layers=...)``).
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from labkit.plan import resolve_plan
-
-    plan = resolve_plan(plan)
-    if plan.card is None or plan.card.kind != "cuda":
-        raise ValueError(f"{plan.preset.name} is a CPU preset: the rehearsal rehearses a GPU run "
-                         f"(set card_gib, e.g. --set card_gib={card_gib('rtx3080-laptop-16gb')})")
-    g = plan.config
-    micro, gen_batch = g["per_device_train_batch_size"], plan.generation_batch_size
-    prompt_len, completion_len = plan.preset.max_prompt_length, g["max_completion_length"]
-    started, cpu_started = time.perf_counter(), time.process_time()
-    tracker = LiveBytes()
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with _cuda_behaviours():
-        model = fake_policy(plan, fake, tracker, num_layers=num_layers)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    ctx, args = _loss_context(plan, model)
-    optimizer = _optimizer(plan, trainable)
-    scaler = torch.amp.GradScaler("cpu") if plan.precision == "fp16" else None
-    notes = []
-    with _cuda_behaviours(), fake, tracker:
-        model.train()
-        for step in range(optimizer_steps):
-            last = step == optimizer_steps - 1
-            if generation and last:  # with the optimiser states alive, as in every step after the first
-                tracker.start("generation", "generation")
-                _generate(model, plan, tracker, gen_batch, prompt_len, completion_len)
-            tracker.start("training", "activations")
-            tracker.true_count = micro * completion_len  # every completion token is scored
-            for _ in range(min(2, g["gradient_accumulation_steps"]) if last else 1):
-                inputs = dict(prompt_ids=torch.zeros((micro, prompt_len), dtype=torch.long),
-                              prompt_mask=torch.ones((micro, prompt_len), dtype=torch.long),
-                              completion_ids=torch.zeros((micro, completion_len), dtype=torch.long),
-                              completion_mask=torch.ones((micro, completion_len), dtype=torch.int),
-                              advantages=torch.zeros((micro,), dtype=torch.float32),
-                              num_items_in_batch=torch.tensor(float(gen_batch * completion_len)))
-                loss = ctx.compute_loss(model, inputs)
-                (scaler.scale(loss) if scaler else loss).backward()  # accelerate/accelerator.py:2857
-                del loss, inputs
-            tracker.true_count = None
-            tracker.start("optimizer", "optimizer")
-            if scaler is not None:
-                scaler.unscale_(optimizer)  # accelerate/accelerator.py:3047 (clip_grad_norm_ unscales first)
-            if args.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm)
-            if scaler is not None:  # found_inf.item() reads 0: the step runs (torch/amp/grad_scaler.py:371)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            for state in optimizer.state.values():
-                for value in state.values():
-                    if isinstance(value, torch.Tensor):
-                        tracker.label(value, "optimizer")
-            optimizer.zero_grad(set_to_none=True)
-    notes.append("the first optimiser step runs one micro-batch (it creates the gradients and the optimiser "
-                 "states); generation and two micro-batches run in the last step, when both exist")
-    if g["gradient_accumulation_steps"] > 2:
-        notes.append(f"micro-batches 3 to {g['gradient_accumulation_steps']} of a step repeat the second's "
-                     f"allocations and are not run again")
-    if generation and completion_len > 2:
-        notes.append(f"decoding steps 2 to {completion_len - 1} are not run one by one: the KV cache is grown to "
-                     f"their length with one DynamicCache.update per layer; the last step runs in full")
-    phases = {name: {"peak": peak, "breakdown": {k: v for k, v in breakdown.items() if v}}
-              for name, (peak, breakdown) in tracker.peaks.items() if name != "setup"}
-    settings = dict(model=plan.model, method=plan.method, precision=plan.precision, optim=g["optim"],
-                    per_device_train_batch_size=micro, gradient_accumulation_steps=g["gradient_accumulation_steps"],
-                    generation_batch_size=gen_batch, num_generations=g["num_generations"],
-                    max_prompt_length=prompt_len, max_completion_length=completion_len,
-                    activation_checkpointing=g["activation_checkpointing"], loss_type=plan.loss_type,
-                    trainable_params=sum(p.numel() for p in trainable), num_layers=num_layers)
-    return Rehearsal(plan, phases, settings, time.perf_counter() - started, time.process_time() - cpu_started,
-                     notes)
-
-
-def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "unsloth"), gpu_csv=None):
-    """Return a table of peak memory in three columns: estimated, rehearsed (fake tensors), measured.
-
-    ``rehearsal_csv`` is what ``python -m labkit bench rehearsal`` writes. Measured peaks come from
-    ``gpu_csv`` (default: ``gpu/measurements.csv`` beside ``rehearsal_csv``, written by
-    ``python -m labkit bench gpu``: the same preset or grid row at the same settings, on a real card) and
-    from ``memory_csv`` (``python -m labkit bench memory``: the same model, method, precision, G and
-    completion length). The measured column is torch's ``max_memory_allocated``, the tensors the other two
-    columns count; where nothing was measured it says a GPU is needed.
-    """
-    import pandas as pd
-
-    if not os.path.exists(rehearsal_csv):
-        return pd.DataFrame({"missing": [f"{rehearsal_csv}: run python -m labkit bench rehearsal"]})
-    rows = pd.read_csv(rehearsal_csv)
-    rows = rows[(rows.status == "ok") & rows.kind.isin(kinds)]
-    measured = {}
-    if memory_csv is not None and os.path.exists(memory_csv):
-        gpu = pd.read_csv(memory_csv)
-        for _, m in gpu[(gpu.get("device_kind") == "cuda") & (gpu.get("status") == "ok")].iterrows():
-            key = (m.model, m.method, m.precision, int(m.num_generations), int(m.completion_len))
-            measured[key] = round(float(m.measured_peak_gib), 2)
-    settings = ["model", "method", "precision", "per_device_train_batch_size", "gradient_accumulation_steps",
-                "num_generations", "max_completion_length"]
-    def same(value) -> str:  # 24 and 24.0 (a column with a blank reads as floats) are the same setting
-        try:
-            number = float(value)
-            return str(int(number)) if number.is_integer() else str(number)
-        except (TypeError, ValueError):
-            return str(value)
-
-    gpu_csv = gpu_csv or os.path.join(os.path.dirname(str(rehearsal_csv)), "gpu", "measurements.csv")
-    by_name = {}
-    if os.path.exists(gpu_csv):
-        gpu = pd.read_csv(gpu_csv)
-        for _, m in gpu[gpu.status == "ok"].dropna(subset=["peak_allocated_gib"]).iterrows():
-            # a QLoRA row loaded by labkit ran PEFT's fp32 upcast (before 2026-11-26 the only QLoRA loader)
-            upcast = str(m.get("loader")) in ("labkit", "labkit-prepare-kbit")
-            by_name[m["name"]] = ((*(same(m[k]) for k in settings), upcast), round(float(m.peak_allocated_gib), 2))
-
-    def measured_gib(row):
-        found = by_name.get(row["name"])
-        upcast = str(row.get("prepare_model_for_kbit_training", False)) == "True"
-        if found and found[0] == (*(same(row[k]) for k in settings), upcast):
-            return found[1]
-        key = (row.model, row.method, row.precision, int(row.num_generations), int(row.max_completion_length))
-        return measured.get(key, "needs a GPU")
-
-    table = pd.DataFrame({
-        "row": rows.name,
-        "model": rows.model.str.split("/").str[-1],
-        "method": rows.method,
-        "precision": rows.precision,
-        "G x len": [f"{g} x {c}" for g, c in zip(rows.num_generations, rows.max_completion_length)],
-        "estimated GiB": rows.estimated_total_gib.round(2),
-        "rehearsed GiB (fake tensors, full scale)": rows.rehearsed_peak_gib.round(2),
-        "measured GiB (a real card, torch allocated)": [measured_gib(row) for _, row in rows.iterrows()],
-    })
-    return table.reset_index(drop=True)

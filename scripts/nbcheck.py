@@ -1,6 +1,6 @@
 """Structural checks of the lab's notebooks, and where they are published (their Colab home): no torch needed.
 
-``python -m labkit.nbcheck notebooks/`` prints every problem and exits 1 if there is one;
+``python -m scripts.nbcheck notebooks/`` prints every problem and exits 1 if there is one;
 ``tests/test_notebook_structure.py`` runs the same checks in CI. A lab notebook must
 
 - be named ``NN_lowercase_words.ipynb`` (numbered, read in order), or ``NNb_...`` for a notebook that
@@ -16,10 +16,10 @@
 - carry the notebook metadata JupyterLab itself writes (:data:`NOTEBOOK_METADATA`), so that opening it does
   not mark it modified: JupyterLab replaces a differing ``kernelspec`` or ``language_info`` with the
   running kernel's, which makes the notebook "modified" before the learner touched it.
-  ``python -m labkit.nbcheck --fix notebooks`` writes it.
+  ``python -m scripts.nbcheck --fix notebooks`` writes it.
 
 The home is ONE setting, ``labkit/data/home.json`` (``{"repo": "OWNER/NAME", "ref": "TAG"}``, or nulls for a copy
-that is not published yet): this copy of the lab cannot know where it will be published. ``python -m labkit colab
+that is not published yet): this copy of the lab cannot know where it will be published. ``python -m scripts.colab
 --repo OWNER/NAME --ref TAG`` (:func:`set_home`) writes it and, in the same go, every notebook's badge line and
 install cell and the README's Colab links; :func:`home_problems` says where they disagree with it.
 """
@@ -52,8 +52,8 @@ NOTEBOOK_METADATA = {
 
 # --------------------------------------------------------------------------- the lab's home (where it is published)
 
-HOME_FILE = Path(__file__).resolve().parent / "data" / "home.json"  # the one setting; root/labkit/data/home.json
-SET_HOME = "python -m labkit colab --repo OWNER/NAME --ref TAG"
+HOME_FILE = Path(__file__).resolve().parents[1] / "labkit" / "data" / "home.json"  # the one setting
+SET_HOME = "python -m scripts.colab --repo OWNER/NAME --ref TAG"
 NO_HOME = ("**Colab:** this copy of the lab has no published home yet; an instructor sets it with "
            f"`{SET_HOME}`.")
 _COLAB = "https://colab.research.google.com/github/{repo}/blob/{ref}/notebooks/{name}"
@@ -150,7 +150,7 @@ def _install_value(value: str | None) -> str:
 
 def readme_block(home: Home, names: list[str]) -> str:
     """Return the README's Colab block for ``home``: a link per notebook file in ``names``, or :data:`NO_HOME`."""
-    lines = ["<!-- colab-home: written by `python -m labkit colab` from labkit/data/home.json; "
+    lines = ["<!-- colab-home: written by `python -m scripts.colab` from labkit/data/home.json; "
              "run it rather than editing these lines -->"]
     if home.is_set:
         links = " · ".join(f"[{Path(name).stem}]({home.colab_url(name)})" for name in names)
@@ -224,7 +224,7 @@ def home_problems(root: str | Path) -> list[str]:
     except HomeError as exc:
         return [str(exc)]
     texts, problems = _home_plan(root, home)
-    command = f"python -m labkit colab --repo {home.repo} --ref {home.ref}" if home.is_set else SET_HOME
+    command = f"python -m scripts.colab --repo {home.repo} --ref {home.ref}" if home.is_set else SET_HOME
     for path, text in texts.items():
         if path != _home_file(root) and path.read_text(encoding="utf-8") != text:
             problems.append(f"{path.relative_to(root)} does not show {home} (labkit/data/home.json): run {command}")
@@ -348,7 +348,7 @@ def check_notebook(path: str | Path, home: Home | None = None) -> list[str]:
     for key, expected in NOTEBOOK_METADATA.items():
         if nb.get("metadata", {}).get(key) != expected:
             problems.append(f"metadata {key!r} is not what JupyterLab writes ({expected}): it would open as modified; "
-                            "run python -m labkit.nbcheck --fix notebooks")
+                            "run python -m scripts.nbcheck --fix notebooks")
 
     tail = "\n".join(_source(c) for c in cells[-3:] if c.get("cell_type") == "markdown").lower()
     if "summary" not in tail or "exercise" not in tail:

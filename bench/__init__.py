@@ -1,10 +1,11 @@
-"""Benchmarks: ``python -m labkit bench NAME [options]`` records figures under ``results/``.
+"""The lab's measurements: ``python -m bench NAME [options]`` (from the repository's folder) records figures under
+``results/``.
 
 Every figure the lab states is made here, by a command that writes what it measured (with
 :func:`labkit.lab.provenance`: device, versions, date), never by a timed test. One file per
-benchmark, each with a ``main(argv) -> exit code``; :mod:`labkit.bench.worker` runs the
-measurements that need a fresh process. The concept modules (``labkit.memory``,
-``labkit.rewards``, ...) never import this package: it sits on top of them.
+benchmark, each with a ``main(argv) -> exit code``; :mod:`bench.worker` runs the
+measurements that need a fresh process. This package sits beside ``labkit``, not in it: it is not
+installed with the learner's package, and ``labkit`` never imports it (tests/test_layout.py).
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from pathlib import Path
 
 from labkit.lab import write_json
 
-__all__ = ["BENCHMARKS", "results_dir", "write_json", "append_csv", "bench_cli"]
+__all__ = ["BENCHMARKS", "results_dir", "write_json", "append_csv", "main"]
 
-# name -> (module of labkit.bench, help). Each module's main(argv) returns an exit code.
+# name -> (module of the bench package, help). Each module's main(argv) returns an exit code.
 BENCHMARKS = {
     "memory": ("memory", "measure peak memory of real GRPO steps -> results/memory.csv"),
     "chunked-logps": ("chunked_logps", "peak memory of chunked vs full log-probs -> results/"),
@@ -28,6 +29,8 @@ BENCHMARKS = {
                    "speed -> results/gpu/ (--tiny: the CPU rehearsal of the command; --bundle DIR: offline wheels)"),
     "unsloth": ("unsloth", "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
     "demo": ("demo", "the main job over several seeds -> results/"),
+    "rehearse": ("rehearse", "one preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase, "
+                             "beside the estimate (prints; writes nothing)"),
     "rehearsal": ("rehearsal", "GPU presets + an 18-row grid + Unsloth's setting rehearsed on fake tensors, beside the "
                                "estimate -> results/rehearsal.csv"),
     "smollm2-demo": ("real_demo", "GRPO on SmolLM2-135M-Instruct on CPU: 3 seeds and a learning-rate-0 control -> results/"),
@@ -78,11 +81,11 @@ def append_csv(path: str | Path, rows: list[dict]) -> Path:
     return path
 
 
-def bench_cli(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench NAME [options]``: run one benchmark; without a name, list them."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench NAME [options]``: run one benchmark; without a name, list them."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m labkit bench NAME [options]\n\nbenchmarks:")
+        print("usage: python -m bench NAME [options]\n\nbenchmarks:")
         for name, (_, help_) in BENCHMARKS.items():
             print(f"  {name:<14} {help_}")
         return 0
@@ -90,5 +93,8 @@ def bench_cli(argv: list[str] | None = None) -> int:
     if name not in BENCHMARKS:
         print(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"labkit.bench.{BENCHMARKS[name][0]}")
+    from labkit.lab import quiet_library_noise
+
+    quiet_library_noise()  # as labkit.setup() does in a notebook: TRL's deprecated calls, load bars
+    module = importlib.import_module(f"bench.{BENCHMARKS[name][0]}")
     return int(module.main(argv[1:]) or 0)

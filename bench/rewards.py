@@ -1,11 +1,11 @@
-"""``python -m labkit bench rewards``: the worst time per reward on adversarial inputs -> results/rewards_bench.json."""
+"""``python -m bench rewards``: the worst time per reward on adversarial inputs -> results/rewards_bench.json."""
 from __future__ import annotations
 
 import statistics
 import time
 from pathlib import Path
 
-from labkit.bench import results_dir, write_json
+from bench import results_dir, write_json
 from labkit.lab import provenance
 from labkit.rewards import (
     accuracy_reward, adversarial_inputs, clear_parse_caches, combine_rewards, expression_reward, extract_answer,
@@ -62,7 +62,7 @@ def _math_verify_reference(repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench rewards``: worst time per reward on adversarial inputs -> results/rewards_bench.json.
+    """``python -m bench rewards``: worst time per reward on adversarial inputs -> results/rewards_bench.json.
 
     Each reward is called on one adversarial completion at a time (plain and conversational),
     ``--repeats`` times with every parse cache cleared before each call; an input's time is
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench rewards", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench rewards", description=main.__doc__)
     parser.add_argument("--chars", type=int, default=100_000, help="length of each adversarial input")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per input and format")
     parser.add_argument("--budget-ms", type=float, default=50.0, help="the most one call may take")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     record = {
         "benchmark": "rewards",
-        "command": "python -m labkit bench rewards " + " ".join(argv or []),
+        "command": "python -m bench rewards " + " ".join(argv or []),
         "budget_ms": args.budget_ms,
         "input_chars": args.chars,
         "repeats": args.repeats,

@@ -1,4 +1,4 @@
-"""``python -m labkit bench tools-demo``: SmolLM2-135M-Instruct learns to use a calculator on a CPU (notebook 08).
+"""``python -m bench tools-demo``: SmolLM2-135M-Instruct learns to use a calculator on a CPU (notebook 08).
 
 GRPO's recipe is a preset, by default ``cpu-tools`` (notebook 08's CPU mode), and GRPO runs through
 :func:`labkit.run.build_run`, the road ``python -m labkit train --preset cpu-tools`` takes. Two arms, each from
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from labkit.bench import results_dir, write_json
+from bench import results_dir, write_json
 from labkit.lab import provenance
 
 __all__ = ["main", "run"]
@@ -206,7 +206,7 @@ def run(*, recipe="cpu-tools", arms=ARMS, warm_up_steps: int = 8, warm_up_batch:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit bench tools-demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench tools-demo", description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="cpu-tools", help="GRPO's recipe, a tool preset (default: cpu-tools)")
     parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
                         help="change preset fields, in GRPOConfig's names: --set max_steps=6 learning_rate=3e-4 "
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="default: results/tools_demo.json")
     args = parser.parse_args(argv)
-    from labkit.cli import UsageError, parse_pairs
+    from labkit.options import UsageError, parse_pairs
     from labkit.presets import PresetError, get_preset
 
     try:
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     except (PresetError, UsageError, ValueError) as error:
         print(f"bench tools-demo: {error}")
         return 2
-    summary["command"] = "python -m labkit bench tools-demo " + " ".join(argv if argv is not None else sys.argv[1:])
+    summary["command"] = "python -m bench tools-demo " + " ".join(argv if argv is not None else sys.argv[1:])
     out = Path(args.out) if args.out else results_dir() / "tools_demo.json"
     write_json(out, summary)
     for arm, figures in summary["arms"].items():

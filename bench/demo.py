@@ -1,4 +1,4 @@
-"""``python -m labkit bench demo``: the main job over several seeds, and its learning-rate-0 control -> results/."""
+"""``python -m bench demo``: the main job over several seeds, and its learning-rate-0 control -> results/."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,17 +13,17 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench demo``: the main job for several seeds, and with learning rate 0, -> results/.
+    """``python -m bench demo``: the main job for several seeds, and with learning rate 0, -> results/.
 
     Writes ``results/demo_seeds.json`` (each seed's accuracy before and after, seconds and
     provenance; passes when every seed rises by ``--min-rise`` points in under
     ``--max-seconds``) and ``results/demo_ablation_lr0.json`` (the same seeds with the policy
     update switched off). Each run's folder (summary and plot) is under ``--runs``.
     """
-    from labkit.bench import results_dir, write_json
+    from bench import results_dir, write_json
     from labkit.lab import provenance
 
-    parser = demo_parser("python -m labkit bench demo", main.__doc__)
+    parser = demo_parser("python -m bench demo", main.__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--ablation-seeds", type=int, nargs="*", default=None,
                         help="seeds of the learning-rate-0 ablation (default: --seeds; none: skip it)")
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="runs/bench-demo", help="folder for each run's summary and plot")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    command = ("python -m labkit bench demo " + " ".join(argv or [])).strip()
+    command = ("python -m bench demo " + " ".join(argv or [])).strip()
     folder = results_dir(args.out)
 
     def runs(lr: float, seeds: list[int], tag: str) -> list[dict]:

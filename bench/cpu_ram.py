@@ -1,4 +1,4 @@
-"""``python -m labkit bench cpu-ram``: the resident memory of notebook 04's CPU recipe (``cpu-smollm2``), as it is
+"""``python -m bench cpu-ram``: the resident memory of notebook 04's CPU recipe (``cpu-smollm2``), as it is
 and laid out three other ways, each for 2 real GRPO steps through ``build_run`` in a fresh process
 -> ``results/cpu_ram.json``.
 
@@ -94,7 +94,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit bench cpu-ram", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench cpu-ram", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2, help="GRPO steps per layout (default 2)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the fresh process's own job
     parser.add_argument("--out", default=None, help="JSON file (default results/cpu_ram.json)")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     norms = [float(r["step1_grad_norm"]) for r in plain]
     same = len(norms) == 2 and abs(norms[0] - norms[1]) <= 1e-4 * norms[0]
     out = write_json(args.out or results_dir() / "cpu_ram.json", {
-        "command": "python -m labkit bench cpu-ram" + (f" --steps {args.steps}" if args.steps != 2 else ""),
+        "command": "python -m bench cpu-ram" + (f" --steps {args.steps}" if args.steps != 2 else ""),
         "what": "peak resident memory (psutil, 50 Hz) of cpu-smollm2 GRPO steps through build_run, each layout in a "
                 "fresh process on 1 thread; seconds are wall time and depend on how busy the machine was",
         "target_gib": 4.0, "recipe_peak_gib": recipe["peak_rss_gib"],

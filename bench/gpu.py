@@ -1,7 +1,7 @@
-"""``python -m labkit bench gpu``: the GPU half of the lab, measured on a real CUDA card.
+"""``python -m bench gpu``: the GPU half of the lab, measured on a real CUDA card.
 
 One command records, in ``results/gpu/`` (``measurements.csv`` and ``measurements.json``, a row each as
-it ends), what the estimator (:func:`labkit.preflight.estimate`) and the rehearsal (:mod:`labkit.rehearsal`)
+it ends), what the estimator (:func:`labkit.preflight.estimate`) and the rehearsal (:mod:`bench.rehearse`)
 only predict:
 
 - **presets**: each GPU preset for 2 real optimiser steps through :func:`labkit.run.build_run` (the
@@ -22,11 +22,11 @@ only predict:
 - **speed**: completion tokens a second of TRL's ``generate`` and of transformers' continuous batching
   (``use_transformers_continuous_batching=True``) at the ``workshop`` and ``laptop-16gb`` settings.
 
-Each measurement runs in a fresh process (:mod:`labkit.bench.worker`): a peak means something only in
+Each measurement runs in a fresh process (:mod:`bench.worker`): a peak means something only in
 a process that measured nothing before, and a crash or a kill loses one row, never the finished ones.
 ``--budget-s`` runs the most valuable parts first and skips what would not finish in time.
 ``--tiny`` runs the same code on a CPU with two-layer models (a test in the suite); ``--bundle DIR``
-prepares an offline GPU machine (:mod:`labkit.bench.gpu_bundle`). docs/gpu.md says how.
+prepares an offline GPU machine (:mod:`bench.gpu_bundle`). docs/gpu.md says how.
 """
 from __future__ import annotations
 
@@ -35,20 +35,19 @@ import csv
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.gpu_measure import COLUMNS, LABEL, PHASE_ORDER, PhasePeaks, bench_preset, measure, percent_error
 from labkit.memory import GIB
-from labkit.oom import PhaseTracker
 
 __all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "recorded_rows", "measured_rows", "doctor_cap",
            "doctor_spec", "doctor_verdict", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL"]
 
-LABEL = "measured on {device}, random weights, every completion at max_completion_length"
+
 # The presets a 16 GB card or a T4 is sized by; laptop-16gb first: its row also photographs the dashboard.
 # tools-16gb (notebook 08) last: its rollouts with random weights write no tool call, so it measures the recipe's
 # shapes (the tool schema in every prompt, completions forced to the budget that counts 3 tool rounds)
@@ -60,20 +59,17 @@ GRID += [("Qwen/Qwen2.5-0.5B-Instruct", method, "fp16") for method in ("lora", "
 GRID_SETTINGS = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
                      max_prompt_length=128, max_completion_length=128)
 # The CPU rehearsal of this command (--tiny): the same code, two layers, a small width and short sequences.
-TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, vocab_size=512)
 TINY_SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
                      max_prompt_length=32, max_completion_length=8)
 # Most valuable first: the presets (and the dashboard), then QLoRA both ways (one row that says which loader a
 # 16 GB card should trust), the estimator grid, the generation speeds.
 PARTS = ("presets", "qlora", "doctor", "grid", "speed")
-PENDING = {"unsloth": "needs Unsloth's own environment (python -m labkit bench unsloth)"}
+PENDING = {"unsloth": "needs Unsloth's own environment (python -m bench unsloth)"}
 # Seconds a row took on an H100 (results/gpu, 2026-11-26: wall_s plus ~15 s of process start), for --budget-s;
 # a row not timed yet gets its part's guess. Generation dominates: TRL's generate at ~80 ms a decoding step.
 EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225, "tools-16gb": 180,
               "grid-Qwen2.5-0.5B-lora-bf16": 45}
 PART_EXPECTED_S = {"presets": 170, "grid": 60, "qlora": 225, "doctor": 90, "speed": 150}
-PHASE_ORDER = ("generation", "scoring", "forward", "backward", "optimizer")
 # The OOM doctor on real OOMs. For each phase: a base recipe measured uncapped, the same capped between the peak of
 # the phases before it and its own peak (so it runs out of memory there: the doctor's report from the real
 # torch.OutOfMemoryError), and the same with the report's first change under the same cap (does it fit now; did
@@ -85,287 +81,7 @@ DOCTOR_BASES = {"doctor-lora-base": ("laptop-16gb", {"max_completion_length": 25
 DOCTOR_TARGETS = (("generation", "doctor-lora-base"), ("backward", "doctor-lora-base"),
                   ("optimizer", "doctor-full-base"))
 CAP_POSITION = 0.6  # the cap sits 60 % of the way from the earlier phases' peak to the target phase's
-COLUMNS = [
-    "date", "part", "name", "label", "status", "model", "method", "precision", "card", "cap_gib", "context_gib",
-    "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "num_generations",
-    "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "generation", "loader", "weights_4bit", "embedding_dtype",
-    "steps_done", "completion_mean_length",
-    "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "fits", "fraction_of_card", "oom_phase",
-    *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib", "reserved_gib")],
-    "training_allocated_gib", "generation_tokens_per_s",
-    "estimated_total_gib", "estimated_generation_gib", "estimated_training_gib", "estimate_error_pct",
-    "estimate_generation_error_pct", "estimate_training_error_pct",
-    "rehearsed_peak_gib", "rehearsal_error_pct", "first_change", "fits_after_first_change", "measured_fall_gib",
-    "predicted_fall_gib", "wall_s",
-    "device", "driver", "cuda", "torch", "transformers", "trl", "peft", "bitsandbytes", "error",
-]
 
-
-# --------------------------------------------------------------------------- one measurement (worker side)
-
-
-class PhasePeaks(PhaseTracker):
-    """Peak CUDA memory and seconds of each phase of a TRL GRPO step, phase by phase.
-
-    The OOM doctor's :class:`labkit.oom.PhaseTracker` (``_generate`` -> generation, its return ->
-    scoring, ``compute_loss`` -> forward, its return -> backward, the optimiser callbacks -> optimizer),
-    with one addition: at each change of phase it reads ``max_memory_allocated`` and
-    ``max_memory_reserved`` for the phase that ends and resets them, so each phase's figure is its own
-    peak. A running :class:`labkit.monitor.VRAMMonitor` (the dashboard's) gets the same phase marks.
-    """
-
-    def __init__(self, cuda: bool, monitor=None):
-        self.cuda, self.monitor = cuda, monitor
-        self.peaks: dict[str, dict] = {}
-        self._phase, self._since, self._mark = "setup", time.perf_counter(), None
-        super().__init__()
-
-    @property
-    def phase(self) -> str:
-        return self._phase
-
-    @phase.setter
-    def phase(self, name: str) -> None:
-        """End the current phase (its peaks and seconds are kept) and start ``name``."""
-        if name == self._phase:
-            return
-        self.close()
-        self._phase, self._since = name, time.perf_counter()
-        if self.monitor is not None and name in PHASE_ORDER:
-            self._mark = self.monitor.phase(name if name != "optimizer" else "optimizer step")
-            self._mark.__enter__()
-
-    def close(self) -> None:
-        """Keep the current phase's seconds and peaks (and reset CUDA's peak counters)."""
-        import torch
-
-        if self.cuda:
-            torch.cuda.synchronize()
-        if self._mark is not None:
-            self._mark.__exit__(None, None, None)
-            self._mark = None
-        row = self.peaks.setdefault(self._phase, {"s": 0.0, "allocated": 0, "reserved": 0, "count": 0})
-        row["s"] += time.perf_counter() - self._since
-        row["count"] += 1
-        if self.cuda:
-            row["allocated"] = max(row["allocated"], torch.cuda.max_memory_allocated())
-            row["reserved"] = max(row["reserved"], torch.cuda.max_memory_reserved())
-            torch.cuda.reset_peak_memory_stats()
-
-
-def _driver() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
-    except Exception:  # no NVML: a CPU, or a machine without the driver's library
-        return None
-
-
-def _bench_preset(spec: dict):
-    """Return the preset a spec measures: a named preset with ``overrides`` (the grid's, the doctor's), then the
-    OOM doctor's ``change`` (``Preset.apply``: GRPOConfig fields such as ``steps_per_generation`` too)."""
-    from labkit.presets import get_preset
-
-    return get_preset(spec["preset"], **spec.get("overrides", {})).apply(spec.get("change") or {})
-
-
-def measure(spec: dict) -> dict:
-    """Return one row of ``bench gpu``: GRPO steps of ``spec``'s preset through ``build_run``, phase by phase.
-
-    Runs in a fresh process (``python -m labkit.bench.worker gpu SPEC``). ``spec``: ``preset`` (a name),
-    ``overrides`` (preset fields), ``config`` (extra ``GRPOConfig`` values), ``steps``, ``cap`` ("card":
-    the preset's card less the CUDA context; None: the whole device), ``precision`` (default: the preset
-    card's), ``tiny`` (a two-layer model on the CPU), ``dashboard`` (a folder for its picture and record).
-    """
-    import torch
-
-    from labkit.bench.preset import _fixed_length_prompts, _random_weights_model, card_cap_fraction
-    from labkit.device import choose_precision, detect_device
-    from labkit.lab import provenance
-    from labkit.models import load_tokenizer
-    from labkit.oom import TrainingOutOfMemory
-    from labkit.plan import resolve_plan
-    from labkit.preflight import estimate
-    from labkit.presets import card_device
-    from labkit.run import build_run
-    from labkit.training import LogRecorder
-
-    tiny = bool(spec.get("tiny"))
-    cuda = torch.cuda.is_available() and not tiny
-    device = detect_device("cuda" if cuda else "cpu")
-    preset = _bench_preset(spec)
-    card = card_device(spec["preset"])
-    precision = spec.get("precision") or (preset.precision or choose_precision(card) if cuda and card else "fp32")
-    preset = preset.replace(precision=precision)
-    plan = resolve_plan(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
-    row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
-               card=card.name if card else None, generation=spec.get("generation", "generate"),
-               loader=_loader(preset),
-               per_device_train_batch_size=plan.per_device_train_batch_size,
-               gradient_accumulation_steps=plan.config["gradient_accumulation_steps"],
-               generation_batch_size=plan.generation_batch_size, num_generations=plan.config["num_generations"],
-               max_prompt_length=preset.max_prompt_length,
-               **{k: plan.config[k] for k in ("max_completion_length", "optim")},
-               gradient_checkpointing=preset.gradient_checkpointing)
-    context = cap_gib = None
-    if cuda:
-        torch.empty(1, device="cuda")  # the context exists from here on
-        free, total = torch.cuda.mem_get_info()
-        context = (total - free - torch.cuda.memory_reserved()) / GIB  # the driver's and kernels', outside the cap
-        if spec.get("cap") == "card" and card is not None:
-            cap_gib = card.total_memory_gib - context  # what PyTorch can have of that card
-        elif isinstance(spec.get("cap"), (int, float)):  # the OOM doctor's rows: a cap between two phases' peaks
-            cap_gib = float(spec["cap"])
-        if cap_gib is not None:
-            torch.cuda.set_per_process_memory_fraction(card_cap_fraction(cap_gib, total))
-    row.update(cap_gib=cap_gib, context_gib=context)
-
-    est = estimate(plan)
-    row.update(estimated_total_gib=est.total, estimated_generation_gib=est.generation_phase,
-               estimated_training_gib=est.training_phase)
-    folder = Path(tempfile.mkdtemp(prefix="labkit-gpu-"))
-    recorder = LogRecorder(("num_tokens", "completions/mean_length"))
-    monitor = dashboard = peaks = None
-    started = time.perf_counter()
-    try:
-        path = _random_weights_model(preset, folder / "model", precision, device="cuda" if cuda else "cpu",
-                                     **(TINY_SHAPE if tiny else {}))
-        bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
-        tokenizer = load_tokenizer(path)
-        dataset = _fixed_length_prompts(tokenizer, max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2),
-                                        bench.max_prompt_length)
-        callbacks = [recorder]
-        if spec.get("dashboard"):
-            from labkit.dashboard import LiveDashboard
-            from labkit.monitor import VRAMMonitor
-
-            monitor = VRAMMonitor(interval_s=0.05).start()
-            dashboard = LiveDashboard(title=f"{spec['name']} on {device.name} (random weights)", frontend="none",
-                                      total_steps=bench.max_steps, monitor=monitor, autoshow=False, tick_s=None,
-                                      budget_gib=card.total_memory_gib if card and cuda else None)
-            callbacks.append(dashboard)
-        peaks = PhasePeaks(cuda, monitor)
-        config = dict(spec.get("config", {}))
-        run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
-                        callbacks=callbacks, print_logs=False,
-                        generation_kwargs={"min_new_tokens": bench.max_completion_length}, **config)
-        peaks.install(run.trainer)
-        if preset.method == "qlora":  # what each loader left in full precision (PEFT's upcast, TRL's does not)
-            model = run.trainer.model
-            row.update(weights_4bit=any(type(m).__name__ == "Linear4bit" for m in model.modules()),
-                       embedding_dtype=str(model.get_input_embeddings().weight.dtype).removeprefix("torch."))
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            peaks.peaks["setup"] = {"s": 0.0, "allocated": torch.cuda.memory_allocated(),
-                                    "reserved": torch.cuda.memory_reserved(), "count": 1}
-        peaks.phase = "between steps"
-        row["oom_phase"], row["status"] = None, "ok"
-        try:
-            run.train(resume=False)
-        except TrainingOutOfMemory as exc:
-            row.update(status="oom", oom_phase=exc.report.phase, error=str(exc.report).splitlines()[0],
-                       oom_report=exc.report.as_dict(),
-                       first_change=exc.report.changes[0].updates if exc.report.changes else None)
-        peaks.close()
-    except Exception as exc:  # recorded in the row: one broken measurement never stops the others
-        row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:400])
-    finally:
-        if monitor is not None:
-            monitor.stop()
-        row["wall_s"] = round(time.perf_counter() - started, 1)
-    if dashboard is not None and row["status"] != "error":
-        dashboard.record.finish("finished" if row["status"] == "ok" else "out of memory")
-        _restore_peak_series(dashboard.record, monitor)
-        out = Path(spec["dashboard"])
-        out.mkdir(parents=True, exist_ok=True)
-        dashboard.save(out / f"dashboard_{spec['name']}.png")
-        (out / f"dashboard_{spec['name']}.json").write_text(json.dumps(_dashboard_record(dashboard, monitor)) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    _phase_columns(row, peaks.peaks if peaks else {}, cuda)
-    if cuda and peaks:
-        row["phase_peaks_gib"] = {name: round(p["allocated"] / GIB, 3) for name, p in peaks.peaks.items()}
-    lengths = [x for x in recorder.values["completions/mean_length"] if x == x]
-    row["steps_done"] = len(recorder.values["step_time"])
-    row["completion_mean_length"] = round(sum(lengths) / len(lengths), 1) if lengths else None
-    gen_s = row.get("generation_s")
-    if gen_s and lengths:
-        count = peaks.peaks["generation"]["count"]
-        row["generation_tokens_per_s"] = round(row["completion_mean_length"] * bench.generation_batch_size * count
-                                               / gen_s, 1)
-    row.update(_compare(row))
-    info = provenance(device)
-    row.update(date=info["date"], device=device.name, driver=_driver(), cuda=torch.version.cuda,
-               label=LABEL.format(device=device.name) if cuda else "CPU rehearsal of the command (--tiny): no memory "
-                                                                  "measured", settings=preset.to_dict(),
-               **{k: info["versions"].get(k) for k in ("torch", "transformers", "trl", "peft", "bitsandbytes")})
-    return row
-
-
-def _phase_columns(row: dict, peaks: dict, cuda: bool) -> None:
-    for phase in PHASE_ORDER:
-        p = peaks.get(phase)
-        row[f"{phase}_s"] = round(p["s"], 2) if p else None
-        row[f"{phase}_allocated_gib"] = round(p["allocated"] / GIB, 3) if p and cuda else None
-        row[f"{phase}_reserved_gib"] = round(p["reserved"] / GIB, 3) if p and cuda else None
-    if cuda and peaks:
-        row["peak_allocated_gib"] = round(max(p["allocated"] for p in peaks.values()) / GIB, 3)
-        row["peak_reserved_gib"] = round(max(p["reserved"] for p in peaks.values()) / GIB, 3)
-        training = [row[f"{p}_allocated_gib"] for p in ("scoring", "forward", "backward", "optimizer")
-                    if row[f"{p}_allocated_gib"] is not None]
-        row["training_allocated_gib"] = max(training) if training else None
-
-
-def _pct(estimated, measured):
-    return round(100 * (estimated - measured) / measured, 1) if estimated is not None and measured else None
-
-
-def _compare(row: dict) -> dict:
-    """Return the row's verdicts: fits (reserved + context within the memory it was given: the card, or the OOM
-    doctor's cap plus the context), and the estimate's errors."""
-    out = {}
-    if row.get("peak_reserved_gib") is not None:
-        with_context = row["peak_reserved_gib"] + (row.get("context_gib") or 0)
-        out["peak_with_context_gib"] = round(with_context, 3)
-        if row.get("cap_gib") is not None:  # a card's cap is that card less the context: the sum is the card
-            given = row["cap_gib"] + (row.get("context_gib") or 0)
-            out["fits"] = row["status"] == "ok" and with_context <= given + 1e-6
-            out["fraction_of_card"] = round(with_context / given, 3)
-        out["estimate_error_pct"] = _pct(row["estimated_total_gib"], row["peak_allocated_gib"])
-        out["estimate_generation_error_pct"] = _pct(row["estimated_generation_gib"], row.get("generation_allocated_gib"))
-        out["estimate_training_error_pct"] = _pct(row["estimated_training_gib"], row.get("training_allocated_gib"))
-    for key in ("estimated_total_gib", "estimated_generation_gib", "estimated_training_gib"):
-        out[key] = round(row[key], 3)
-    return out
-
-
-def _restore_peak_series(record, monitor) -> None:
-    """Give the dashboard's "peak" line the run's peak so far at each step, from the phase marks' exact peaks.
-
-    :class:`PhasePeaks` resets CUDA's peak counters at every phase, so the record read only the last phase's
-    peak at each step's end (a learner's run, which resets nothing, reads the run's peak). The monitor counts
-    steps from 0, TRL from 1.
-    """
-    steps, _ = record.history.get("memory/peak", ([], []))
-    running, by_step = 0, {}
-    for mark in monitor.phases:
-        running = max(running, mark.peak_bytes)
-        by_step[mark.step + 1] = running
-    if steps and all(step in by_step for step in steps):
-        record.history["memory/peak"] = (steps, [by_step[step] / GIB for step in steps])
-
-
-def _dashboard_record(dashboard, monitor) -> dict:
-    """Return what notebooks replay of a measured run: metrics per step, memory samples, phase marks."""
-    from dataclasses import asdict
-
-    record = dashboard.record
-    return {"title": record.title, "budget_gib": record.budget_gib, "label": monitor.label,
-            "history": {k: [list(s), list(v)] for k, (s, v) in record.history.items()},
-            "timeline": monitor.timeline(), "phases": [asdict(m) for m in monitor.phases]}
 
 
 # --------------------------------------------------------------------------- the plan and the command
@@ -413,8 +129,8 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
 
 
 def _rehearsed() -> dict:
-    """Return the rehearsal's preset rows (``python -m labkit bench rehearsal`` wrote them), by preset name."""
-    path = Path(__file__).resolve().parents[2] / "results" / "rehearsal.csv"  # the repository's, wherever rows go
+    """Return the rehearsal's preset rows (``python -m bench rehearsal`` wrote them), by preset name."""
+    path = Path(__file__).resolve().parents[1] / "results" / "rehearsal.csv"  # the repository's, wherever rows go
     if not path.exists():
         return {}
     with path.open() as fh:
@@ -479,14 +195,6 @@ def measured_rows(results: Path) -> dict:
     return {r["name"]: r for r in recorded_rows(results) if r.get("status") in ("ok", "oom") and r.get("cuda")}
 
 
-def _loader(preset) -> str | None:
-    """Return who loaded a QLoRA row's model: ``"trl"`` (GRPOTrainer from the quantization_config, the default)
-    or ``"labkit-prepare-kbit"`` (labkit's loader with PEFT's ``prepare_model_for_kbit_training``)."""
-    if preset.method != "qlora":
-        return None
-    return "labkit-prepare-kbit" if preset.prepare_model_for_kbit_training else "trl"
-
-
 def row_settings(row: dict) -> dict:
     """Return the preset settings a recorded row was measured with, in today's fields.
 
@@ -515,7 +223,7 @@ def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
                 todo.append(job)
             continue
         row = done.get(job["name"])
-        if row is None or row_settings(row) != _bench_preset(job).replace(precision=row["precision"]).to_dict():
+        if row is None or row_settings(row) != bench_preset(job).replace(precision=row["precision"]).to_dict():
             todo.append(job)
         elif job.get("dashboard") and not (Path(results) / f"dashboard_{job['name']}.png").exists():
             todo.append(dict(job, picture_only=True))  # not whole without its picture: after its part's new rows
@@ -524,7 +232,7 @@ def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
 
 def _write(results: Path, rows: list[dict]) -> None:
     """Write every row: the CSV's columns and the full records (the OOM report, the settings) as JSON."""
-    from labkit.bench import append_csv
+    from bench import append_csv
 
     json_path = results / "measurements.json"
     tmp = json_path.with_suffix(".tmp")
@@ -548,15 +256,15 @@ def _show(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench gpu [--budget-s N] [--parts ...] [--tiny] [--bundle DIR]``: see the module docstring.
+    """``python -m bench gpu [--budget-s N] [--parts ...] [--tiny] [--bundle DIR]``: see the module docstring.
 
     Exit code 0 when every planned row ran (fit or not: an OOM is a finding), 1 when a row broke or was
     skipped, 2 on bad input (no CUDA device without --tiny, an unknown part).
     """
-    from labkit.bench import worker
+    from bench import worker
     from labkit.presets import card_device
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench gpu", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench gpu", description=main.__doc__)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to measure, in order")
     parser.add_argument("--presets", nargs="+", default=list(PRESET_ORDER), choices=PRESET_ORDER)
     parser.add_argument("--steps", type=int, default=2, help="optimiser steps per preset (>= 2: states exist)")
@@ -568,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure every row again (default: only rows the results lack at today's settings)")
     args = parser.parse_args(argv)
     if args.bundle:
-        from labkit.bench.gpu_bundle import install_command, make_bundle
+        from bench.gpu_bundle import install_command, make_bundle
 
         make_bundle(args.bundle)
         print(install_command(args.bundle))
@@ -637,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         reh = rehearsed.get(job["name"]) if job["part"] == "presets" else None
         if reh and row.get("peak_allocated_gib"):
             row["rehearsed_peak_gib"] = float(reh["rehearsed_peak_gib"])
-            row["rehearsal_error_pct"] = _pct(row["rehearsed_peak_gib"], row["peak_allocated_gib"])
+            row["rehearsal_error_pct"] = percent_error(row["rehearsed_peak_gib"], row["peak_allocated_gib"])
         broken += row["status"] in ("error", "cut")
         _write(results, [row])
         done.append(row)

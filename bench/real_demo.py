@@ -1,4 +1,4 @@
-"""``python -m labkit bench smollm2-demo``: GRPO on a real instruct model on a CPU, 3 seeds and a learning-rate-0 control."""
+"""``python -m bench smollm2-demo``: GRPO on a real instruct model on a CPU, 3 seeds and a learning-rate-0 control."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from labkit.bench import results_dir, write_json
+from bench import results_dir, write_json
 from labkit.cli import print_real_demo_summary
 from labkit.lab import provenance
 
@@ -63,7 +63,7 @@ def _run(args, seed: int, lr, tag: str, command: str) -> tuple[subprocess.Popen,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench smollm2-demo``: :func:`labkit.demo.real_model_demo` for several seeds, and the control.
+    """``python -m bench smollm2-demo``: :func:`labkit.demo.real_model_demo` for several seeds, and the control.
 
     Each run is ``python -m labkit demo --model smollm2-135m --seed N`` in its own process
     (``--jobs`` at a time, ``--threads`` torch threads each). Writes ``results/smollm2_demo.json``:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     at least ``--min-seed-rise`` with McNemar p below ``--alpha``, the control moves at most
     ``--max-control`` points and every run's CPU time is under ``--max-seconds``.
     """
-    parser = argparse.ArgumentParser(prog="python -m labkit bench smollm2-demo", description=main.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench smollm2-demo", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default results/)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    command = ("python -m labkit bench smollm2-demo " + " ".join(argv or [])).strip()
+    command = ("python -m bench smollm2-demo " + " ".join(argv or [])).strip()
     started = time.perf_counter()
     plan = [(seed, args.lr, "grpo") for seed in args.seeds] + [(seed, 0.0, "lr0") for seed in args.control_seeds]
     running, done, reused, failed = [], {}, [], []

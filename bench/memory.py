@@ -1,6 +1,6 @@
-"""``python -m labkit bench memory``: measured peaks of real TRL GRPO steps against :func:`labkit.memory.estimate`.
+"""``python -m bench memory``: measured peaks of real TRL GRPO steps against :func:`labkit.memory.estimate`.
 
-Each configuration runs in a fresh process (:mod:`labkit.bench.worker`): a catalogue architecture
+Each configuration runs in a fresh process (:mod:`bench.worker`): a catalogue architecture
 with random weights (memory depends on shapes, not values), every completion forced to full length.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from labkit.bench import worker
-from labkit.cli import add_setting_arguments, batch_settings
+from bench import worker
+from labkit.options import add_setting_arguments, batch_settings
 from labkit.memory import GIB, estimate, state_bytes
 from labkit.models import METHODS
 from labkit.monitor import peak_rss_bytes, reset_peak_rss
@@ -136,7 +136,7 @@ def card_busy_gib(index: int = 0) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit bench memory``: measure peaks of real GRPO steps and append them to results/memory.csv.
+    """``python -m bench memory``: measure peaks of real GRPO steps and append them to results/memory.csv.
 
     Each configuration runs in a fresh process: a catalogue architecture with random weights (memory
     depends on shapes, not values), saved to a temporary folder, loaded with
@@ -145,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     the process minus its resident memory before the model is loaded (it also counts Python objects
     and allocator slack, so it reads a little high). Each row carries the estimator's prediction.
     """
-    from labkit.bench import append_csv, results_dir
+    from bench import append_csv, results_dir
     from labkit.device import DeviceInfo, choose_precision
     from labkit.lab import package_versions, provenance
 
-    parser = argparse.ArgumentParser(prog="python -m labkit bench memory", description=main.__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench memory", description=main.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=("gpu", "cpu", "none"), default=None,
                         help="a grid of configurations (default: gpu on a CUDA machine, else cpu); "

@@ -1,4 +1,4 @@
-"""``python -m labkit bench smollm2-long-run``: the CPU recipe for hundreds of steps, its learning curve recorded.
+"""``python -m bench smollm2-long-run``: the CPU recipe for hundreds of steps, its learning curve recorded.
 
 The ``cpu-smollm2`` recipe (:func:`labkit.demo.real_model_demo`) trained for ``--steps`` GRPO
 steps with the held-out right-answer rate measured every ``--every`` steps. Everything is written
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from labkit.bench import results_dir
+from bench import results_dir
 from labkit.cli import print_real_demo_summary
 from labkit.demo import real_model_demo
 
@@ -23,7 +23,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Run the long run; see the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m labkit bench smollm2-long-run", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench smollm2-long-run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=20, help="held-out evaluation every N steps")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out = results_dir(args.out or "results/smollm2_long_run")
-    command = ("python -m labkit bench smollm2-long-run " + " ".join(argv or [])).strip()
+    command = ("python -m bench smollm2-long-run " + " ".join(argv or [])).strip()
     dashboard = None
     try:
         from labkit.dashboard import LiveDashboard

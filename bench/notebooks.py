@@ -1,4 +1,4 @@
-"""``python -m labkit bench notebooks [NAME ...]``: each notebook run end to end in CPU mode, as a learner runs it,
+"""``python -m bench notebooks [NAME ...]``: each notebook run end to end in CPU mode, as a learner runs it,
 with its wall time and its kernel's peak memory -> ``results/notebook_times.json``.
 
 The figures the README's table and each notebook's header state ("about 11 min", "needs 3 GiB of RAM") come
@@ -10,18 +10,62 @@ average after it): a figure taken beside another job is slower (issue 33: 3 to 1
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from labkit.lab import busy_cores
+from labkit.lab import busy_cores, provenance, results_dir, write_json
 from labkit.memory import GIB
 
-__all__ = ["main", "execute_cpu_mode", "run_notebook", "KernelMemory"]
+__all__ = ["main", "execute_cpu_mode", "run_notebook", "KernelMemory", "NOTEBOOK_TIMES", "read_notebook_times",
+           "record_notebook_time", "notebook_time_label"]
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+NOTEBOOK_TIMES = "notebook_times.json"
+
+
+def read_notebook_times(path: str | Path | None = None) -> dict:
+    """Return ``{notebook file name: record}`` from ``results/notebook_times.json`` (empty when there is none)."""
+    path = Path(path) if path else results_dir() / NOTEBOOK_TIMES
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get("notebooks", {})
+
+
+def record_notebook_time(name: str, seconds: float, *, note: str = "", peak_kernel_rss_gib: float | None = None,
+                         path: str | Path | None = None) -> Path:
+    """Record that notebook ``name`` ran end to end in CPU mode in ``seconds`` (and its kernel's peak resident
+    memory), with provenance; return the file.
+
+    Written by ``python -m bench notebooks``; the README's notebook table and each notebook's header
+    state :func:`notebook_time_label` of these figures (a test checks).
+    """
+    path = Path(path) if path else results_dir() / NOTEBOOK_TIMES
+    record = json.loads(path.read_text()) if path.exists() else {}
+    record["command"] = "python -m bench notebooks NN"
+    record.setdefault("notebooks", {})[name] = {
+        "seconds": round(float(seconds), 1),
+        "mode": "cpu",
+        "note": note,
+        **({"peak_kernel_rss_gib": peak_kernel_rss_gib} if peak_kernel_rss_gib is not None else {}),
+        # the 1-minute load average as the notebook ended: its own threads count, other work shows above the cores
+        "load_average_end": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "provenance": provenance(),
+    }
+    record["notebooks"] = dict(sorted(record["notebooks"].items()))
+    return write_json(path, record)
+
+
+def notebook_time_label(seconds: float) -> str:
+    """Return how the README and the notebook headers state a CPU run time: ``"under 1 min"`` or ``"about N min"``."""
+    if seconds < 60:
+        return "under 1 min"
+    return f"about {max(1, round(seconds / 60))} min"
 
 
 class KernelMemory:
@@ -92,7 +136,7 @@ def run_notebook(path: Path, workdir: Path, *, timeout_s: int = 1800) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m labkit bench notebooks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench notebooks", description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="notebooks to run, by name or prefix (04, 04_lora_grpo_16gb); "
                                                  "default: all of them, in order")
     parser.add_argument("--note", default="", help="on what machine, and how busy it was (recorded with each row; "
@@ -116,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no notebook matches {unknown}; choose from {', '.join(p.stem for p in paths)}")
             return 2
         paths = [p for p in paths if any(matches(p, n) for n in args.names)]
-    from labkit.lab import NOTEBOOK_TIMES, record_notebook_time, results_dir
-
     out = Path(args.out) if args.out else results_dir() / NOTEBOOK_TIMES
     failed = 0
     with tempfile.TemporaryDirectory(prefix="labkit-notebooks-") as tmp:
