@@ -31,10 +31,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from labkit.cards import CARDS, card
+from labkit.cards import CARDS, SIZING_TARGET, card
 from labkit.device import DeviceInfo
 
-__all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_TARGETS", "get_preset", "card_device"]
+__all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_TARGETS", "get_preset", "card_device",
+           # the cards a recipe is made for and the device it is checked against (labkit.cards, labkit.device)
+           "CARDS", "SIZING_TARGET", "DeviceInfo"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
 RECIPE_TARGETS = ("q_proj", "k_proj", "o_proj", "up_proj", "down_proj")

@@ -18,6 +18,11 @@ checkpoint that is cut short or malformed is skipped, with a message, for the ne
 A run whose last checkpoint reached ``max_steps`` is finished: training it again changes nothing
 (:func:`finished_run`). While a run trains, ``OUTPUT_DIR/labkit.lock`` holds its process id, so a
 second process started into the same folder is refused (:class:`RunLock`).
+
+What a learner meets on this road comes from here too, so notebook 04 opens one module for it: the checks a run
+makes before any model loads (:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`) and the
+OOM doctor :meth:`Run.train` wraps the trainer in (:func:`labkit.oom.explain_oom`) are listed in ``__all__``
+where they live.
 """
 from __future__ import annotations
 
@@ -30,7 +35,9 @@ from transformers import TrainerCallback
 
 from labkit.device import detect_device
 from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
+from labkit.oom import explain_oom
 from labkit.plan import Plan, resolve_plan
+from labkit.preflight import preflight
 from labkit.presets import Preset, PresetError, get_preset
 from labkit.rewards import named_rewards
 from labkit.training import build_trainer, checkpoint_problem, checkpoint_step, grpo_config, last_checkpoint
@@ -38,7 +45,9 @@ from labkit.validation import SECRET_FIELDS, _num_processes, validate
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
-           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters"]
+           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters",
+           # where they live: labkit.validation, labkit.preflight, labkit.oom
+           "validate", "preflight", "explain_oom"]
 
 
 PRESET_FILE = "labkit_preset.json"

@@ -19,12 +19,14 @@ import torch
 from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, NO_TOOL_SYSTEM_PROMPT,
                                  TOOL_SYSTEM_PROMPT, CalculatorEnv, environment_tools, prepare_tool_tokenizer,
                                  safe_calculate, tool_prompt)
+from labkit.rewards.parse import answers_match
 
 __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX", "safe_calculate",
            "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
            "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "record_batches",
            "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe", "tools_demo_table",
-           "tools_demo_tests", "plot_tools_demo"]
+           "tools_demo_tests", "plot_tools_demo",
+           "answers_match"]  # labkit.rewards': what the calculator environment's reward compares with (notebook 08)
 
 _OPS = {"gets": "+", "more": "+", "gives away": "-", "left": "-", "bags with": "*"}
 

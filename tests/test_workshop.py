@@ -64,7 +64,8 @@ def test_notebook_05_results_lookup_works_from_another_directory(tmp_path):
     cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
     params = "".join(next(c for c in cells if "parameters" in c["metadata"].get("tags", []))["source"])
     paths = "".join(next(c for c in cells if "results = " in "".join(c["source"]))["source"])
-    script = params + "\n" + paths + "\nassert (results / 'full_vs_lora.json').exists(), results\nprint(results)"
+    setup = "import labkit\nlab = labkit.setup(mode='cpu', verbose=False)\n"  # the notebook's setup cell, in short
+    script = params + "\n" + setup + paths + "\nassert (results / 'full_vs_lora.json').exists(), results\nprint(results)"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("LABKIT_RESULTS", None)
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -3,7 +3,8 @@
 - :class:`RunRecord` (``record.py``): the run's steps, metrics, memory and clock; the only step
   counter and the only clock, which every view reads;
 - the views: the live card and SVG charts in a notebook, or a bar in a terminal (``live.py``), and the
-  saved picture (``picture.py``), which replaces the live view when the run ends because widget
+  saved picture (``picture.py``, which also replays a recorded run's memory: :func:`memory_replay_png`), which
+  replaces the live view when the run ends because widget
   views do not survive a save ("Error displaying widget: model not found") and images do;
 - :class:`LiveDashboard` (``callback.py``): a ``transformers.TrainerCallback`` that feeds the record
   (``GRPOTrainer(..., callbacks=[LiveDashboard()])``, or ``dashboard.log(step, metrics)`` from any loop).
@@ -17,8 +18,9 @@ A NaN or infinite metric is shown as such ("loss is NaN since step 12"), never d
 from labkit.dashboard.callback import LiveDashboard
 from labkit.dashboard.live import FRONTENDS, detect_frontend, progress_bar
 from labkit.dashboard.panels import PANELS, Panel
+from labkit.dashboard.picture import memory_replay_png
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
 from labkit.dashboard.simulate import simulated_run
 
 __all__ = ["LiveDashboard", "RunRecord", "detect_frontend", "progress_bar", "Panel", "PANELS", "GAUGE_COLOURS",
-           "FRONTENDS", "simulated_run"]
+           "FRONTENDS", "simulated_run", "memory_replay_png"]

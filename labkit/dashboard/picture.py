@@ -15,7 +15,7 @@ from labkit.charts import MAIN_SERIES, PALETTE, mark_nonfinite, reward_band, bud
 from labkit.dashboard.panels import PANELS, TILES, format_value, overlap_note, panel_note, panel_series
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
 
-__all__ = ["draw_figure", "png_bytes", "FIGSIZE", "DPI", "MIN_FONT_PX", "FONT_PT"]
+__all__ = ["draw_figure", "png_bytes", "memory_replay_png", "FIGSIZE", "DPI", "MIN_FONT_PX", "FONT_PT"]
 
 FIGSIZE = (12.0, 7.0)  # inches: 960 x 560 px at DPI, narrower than a JupyterLab output area (no downscaling)
 DPI = 80  # of the PNG left in the notebook
@@ -119,3 +119,21 @@ def png_bytes(record: RunRecord, dpi: int = DPI) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
+
+
+def memory_replay_png(record: dict, *, step: int | None = -1, figsize: tuple[float, float] = (12.0, 4.0),
+                      dpi: int = 90) -> bytes:
+    """Return a PNG of a recorded run's memory, phase by phase, replayed without its device.
+
+    ``record`` is what ``python -m bench gpu`` keeps of a measured run's dashboard
+    (``results/gpu/dashboard_laptop-16gb.json``): :meth:`labkit.monitor.VRAMMonitor.from_record` rebuilds the
+    monitor and :meth:`~labkit.monitor.VRAMMonitor.plot` draws ``step`` (-1: the last) against the card's
+    budget. Notebook 04 shows a real 16 GB run's memory this way on a CPU.
+    """
+    from labkit.monitor import VRAMMonitor
+
+    figure = VRAMMonitor.from_record(record).plot(step=step, budget_gib=record["budget_gib"], figsize=figsize)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    return buffer.getvalue()
+
