@@ -6,7 +6,7 @@ plan (:mod:`labkit.preflight`, :mod:`bench.rehearse`) and :func:`labkit.run.buil
 :class:`Plan` that says everything the rest of the lab needs, decided in one place:
 
 - the model: the name the preset gives, the path ``from_pretrained`` loads (:func:`labkit.models.resolve_model`),
-  its shape (:class:`labkit.memory.ModelShape`, from the architecture catalogue or a saved config);
+  its shape (:class:`labkit.shapes.ModelShape`, from the architecture catalogue or a saved config);
 - the method (full / LoRA / QLoRA), the **precision** (:func:`labkit.device.choose_precision`, called
   once here: bf16 on Ampere or newer, fp16 on a T4, fp32 on a CPU; or the preset's own) and the dtypes
   that follow from it: the weights', the autocast compute dtype, the trainable adapters';
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
-from labkit.memory import ModelShape, model_shape
 from labkit.models import LOCAL_MODELS, adapter_dtype, quantization_settings, resolve_model
+from labkit.shapes import ModelShape, model_shape
 from labkit.presets import Preset, card_device, get_preset
 
 __all__ = ["Plan", "resolve_plan", "grpo_arguments"]

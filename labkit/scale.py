@@ -171,7 +171,8 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
 
     ``num_gpus=1, zero_stage=0`` returns :func:`labkit.memory.estimate`'s figures unchanged.
     """
-    from labkit.memory import estimate, model_shape
+    from labkit.memory import estimate
+    from labkit.shapes import model_shape
 
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, not {zero_stage!r}")

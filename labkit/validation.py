@@ -19,10 +19,11 @@ import os
 from pathlib import Path
 
 from labkit.device import choose_precision, detect_device
-from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS, model_shape
+from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import _TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.presets import RECIPE_TARGETS, Preset, PresetError
 from labkit.rewards import named_rewards
+from labkit.shapes import model_shape
 from labkit.tasks import WORD_PROBLEM_TASKS
 
 __all__ = ["validate", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",

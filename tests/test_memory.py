@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 from labkit.cards import CARDS
 from labkit.cli import estimate_cli
-from labkit.memory import GIB, estimate, model_shape, saved_activation_bytes, state_bytes
+from labkit.memory import GIB, estimate, saved_activation_bytes, state_bytes
 from labkit.models import ARCHITECTURES, build_tiny_model, load_policy
+from labkit.shapes import model_shape
 
 LORA_RANK = 4
 

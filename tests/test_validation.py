@@ -405,8 +405,9 @@ def test_full_fine_tuning_keeps_fp32_master_weights_in_every_precision():
     and the estimator counts them so: 16 bytes a parameter for weights, gradients and AdamW moments."""
     import torch
 
-    from labkit.memory import estimate, model_shape
+    from labkit.memory import estimate
     from labkit.plan import resolve_plan
+    from labkit.shapes import model_shape
 
     ampere, t4 = CARDS["rtx3080-laptop-16gb"].device(), CARDS["t4"].device()
     for card, precision in ((ampere, "bf16"), (t4, "fp16")):
