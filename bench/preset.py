@@ -17,19 +17,46 @@ from labkit.presets import PRESETS, Preset, get_preset
 from labkit.run import build_run
 from labkit.training import LogRecorder
 
-__all__ = ["main", "bench_preset", "card_cap_fraction"]
+__all__ = ["main", "bench_preset", "card_cap_fraction", "save_random_architecture"]
+
+
+def save_random_architecture(name: str, folder: str | os.PathLike, *, dtype=None, device: str = "cpu",
+                             **overrides) -> str:
+    """Save a catalogue architecture with random weights, and the tiny byte tokenizer, to ``folder``.
+
+    What the memory benchmarks train: memory depends on shapes, not weight values, so no
+    download is needed. The byte tokenizer's ids are a subset of every catalogue vocabulary
+    (its pad and EOS become the model's); tokens it cannot decode come out as nothing, which
+    only the (irrelevant) rewards see. Random init is much faster with ``device="cuda"``; the
+    weights are freed before this returns. ``overrides`` change the shape (``num_hidden_layers=2``: the
+    CPU rehearsal of ``python -m bench gpu --tiny``); ``dtype`` defaults to bfloat16. Returns ``str(folder)``.
+    """
+    import torch
+
+    from labkit.models import build_architecture, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = build_architecture(name, device=device, dtype=dtype or torch.bfloat16, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **overrides)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    del model
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+    return str(folder)
 
 
 def _random_weights_model(preset: Preset, folder: Path, precision: str, device: str | None = None,
                           **overrides) -> str:
     """Return a loadable path for the preset's model: its architecture with random weights, saved to ``folder``
-    (:func:`labkit.models.save_random_architecture`; ``overrides`` change its shape), or the tiny model's path.
+    (:func:`save_random_architecture`; ``overrides`` change its shape), or the tiny model's path.
     QLoRA's frozen base is saved in the LoRA dtype: it is quantised when loaded."""
     import torch
 
     from labkit.device import torch_dtype
-    from labkit.models import save_random_architecture
-
     if preset.model.startswith("tiny:"):
         return resolve_model(preset.model)
     dtype = torch_dtype(precision, "lora" if preset.method == "qlora" else preset.method)

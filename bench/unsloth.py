@@ -1,7 +1,8 @@
 """``python -m bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
 
-Each backend runs ``python -m bench.unsloth arm ...`` in a fresh process, one after the
-other, so neither sees the other's memory or Unsloth's patches of TRL and transformers.
+Each backend runs ``python -m bench.unsloth arm ...`` (:func:`comparison_run`) in a fresh process, one after the
+other, so neither sees the other's memory or Unsloth's patches of TRL and transformers. Notebook 06 starts it and
+reads what it recorded (:func:`labkit.unsloth_path.read_comparison`).
 """
 from __future__ import annotations
 
@@ -11,13 +12,119 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+from labkit.memory import GIB
 from labkit.options import parse_pairs
 from labkit.presets import get_preset
-from labkit.unsloth_path import BACKENDS, RESULTS_FILE, _CSV_FIELDS, comparison_run, unsloth_status
+from labkit.unsloth_path import (BACKENDS, COMPARISON_TARGETS, RESULTS_FILE, load_unsloth_policy, require_unsloth,
+                                 unsloth_status)
 
-__all__ = ["main", "bench_unsloth"]
+__all__ = ["main", "bench_unsloth", "comparison_run"]
+
+_CSV_FIELDS = ("backend", "preset", "model", "method", "precision", "steps", "steps_done", "seconds_per_step",
+               "peak_allocated_gib", "peak_reserved_gib", "strict_accuracy", "lenient_accuracy", "format_rate",
+               "eval_n", "reward_last", "lora_dropout", "fast_inference", "target_modules", "device", "date", "torch", "transformers", "trl", "unsloth")
+
+
+def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit: int = 200,
+                   output_dir: str | os.PathLike | None = None, seed: int = 0, fast_inference: bool = False,
+                   callbacks=None, target_modules="all") -> dict:
+    """Return one row of the Unsloth-vs-TRL comparison: ``steps`` GRPO steps of ``preset`` through ``backend``.
+
+    Both arms put LoRA on the same targets: ``target_modules="all"`` (the default) means
+    :data:`COMPARISON_TARGETS`, all seven projections, where Unsloth's fused QKV and MLP kernels
+    apply; ``None`` keeps the preset's; a list sets them. The record names them.
+
+    ``backend="trl"`` is notebook 04's path (:func:`labkit.run.build_run` loads the model);
+    ``"unsloth"`` loads it with :func:`load_unsloth_policy` and hands it to the same
+    ``build_run``, so prompts, rewards, ``GRPOConfig`` and evaluation are identical. Measured:
+
+    - ``peak_allocated_gib`` / ``peak_reserved_gib``: ``torch.cuda.max_memory_allocated`` /
+      ``max_memory_reserved`` from before loading the model to the end of training (CUDA only);
+    - ``seconds_per_step``: the mean of TRL's logged ``step_time``, leaving out the first step (warm-up);
+    - ``strict_accuracy`` / ``lenient_accuracy`` / ``format_rate`` after training, greedy, on the
+      first ``eval_limit`` questions of GSM8K's test split, at most ``max_completion_length`` tokens.
+
+    Run each backend in its own process (:func:`bench_unsloth` does): once unsloth is imported it
+    has patched TRL and transformers for the rest of the process. On a CPU the plain-TRL backend
+    runs (a smoke test of this code with the ``cpu-tiny`` preset); memory is then not measured.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if backend == "unsloth":
+        status = require_unsloth()
+        import unsloth  # noqa: F401  (before labkit.presets imports transformers and TRL)
+    import torch
+
+    from labkit.device import detect_device
+    from labkit.evaluate import gsm8k_accuracy
+    from labkit.lab import provenance
+    from labkit.plan import resolve_plan
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+    from labkit.training import LogRecorder
+
+    preset = get_preset(preset, max_steps=steps, save_steps=None,
+                        **({"target_modules": COMPARISON_TARGETS} if target_modules == "all" else
+                           {"target_modules": tuple(target_modules)} if target_modules else {}))
+    device = detect_device()
+    cuda = device.kind == "cuda"
+    precision = resolve_plan(preset, device).precision
+    owned = output_dir is None
+    output_dir = Path(output_dir or tempfile.mkdtemp(prefix=f"labkit-{backend}-"))
+    recorder = LogRecorder(("reward",))
+    meters = [recorder, *(callbacks or [])]
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    if backend == "unsloth":
+        model, tokenizer = load_unsloth_policy(preset, fast_inference=fast_inference, seed=seed)
+        # Unsloth's checkpointing is already on the model; the trainer's would replace it.
+        run = build_run(preset, output_dir / "run", device=device, model=model, tokenizer=tokenizer,
+                        callbacks=meters, seed=seed, activation_checkpointing=False, disable_tqdm=True)
+    else:
+        run = build_run(preset, output_dir / "run", device=device, callbacks=meters, seed=seed, disable_tqdm=True)
+    run.train(resume=False)
+    train_seconds = time.perf_counter() - start
+    record = {"backend": backend, "preset": preset.name, "model": preset.model, "method": preset.method,
+              "precision": precision, "steps": steps, "steps_done": run.trainer.state.global_step,
+              "fast_inference": fast_inference and backend == "unsloth",
+              "target_modules": ",".join(preset.target_modules)}
+    times = recorder.values["step_time"]
+    rewards = [r for r in recorder.values["reward"] if r == r]  # NaN: a step without a reward log
+    timed = times[1:] if len(times) > 1 else times
+    record["seconds_per_step"] = round(sum(timed) / len(timed), 3) if timed else None
+    record["load_and_train_seconds"] = round(train_seconds, 1)
+    if cuda:
+        record["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
+        record["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
+    else:
+        record["peak_allocated_gib"] = record["peak_reserved_gib"] = None
+        record["note"] = "no CUDA: a smoke test of the comparison code; memory is not measured"
+    record["reward_last"] = round(rewards[-1], 4) if rewards else None
+
+    model = run.model
+    peft_config = getattr(model, "peft_config", {}).get("default")
+    record["lora_dropout"] = getattr(peft_config, "lora_dropout", None)
+    if backend == "unsloth":
+        from unsloth import FastLanguageModel
+
+        FastLanguageModel.for_inference(model)
+    result = gsm8k_accuracy(model, run.tokenizer, "test", limit=eval_limit, batch_size=preset.eval_batch_size,
+                            max_new_tokens=preset.max_completion_length, progress=False)
+    record.update(strict_accuracy=round(result.strict_accuracy, 4), lenient_accuracy=round(result.lenient_accuracy, 4),
+                  format_rate=round(result.format_rate, 4), eval_n=result.n, eval_seconds=result.seconds)
+    record["unsloth"] = status.version if backend == "unsloth" else None
+    record["settings"] = preset.to_dict()
+    record["provenance"] = provenance(device)
+    if owned:
+        import shutil
+
+        shutil.rmtree(output_dir, ignore_errors=True)
+    return record
 
 
 def _csv_row(record: dict) -> dict:
@@ -97,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     for record in records:
-        print(json.dumps({k: v for k, v in record.items() if k not in ("settings", "provenance")}))
+        print(json.dumps({k: v for k, v in record.items() if k not in ("settings", "provenance")}, indent=1))
     print(f"appended {len(records)} row(s) to {Path(args.results) / RESULTS_FILE}")
     return 0
 

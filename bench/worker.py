@@ -54,7 +54,7 @@ def build(spec: dict) -> dict:
     """Save catalogue architecture ``spec["model"]`` with random weights in ``spec["dtype"]`` to ``spec["folder"]``."""
     import torch
 
-    from labkit.models import save_random_architecture
+    from bench.preset import save_random_architecture
 
     save_random_architecture(spec["model"], spec["folder"], dtype=getattr(torch, spec["dtype"]))
     return {"status": "ok"}

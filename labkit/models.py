@@ -349,31 +349,6 @@ def build_architecture(name: str, *, device: str | torch.device = "meta", dtype:
     return model
 
 
-def save_random_architecture(name: str, folder: str | os.PathLike, *, dtype: torch.dtype = torch.bfloat16,
-                             device: str = "cpu", **overrides) -> str:
-    """Save a catalogue architecture with random weights, and the tiny byte tokenizer, to ``folder``.
-
-    What the memory benchmarks train: memory depends on shapes, not weight values, so no
-    download is needed. The byte tokenizer's ids are a subset of every catalogue vocabulary
-    (its pad and EOS become the model's); tokens it cannot decode come out as nothing, which
-    only the (irrelevant) rewards see. Random init is much faster with ``device="cuda"``; the
-    weights are freed before this returns. ``overrides`` change the shape (``num_hidden_layers=2``: the
-    CPU rehearsal of ``python -m bench gpu --tiny``). Returns ``str(folder)``.
-    """
-    tokenizer = tiny_tokenizer()
-    model = build_architecture(name, device=device, dtype=dtype, pad_token_id=tokenizer.pad_token_id,
-                               eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **overrides)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    del model
-    if str(device).startswith("cuda"):
-        torch.cuda.empty_cache()
-    return str(folder)
-
-
 def count_parameters(model) -> dict:
     """Return ``{"total": n, "trainable": n}``: parameter counts of a model (tied weights once)."""
     seen, total, trainable = set(), 0, 0

@@ -13,24 +13,19 @@ needs a CUDA GPU, and its releases pin older libraries than the lab's (``unsloth
 - :func:`load_unsloth_policy` loads a :class:`labkit.presets.Preset`'s model with 4-bit weights
   (QLoRA presets) or 16-bit ones (LoRA presets), LoRA adapters of the preset's rank on its target
   modules, and Unsloth's gradient checkpointing.
-- :func:`comparison_run` trains one preset for a few steps through plain TRL (``backend="trl"``,
-  the code path of notebook 04: :func:`labkit.run.build_run`) or through Unsloth, then
-  evaluates it on GSM8K (:func:`labkit.evaluate.gsm8k_accuracy`), and returns peak VRAM, seconds
-  per step and accuracy. Only the model loading differs between the two backends.
-- ``python -m bench unsloth`` (:func:`bench_unsloth_cli`) runs both backends, each in a
-  fresh process, and appends their rows to ``results/unsloth_vs_trl.csv``.
+- :func:`read_comparison` and :func:`comparison_summary` read what the measurement recorded.
+
+The measurement itself sits beside the package: ``python -m bench unsloth`` (:mod:`bench.unsloth`) trains one
+preset for a few steps through plain TRL (notebook 04's :func:`labkit.run.build_run`) and through Unsloth, each in
+a fresh process, and appends their rows to ``results/unsloth_vs_trl.csv``.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
-import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-
-from labkit.memory import GIB
 
 __all__ = [
     "BACKENDS",
@@ -40,7 +35,7 @@ __all__ = [
     "unsloth_status",
     "requirement_conflicts",
     "load_unsloth_policy",
-    "comparison_run",
+    "require_unsloth",
     "read_comparison",
     "comparison_summary",
 ]
@@ -53,9 +48,7 @@ COMPARISON_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_p
 RESULTS_FILE = "unsloth_vs_trl.csv"
 # The packages whose versions unsloth pins and the lab's code path depends on.
 _CHECKED = ("torch", "trl", "transformers", "datasets", "peft", "accelerate", "bitsandbytes")
-_CSV_FIELDS = ("backend", "preset", "model", "method", "precision", "steps", "steps_done", "seconds_per_step",
-               "peak_allocated_gib", "peak_reserved_gib", "strict_accuracy", "lenient_accuracy", "format_rate",
-               "eval_n", "reward_last", "lora_dropout", "fast_inference", "target_modules", "device", "date", "torch", "transformers", "trl", "unsloth")
+
 
 
 @dataclass(frozen=True)
@@ -158,7 +151,7 @@ def unsloth_status(device=None) -> UnslothStatus:
     return UnslothStatus(True, f"unsloth {version} on {device}", version)
 
 
-def _require_unsloth():
+def require_unsloth():
     status = unsloth_status()
     if not status.available:
         raise RuntimeError(status.reason)
@@ -181,7 +174,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     (``use_exact_model_name=True``), not one of Unsloth's pre-quantised copies, so both backends
     start from the same checkpoint. Raises ``RuntimeError`` (with the reason) where Unsloth cannot run.
     """
-    _require_unsloth()
+    require_unsloth()
     import unsloth  # noqa: F401  (first: it patches transformers and TRL as it loads)
     from unsloth import FastLanguageModel
 
@@ -217,105 +210,6 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
-
-
-def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit: int = 200,
-                   output_dir: str | os.PathLike | None = None, seed: int = 0, fast_inference: bool = False,
-                   callbacks=None, target_modules="all") -> dict:
-    """Return one row of the Unsloth-vs-TRL comparison: ``steps`` GRPO steps of ``preset`` through ``backend``.
-
-    Both arms put LoRA on the same targets: ``target_modules="all"`` (the default) means
-    :data:`COMPARISON_TARGETS`, all seven projections, where Unsloth's fused QKV and MLP kernels
-    apply; ``None`` keeps the preset's; a list sets them. The record names them.
-
-    ``backend="trl"`` is notebook 04's path (:func:`labkit.run.build_run` loads the model);
-    ``"unsloth"`` loads it with :func:`load_unsloth_policy` and hands it to the same
-    ``build_run``, so prompts, rewards, ``GRPOConfig`` and evaluation are identical. Measured:
-
-    - ``peak_allocated_gib`` / ``peak_reserved_gib``: ``torch.cuda.max_memory_allocated`` /
-      ``max_memory_reserved`` from before loading the model to the end of training (CUDA only);
-    - ``seconds_per_step``: the mean of TRL's logged ``step_time``, leaving out the first step (warm-up);
-    - ``strict_accuracy`` / ``lenient_accuracy`` / ``format_rate`` after training, greedy, on the
-      first ``eval_limit`` questions of GSM8K's test split, at most ``max_completion_length`` tokens.
-
-    Run each backend in its own process (:func:`bench_unsloth` does): once unsloth is imported it
-    has patched TRL and transformers for the rest of the process. On a CPU the plain-TRL backend
-    runs (a smoke test of this code with the ``cpu-tiny`` preset); memory is then not measured.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    if backend == "unsloth":
-        status = _require_unsloth()
-        import unsloth  # noqa: F401  (before labkit.presets imports transformers and TRL)
-    import torch
-
-    from labkit.device import detect_device
-    from labkit.evaluate import gsm8k_accuracy
-    from labkit.lab import provenance
-    from labkit.plan import resolve_plan
-    from labkit.presets import get_preset
-    from labkit.run import build_run
-    from labkit.training import LogRecorder
-
-    preset = get_preset(preset, max_steps=steps, save_steps=None,
-                        **({"target_modules": COMPARISON_TARGETS} if target_modules == "all" else
-                           {"target_modules": tuple(target_modules)} if target_modules else {}))
-    device = detect_device()
-    cuda = device.kind == "cuda"
-    precision = resolve_plan(preset, device).precision
-    owned = output_dir is None
-    output_dir = Path(output_dir or tempfile.mkdtemp(prefix=f"labkit-{backend}-"))
-    recorder = LogRecorder(("reward",))
-    meters = [recorder, *(callbacks or [])]
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    if backend == "unsloth":
-        model, tokenizer = load_unsloth_policy(preset, fast_inference=fast_inference, seed=seed)
-        # Unsloth's checkpointing is already on the model; the trainer's would replace it.
-        run = build_run(preset, output_dir / "run", device=device, model=model, tokenizer=tokenizer,
-                        callbacks=meters, seed=seed, activation_checkpointing=False, disable_tqdm=True)
-    else:
-        run = build_run(preset, output_dir / "run", device=device, callbacks=meters, seed=seed, disable_tqdm=True)
-    run.train(resume=False)
-    train_seconds = time.perf_counter() - start
-    record = {"backend": backend, "preset": preset.name, "model": preset.model, "method": preset.method,
-              "precision": precision, "steps": steps, "steps_done": run.trainer.state.global_step,
-              "fast_inference": fast_inference and backend == "unsloth",
-              "target_modules": ",".join(preset.target_modules)}
-    times = recorder.values["step_time"]
-    rewards = [r for r in recorder.values["reward"] if r == r]  # NaN: a step without a reward log
-    timed = times[1:] if len(times) > 1 else times
-    record["seconds_per_step"] = round(sum(timed) / len(timed), 3) if timed else None
-    record["load_and_train_seconds"] = round(train_seconds, 1)
-    if cuda:
-        record["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
-        record["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
-    else:
-        record["peak_allocated_gib"] = record["peak_reserved_gib"] = None
-        record["note"] = "no CUDA: a smoke test of the comparison code; memory is not measured"
-    record["reward_last"] = round(rewards[-1], 4) if rewards else None
-
-    model = run.model
-    peft_config = getattr(model, "peft_config", {}).get("default")
-    record["lora_dropout"] = getattr(peft_config, "lora_dropout", None)
-    if backend == "unsloth":
-        from unsloth import FastLanguageModel
-
-        FastLanguageModel.for_inference(model)
-    result = gsm8k_accuracy(model, run.tokenizer, "test", limit=eval_limit, batch_size=preset.eval_batch_size,
-                            max_new_tokens=preset.max_completion_length, progress=False)
-    record.update(strict_accuracy=round(result.strict_accuracy, 4), lenient_accuracy=round(result.lenient_accuracy, 4),
-                  format_rate=round(result.format_rate, 4), eval_n=result.n, eval_seconds=result.seconds)
-    record["unsloth"] = status.version if backend == "unsloth" else None
-    record["settings"] = preset.to_dict()
-    record["provenance"] = provenance(device)
-    if owned:
-        import shutil
-
-        shutil.rmtree(output_dir, ignore_errors=True)
-    return record
 
 
 def read_comparison(path: str | os.PathLike = Path("results") / RESULTS_FILE):

@@ -53,7 +53,8 @@ NOTEBOOK_05 = REPO / "notebooks" / "05_full_vs_lora.ipynb"
 # second finishes the run. Updates are made frequent here so the test sees several of them.
 MIDRUN_CELL = """\
 import time
-from labkit.dashboard import LiveDashboard, simulated_run
+from bench.dashboard import simulated_run
+from labkit.dashboard import LiveDashboard
 
 stream = simulated_run(60)
 board = LiveDashboard(title="GRPO Lab dashboard · simulated metrics, CPU (nothing is trained)",

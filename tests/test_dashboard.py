@@ -2,6 +2,7 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ import labkit.dashboard.live as live_module
 import labkit.dashboard.record as dash
 import labkit.monitor as monitor_module
 from bench import dashboard as bench_dashboard
-from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, RunRecord, detect_frontend, simulated_run
+from bench.dashboard import simulated_run
+from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, RunRecord, detect_frontend
 from labkit.dashboard.live import card, charts, text_line
 from labkit.dashboard.picture import FONT_PT, MIN_FONT_PX, draw_figure
 from labkit.monitor import MemorySnapshot, VRAMMonitor, gauge_level, memory_snapshot
@@ -660,7 +662,8 @@ def test_a_notebook_run_saves_the_dashboard_as_a_picture_not_a_widget_view(tmp_p
     import nbformat
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from labkit.dashboard import LiveDashboard, simulated_run\n"
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})  # the repository: bench/\n"
+        "from bench.dashboard import simulated_run\nfrom labkit.dashboard import LiveDashboard\n"
         "board = LiveDashboard(title='simulated', total_steps=20, budget_gib=1.0)\n"
         "for step, logs in simulated_run(20):\n    board.log(step, logs)\n"
         "print(board.frontend)\nboard.close()"), nbformat.v4.new_code_cell(

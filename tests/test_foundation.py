@@ -119,7 +119,7 @@ def test_catalogue_short_names_and_unknown_names():
 def test_random_architecture_is_saved_with_the_byte_tokenizer(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from labkit.models import save_random_architecture
+    from bench.preset import save_random_architecture
 
     path = save_random_architecture("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path, dtype=torch.float32)
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -70,7 +70,7 @@ def test_build_run_takes_a_plan(tmp_path):
 @pytest.mark.parametrize("module, function", [
     ("run.py", "build_run"), ("preflight.py", "preflight"), ("cli.py", "train_cli"), ("../bench/rehearse.py", "main"),
     ("../bench/rehearse.py", "rehearse"), ("preflight.py", "estimate"), ("unsloth_path.py", "load_unsloth_policy"),
-    ("unsloth_path.py", "comparison_run"), ("../bench/preset.py", "bench_preset")])
+    ("../bench/unsloth.py", "comparison_run"), ("../bench/preset.py", "bench_preset")])
 def test_consumers_read_the_precision_from_the_plan(module, function):
     calls = _called(_function(module, function))
     assert not {"choose_precision", "torch_dtype", "adapter_dtype"} & set(calls), (module, function)

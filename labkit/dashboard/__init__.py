@@ -20,7 +20,6 @@ from labkit.dashboard.live import FRONTENDS, detect_frontend, progress_bar
 from labkit.dashboard.panels import PANELS, Panel
 from labkit.dashboard.picture import memory_replay_png
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
-from labkit.dashboard.simulate import simulated_run
 
 __all__ = ["LiveDashboard", "RunRecord", "detect_frontend", "progress_bar", "Panel", "PANELS", "GAUGE_COLOURS",
-           "FRONTENDS", "simulated_run", "memory_replay_png"]
+           "FRONTENDS", "memory_replay_png"]
