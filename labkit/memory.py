@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from labkit.models import METHODS, check_method
 from labkit.measure import saved_activation_bytes, state_bytes  # exact counters, re-exported
+from labkit.results import memory_columns  # the estimate beside the rehearsed and measured peaks, re-exported
 from labkit.shapes import ModelShape, model_config, model_shape  # model_shape re-exported (notebook 05 imports it)
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "plot_breakdown",
     "state_bytes",
     "saved_activation_bytes",
+    "memory_columns",
 ]
 
 GIB = 1024**3
