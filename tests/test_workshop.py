@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-
 from labkit.cards import CARDS
 from labkit.lab import repo_root, results_dir
 from labkit.workshop import CheckItem, hf_cache_has_weights, workshop_checklist, workshop_estimate
