@@ -255,3 +255,19 @@ def test_the_dashboard_draws_tool_metrics_beside_the_rewards():
         record.add(step, {"reward": 0.5, "tools/call_frequency": 0.75, "tools/failure_frequency": 0.1})
     reward = next(p for p in PANELS if p.key == "reward")
     assert set(panel_series(record, reward)) == {"reward", "tools/call_frequency", "tools/failure_frequency"}
+
+
+def test_the_exercise_shows_what_a_tool_raised_and_which_call():
+    class RaisesOnZero(CalculatorEnv):
+        def calculate(self, expression):
+            if "/ 0" in str(expression):
+                raise ZeroDivisionError("division by zero")
+            return super().calculate(expression)
+
+    with pytest.raises(ex.ExerciseFailed) as info:
+        ex.verify("calculator_env", RaisesOnZero)
+    verdict = str(info.value)
+    assert "wrong on a division by zero" in verdict, verdict
+    assert "got      [raised ZeroDivisionError: division by zero, '5', 1.0]" in verdict, verdict
+    assert ("what is wrong: call 1 of 3, calculate('10 / 0'): labkit's returns 'an error message', yours raised "
+            "ZeroDivisionError: division by zero") in verdict, verdict

@@ -15,14 +15,18 @@ should use:
 - the learner's function, when every case passes (it prints a one-line verdict);
 - the reference, when the stub still raises ``NotImplementedError`` (it says so, and why), so a
   notebook run with every stub unfilled still runs end to end (CI runs it that way);
-- nothing: it raises :class:`ExerciseFailed` when a case fails, with the case, where the first value
-  differs (its index, the expected and the returned value there, and a short rounded view of the row
-  around it) and a diagnosis. The diagnosis names a *known mistake* only when that mistake
-  gives the learner's output on **every** case of the exercise (each exercise lists its plausible
-  wrong answers: the std without Bessel's correction, a missing clip side, the KL the wrong way
-  round...); a mistake that merely agrees on the failing case would name the wrong bug. Otherwise
-  it is about this case alone: a generic reason (shape, sign, a constant factor, NaN) or, for
-  answers that are not numbers, what was expected and what came back.
+- nothing: it raises :class:`ExerciseFailed` when a case fails, with the case, the expected and the
+  returned answer (rounded), how they differ and a diagnosis. Numbers and tensors (and lists, tuples
+  and dicts of them) are compared by :func:`torch.testing.assert_close` (``rtol=1e-4``, ``atol=1e-5``,
+  any dtype), whose message the verdict shows: how many elements differ, the greatest absolute and
+  relative difference and its index, or the item that differs; other answers (text, None, a
+  transcript of tool calls) by ``==``, unless the exercise brings its own ``compare``. The diagnosis
+  names a *known mistake* only when that mistake gives the learner's output on **every** case of the
+  exercise (each exercise lists its plausible wrong answers: the std without Bessel's correction, a
+  missing clip side, the KL the wrong way round...); a mistake that merely agrees on the failing case
+  would name the wrong bug. Otherwise it is about this case alone: the exercise's own comparison, a
+  generic reason (shape, NaN, sign, 1 / x, a difference too small for a formula slip, a constant factor
+  or term) or, for answers that are not numbers, what was expected and what came back.
 
 Help comes in two steps, so that a hint does not give the answer away: a failing check ends with a
 one-line **nudge** (``Exercise.nudge``); the next failing check of the same exercise (or
@@ -40,10 +44,11 @@ Exercises are registered by the submodules of this package, one per notebook con
 from __future__ import annotations
 
 import importlib
-import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 __all__ = ["Case", "Exercise", "ExerciseFailed", "register", "exercise", "names", "check", "checked", "hint",
@@ -76,7 +81,9 @@ class Exercise:
     ``mistakes`` maps a message (what the learner got wrong, in one sentence) to a function that makes
     exactly that mistake. ``nudge`` is the first hint (one line, no code), ``hint`` the second (the
     recipe). ``compare(expected, got)`` returns ``None`` when they agree, else a short description of
-    the difference; the default compares tensors, numbers and nested sequences.
+    the difference; the default compares tensors, numbers and containers of them with
+    :func:`torch.testing.assert_close`, anything else with ``==`` (a ``compare`` of an exercise's own says
+    what assert_close cannot: a gradient, the float type TRL needs, which tool call differs).
     """
 
     name: str
@@ -143,130 +150,160 @@ def _short(value, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-def _as_float_list(x):
+def _kind(fn) -> str:
+    """Return what the learner wrote, as a verdict names it: ``"class"`` (an environment) or ``"function"``."""
+    return "class" if isinstance(fn, type) else "function"
+
+
+# --------------------------------------------------------------------------- comparing and showing answers
+
+_RTOL, _ATOL = 1e-4, 1e-5  # the check's tolerances, as torch.testing.assert_close's rtol and atol
+
+
+def _numbers(x) -> torch.Tensor | None:
+    """Return ``x`` as a float64 tensor when it is a tensor, a number or a flat list of numbers, else ``None``."""
     if isinstance(x, torch.Tensor):
-        return [float(v) for v in x.detach().double().flatten().tolist()], tuple(x.shape)
+        return x.detach().to(torch.float64)
     if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return [float(x)], ()
-    if isinstance(x, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
-        return [float(v) for v in x], (len(x),)
-    return None, None
-
-
-def _default_compare(expected, got, rtol: float = 1e-4, atol: float = 1e-5) -> str | None:
-    e_vals, e_shape = _as_float_list(expected)
-    if e_vals is None:
-        return None if expected == got else f"expected {_short(expected)}, got {_short(got)}"
-    g_vals, g_shape = _as_float_list(got)
-    if g_vals is None:
-        return f"expected a number or tensor like {_short(expected)}, got {type(got).__name__} {_short(got)}"
-    if e_shape != g_shape and not (len(e_vals) == len(g_vals) == 1):
-        return f"shape {g_shape} where {e_shape} was expected"
-    if any(math.isnan(v) for v in g_vals) and not any(math.isnan(v) for v in e_vals):
-        return "the result has NaN where the reference has none (a division by zero? a log of 0?)"
-    if all(math.isclose(g, e, rel_tol=rtol, abs_tol=atol) or (math.isnan(g) and math.isnan(e))
-           for g, e in zip(g_vals, e_vals)):
-        return None
-    return "values differ"
-
-
-_PREVIEW = 8  # values shown of a row around the first difference
-
-
-def _flat_numbers(x):
-    """Return ``(values, shape, whole)`` for a tensor, a number or a flat list of numbers, else ``None``.
-
-    ``whole`` says the values are integers to show exactly (an int tensor, a Python int), not to round.
-    """
-    if isinstance(x, torch.Tensor):
-        return x.detach().double().flatten().tolist(), tuple(x.shape), not x.is_floating_point()
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return [float(x)], (), isinstance(x, int)
+        return torch.tensor(float(x), dtype=torch.float64)
     if isinstance(x, (list, tuple)) and x and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x):
-        return [float(v) for v in x], (len(x),), all(isinstance(v, int) for v in x)
+        return torch.tensor([float(v) for v in x], dtype=torch.float64)
     return None
 
 
-def _close(e: float, g: float, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
-    return math.isclose(g, e, rel_tol=rtol, abs_tol=atol) or (math.isnan(g) and math.isnan(e))
+def _rounded(number: str) -> str:
+    try:
+        return f"{float(number):.4g}"
+    except ValueError:
+        return number
 
 
-def _digits(e: float, g: float) -> int:
-    """Return the fewest significant digits (4 or more) that show ``e`` and ``g`` as different numbers."""
-    for digits in range(4, 12):
-        if f"{e:.{digits}g}" != f"{g:.{digits}g}":
-            return digits
-    return 12
+def _not_close(expected, got, rtol: float = _RTOL, atol: float = _ATOL) -> str | None:
+    """Return :func:`torch.testing.assert_close`'s message when ``got`` is not close to ``expected``, else ``None``.
 
-
-def _number(v: float, whole: bool, digits: int) -> str:
-    return str(int(v)) if whole and v.is_integer() else f"{v:.{digits}g}"
-
-
-def _unravel(flat: int, shape: tuple) -> list[int]:
-    index = []
-    for size in reversed(shape):
-        index.append(flat % size)
-        flat //= size
-    return index[::-1]
-
-
-def _row(values: list, shape: tuple, flat: int, whole: bool, digits: int) -> str:
-    """Return the row (last dimension) that holds ``values[flat]``, rounded, at most ``_PREVIEW`` values around it."""
-    if len(shape) > 1:
-        width = shape[-1]
-        start = flat - flat % width
-        values, flat = values[start:start + width], flat % width
-    first = max(0, min(flat - _PREVIEW // 2 + 1, len(values) - _PREVIEW))
-    shown = ", ".join(_number(v, whole, digits) for v in values[first:first + _PREVIEW])
-    return ("[" + ("..., " if first > 0 else "") + shown
-            + (", ..." if first + _PREVIEW < len(values) else "") + "]")
-
-
-def _where(shape: tuple, flat: int) -> str:
-    """Return ``"row [i, j]: "`` for a tensor of two or more dimensions (the row the view shows), else ``""``."""
-    return f"row {_unravel(flat, shape)[:-1]}: " if len(shape) > 1 else ""
-
-
-def _show_difference(expected, got) -> str:
-    """Return the lines that show where ``got`` first differs from ``expected``, short and rounded.
-
-    Numbers and tensors: the index of the first differing value with the shape, both values there (with
-    as many digits as it takes to tell them apart), and the row around it, rounded. Sequences and dicts:
-    the first position or key that differs. Anything else: both values, abbreviated.
+    Tensors, numbers and lists, tuples and dicts of them, compared value by value (any dtype, NaN equal to
+    NaN); a tensor beside a number or a list of numbers is compared by its values, and two one-element
+    tensors of different shapes (a loss of shape ``()`` and one of ``(1,)``) as numbers. The message (its
+    differences rounded to 4 digits, blank lines dropped) says how many elements differ and the greatest
+    absolute and relative difference with its index, or the item of a list or dict that differs. Raises
+    ``TypeError`` for what assert_close does not compare (text, None beside a number in a list, objects).
     """
-    e, g = _flat_numbers(expected), _flat_numbers(got)
-    if e is not None and g is not None:
-        (e_vals, e_shape, e_whole), (g_vals, g_shape, g_whole) = e, g
-        whole = e_whole and g_whole
-        if len(e_vals) == len(g_vals) == 1 and (e_shape == g_shape or not e_shape or not g_shape):  # scalars
-            digits = _digits(e_vals[0], g_vals[0])
-            return (f"  expected {_number(e_vals[0], whole, digits)}\n"
-                    f"  got      {_number(g_vals[0], whole, digits)}\n")
-        if e_shape != g_shape:
-            return (f"  expected shape {e_shape}: {_row(e_vals, e_shape, 0, whole, 4)}\n"
-                    f"  got      shape {g_shape}: {_row(g_vals, g_shape, 0, whole, 4)}\n")
-        first = next((i for i, (a, b) in enumerate(zip(e_vals, g_vals)) if not _close(a, b)), None)
-        if first is None:  # the values agree (what differs is not a value: a gradient, a type)
-            return (f"  expected {_row(e_vals, e_shape, 0, whole, 4)}\n"
-                    f"  got      {_row(g_vals, g_shape, 0, whole, 4)} (the same values)\n")
-        digits = _digits(e_vals[first], g_vals[first])
-        return (f"  first difference at {_unravel(first, e_shape)} (shape {e_shape}): expected "
-                f"{_number(e_vals[first], whole, digits)}, got {_number(g_vals[first], whole, digits)}\n"
-                f"  expected {_where(e_shape, first)}{_row(e_vals, e_shape, first, whole, digits)}\n"
-                f"  got      {_where(e_shape, first)}{_row(g_vals, g_shape, first, whole, digits)}\n")
-    where = ""
-    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)) and len(expected) == len(got):
-        first = next((i for i, (a, b) in enumerate(zip(expected, got)) if _default_compare(a, b) is not None), None)
-        if first is not None:
-            where = (f"  first difference at [{first}] (length {len(expected)}): "
-                     f"expected {_short(expected[first], 60)}, got {_short(got[first], 60)}\n")
-    elif isinstance(expected, dict) and isinstance(got, dict):
-        first = next((k for k in expected if k not in got or _default_compare(expected[k], got[k]) is not None), None)
-        if first is not None:
-            where = (f"  first difference at [{first!r}]: expected {_short(expected[first], 60)}, "
-                     f"got {_short(got.get(first, '(no such key)'), 60)}\n")
-    return where + f"  expected {_short(expected)}\n  got      {_short(got)}\n"
+    if expected is None or isinstance(expected, str):
+        raise TypeError("text and None are compared with ==")
+    if isinstance(expected, torch.Tensor) != isinstance(got, torch.Tensor):
+        e, g = _numbers(expected), _numbers(got)
+        if e is None or g is None:
+            raise TypeError(f"{type(expected).__name__} against {type(got).__name__}")
+        expected, got = e, g
+    if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) and expected.numel() == got.numel() == 1:
+        got = got.reshape(expected.shape)
+    try:
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False)
+    except AssertionError as error:
+        message = re.sub(r"(difference: )(\S+)", lambda m: m.group(1) + _rounded(m.group(2)), str(error))
+        return "\n".join(line for line in message.splitlines() if line.strip())
+    except Exception as error:  # noqa: BLE001  no comparison for these types (TypeError, or a bool beside an int)
+        raise TypeError(str(error)) from error
+    return None
+
+
+def _torch_difference(expected, got) -> str | None:
+    """Return assert_close's message on ``got`` against ``expected``; ``None`` when close or not comparable."""
+    try:
+        return _not_close(expected, got)
+    except TypeError:
+        return None
+
+
+def _unequal(expected, got) -> str:
+    return f"expected {_short(expected)}, got {type(got).__name__} {_short(got)}"
+
+
+def _default_compare(expected, got, rtol: float = _RTOL, atol: float = _ATOL) -> str | None:
+    """Return ``None`` when ``got`` matches ``expected``, else what differs.
+
+    Numbers, tensors and containers of them: :func:`torch.testing.assert_close` (see :func:`_not_close`);
+    anything else (text, None, a transcript of calls): ``==``.
+    """
+    try:
+        return _not_close(expected, got, rtol, atol)
+    except TypeError:
+        pass
+    try:
+        same = bool(expected == got)
+    except Exception:  # noqa: BLE001  e.g. a list of tensors against a list of tensors
+        same = False
+    return None if same else _unequal(expected, got)
+
+
+def _digits(expected: torch.Tensor | None, got: torch.Tensor | None) -> int:
+    """Return the fewest significant digits (4 to 9) that show the first value not close in ``got`` apart."""
+    if expected is None or got is None or expected.shape != got.shape:
+        return 4
+    apart = ~torch.isclose(got, expected, rtol=_RTOL, atol=_ATOL, equal_nan=True)
+    if not apart.any():
+        return 4
+    e, g = expected[apart].flatten()[0].item(), got[apart].flatten()[0].item()
+    return next((d for d in range(4, 10) if f"{e:.{d}g}" != f"{g:.{d}g}"), 9)
+
+
+def _readable(value, prefix: str, digits: int = 4) -> str:
+    """Return ``value`` as a learner reads it: a tensor's values rounded (numpy's layout, with its shape), a float
+    rounded, a tuple of tensors each so; anything else its ``repr``, abbreviated."""
+    if isinstance(value, torch.Tensor):
+        array = value.detach().cpu()
+        array = (array.double() if array.is_floating_point() else array).numpy()
+        text = np.array2string(array, separator=", ", prefix=prefix, threshold=100, edgeitems=5, max_line_width=110,
+                               formatter={"float_kind": lambda v: f"{v:.{digits}g}"})
+        return f"{text}  (shape {tuple(value.shape)})"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        return "(" + ", ".join(_readable(v, prefix + " ", digits) for v in value) + ")"
+    return _short(value)
+
+
+def _show(expected, got) -> str:
+    """Return the lines of a verdict that show the answers: expected and got, readable, then assert_close's message.
+
+    Tensors and numbers are rounded to 4 significant digits, or as many as it takes to tell the first
+    differing value apart; torch's message adds how many values differ and where the greatest difference is.
+    """
+    digits = _digits(_numbers(expected), _numbers(got))
+    lines = [f"  expected {_readable(expected, '  expected ', digits)}",
+             f"  got      {_readable(got, '  got      ', digits)}"]
+    lines += ["  " + line for line in (_torch_difference(expected, got) or "").splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+def _numeric_reason(expected: torch.Tensor, got: torch.Tensor) -> str | None:
+    """Return a generic reason why the numbers ``got`` are wrong (shape, NaN, sign, 1 / x, a small constant, a
+    constant factor or term), or ``None`` when none fits."""
+    if expected.shape != got.shape and not expected.numel() == got.numel() == 1:
+        return f"shape {tuple(got.shape)} where {tuple(expected.shape)} was expected"
+    e, g = expected.flatten(), got.flatten()
+    if g.isnan().any() and not e.isnan().any():
+        return "the result has NaN where the reference has none (a division by zero? a log of 0?)"
+    if not (e.isfinite().all() and g.isfinite().all()):
+        return None
+    every = "every value" if e.numel() > 1 else "your value"
+    if torch.allclose(g, -e, rtol=_RTOL, atol=1e-6):
+        return "the sign is flipped"
+    if (e.abs() > _ATOL).all() and torch.allclose(g, 1 / e, rtol=_RTOL, atol=1e-6):
+        return f"{every} is 1 / the reference's: a ratio is upside down (exp(-x) where exp(x) belongs?)"
+    if ((g - e).abs() <= 0.01 * e.abs() + _ATOL).all():
+        worst = ((g - e).abs() / e.abs().clamp_min(_ATOL)).max().item()
+        return (f"{every} is within {worst:.2%} of the reference, yet outside the check's tolerance ({_RTOL:g} "
+                "relative): no formula slip makes so small a difference, a small constant does (an epsilon?)")
+    nonzero = e.abs() > 1e-6
+    if nonzero.any() and (g[~nonzero].abs() < 1e-6).all():
+        ratios = g[nonzero] / e[nonzero]
+        if torch.allclose(ratios, ratios[:1].expand_as(ratios), rtol=_RTOL, atol=0):
+            return f"{every} is {round(ratios[0].item(), 4)} times the reference: a constant factor is off"
+    offset = g - e
+    if e.numel() > 1 and torch.allclose(offset, offset[:1].expand_as(offset), rtol=_RTOL, atol=1e-6):
+        return f"every value is the reference's {offset[0].item():+.4g}: a constant term is off"
+    return None
 
 
 _RAISED = object()  # stands for "this call raised" when two functions are compared case by case
@@ -292,7 +329,9 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
 
     A known mistake is named only when it reproduces ``got`` on ``case`` and, given the learner's
     ``fn``, ``fn``'s output on every other case of the exercise too (a mistake that agrees on one
-    case only is a coincidence: naming it would send the learner after the wrong bug).
+    case only is a coincidence: naming it would send the learner after the wrong bug). Otherwise: what
+    the exercise's own comparison says (a gradient, a type TRL needs), a generic reason for numbers
+    (shape, NaN, sign, 1 / x, a small constant, a constant factor or term), or that this case is the one to read.
     """
     cases = learner = None  # fn's outputs on every case, computed when a mistake first matches this case
     for message, wrong in ex.mistakes.items():
@@ -310,19 +349,18 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
             learner = _outputs(fn, cases)
         if _same_outputs(ex, _outputs(wrong, cases), learner):
             return message
-    generic = ex.differs(expected, got) or ""
-    e_vals, _ = _as_float_list(expected)
-    g_vals, _ = _as_float_list(got)
-    if e_vals is None and generic == f"expected {_short(expected)}, got {_short(got)}":  # not numbers: this case
+    difference, torch_says = ex.differs(expected, got), _torch_difference(expected, got)
+    if difference and difference not in (torch_says, _unequal(expected, got)):
+        return difference  # the exercise's own comparison: what assert_close cannot see
+    e, g = _numbers(expected), _numbers(got)
+    reason = _numeric_reason(e, g) if e is not None and g is not None else None
+    if reason:
+        return reason
+    if torch_says is None:
         return (f"on this input the reference returns {_short(expected)} and yours {_short(got)}; no known "
                 "mistake gives your answers on every case, so look at what this case tests")
-    if e_vals and g_vals and len(e_vals) == len(g_vals) and generic == "values differ":
-        if all(math.isclose(g, -e, rel_tol=1e-4, abs_tol=1e-6) for g, e in zip(g_vals, e_vals)):
-            return "the sign is flipped"
-        ratios = {round(g / e, 4) for g, e in zip(g_vals, e_vals) if abs(e) > 1e-6}
-        if len(ratios) == 1 and all(abs(g) < 1e-6 for g, e in zip(g_vals, e_vals) if abs(e) <= 1e-6):
-            return f"every value is {ratios.pop()} times the reference: a constant factor is off"
-    return generic or "values differ"
+    return ("the values differ (above), and no known mistake gives your answers on every case: look at what "
+            "this case tests")
 
 
 def _help(ex: Exercise, level: int) -> str:
@@ -356,7 +394,7 @@ def verify(name: str, fn: Callable, level: int = 2) -> None:
     that names the case. ``level`` is the help the message ends with (see :func:`hint`).
     """
     ex = exercise(name)
-    reference, fn = ex.runs(ex.reference), ex.runs(fn)
+    kind, reference, fn = _kind(fn), ex.runs(ex.reference), ex.runs(fn)
     for case in ex.cases():
         expected = reference(*case.args, **case.kwargs)
         try:
@@ -364,11 +402,11 @@ def verify(name: str, fn: Callable, level: int = 2) -> None:
         except NotImplementedError:
             raise
         except Exception as err:
-            raise ExerciseFailed(f"{name}: on {case.label} your function raised {type(err).__name__}: {err}"
+            raise ExerciseFailed(f"{name}: on {case.label} your {kind} raised {type(err).__name__}: {err}"
                                  + _help(ex, level)) from None
         if ex.differs(expected, got) is not None:
             raise ExerciseFailed(
-                f"{name}: wrong on {case.label}.\n{_show_difference(expected, got)}"
+                f"{name}: wrong on {case.label}.\n{_show(expected, got)}"
                 f"  what is wrong: {diagnose(ex, case, expected, got, fn)}" + _help(ex, level))
 
 
@@ -415,7 +453,7 @@ def checked(*exercise_names: str):
         ex = exercise(name)
         status, fn = _IN_USE.get(name, ("unchecked", ex.reference))
         if status == "failed":
-            print(f"✗ {name}: your function failed its check, so labkit's ({_reference_name(ex)}) stands in here. "
+            print(f"✗ {name}: your {_kind(ex.reference)} failed its check, so labkit's ({_reference_name(ex)}) stands in here. "
                   f"Fix it in the cell that checks {name!r}, run that cell, then this one.")
         elif status != "passed":
             stand_ins.append(f"{name} ({'not filled in' if status == 'unfilled' else 'its exercise cell has not run'})")

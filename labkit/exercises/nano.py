@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from labkit.exercises import Case, Exercise, register
+from labkit.exercises import Case, Exercise, _default_compare, _not_close, register
 
 __all__ = ["COMPLETION_MASK", "GRPO_STEP_LOSS", "PASS_AT_K"]
 
@@ -147,6 +147,10 @@ def _loss_unmasked(logps, rewards, mask, g):
     return (-_ratio(logps) * _adv(rewards, g).unsqueeze(1)).mean()
 
 
+def _loss_ratio_upside_down(logps, rewards, mask, g):
+    return _token_mean(-torch.exp(logps.detach() - logps) * _adv(rewards, g).unsqueeze(1), mask)
+
+
 def _loss_log_probs_not_ratio(logps, rewards, mask, g):
     return _token_mean(-logps * _adv(rewards, g).unsqueeze(1), mask)
 
@@ -166,9 +170,7 @@ def _leaves(loss: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _compare_loss_and_gradient(expected, got) -> str | None:
-    """Compare the losses' values, then their gradients with respect to the log-probabilities."""
-    from labkit.exercises import _default_compare
-
+    """Compare the losses' values, then their gradients with respect to the log-probabilities (assert_close both)."""
     if not isinstance(got, torch.Tensor) or got.numel() != 1:
         return _default_compare(expected, got)
     if not got.requires_grad:
@@ -181,7 +183,9 @@ def _compare_loss_and_gradient(expected, got) -> str | None:
     theirs = torch.autograd.grad(got, leaves, retain_graph=True, allow_unused=True)
     ours = torch.autograd.grad(expected, leaves, retain_graph=True)
     for g, e in zip(theirs, ours):
-        if g is None or not torch.allclose(g, e, rtol=1e-4, atol=1e-6):
+        if g is None:
+            return "the loss's value is right but it does not depend on logps: its gradient is missing"
+        if _not_close(e, g, rtol=1e-4, atol=1e-6) is not None:
             return "the loss's value is right but its gradient with respect to logps is not"
     return None
 
@@ -202,6 +206,9 @@ GRPO_STEP_LOSS = register(Exercise(
         "each completion is averaged over its own tokens, then over completions: that is loss_type='grpo'; "
         "TRL's default 'dapo' sums over all tokens of the batch and divides by their number": _loss_sequence_mean,
         "the completion_mask is not applied: tokens after the EOS (padding) are counted": _loss_unmasked,
+        "the ratio is upside down: exp(logps.detach() - logps) is 1 as well, but its gradient is minus that of "
+        "log pi, so every step would push the policy away from the high-advantage completions; the ratio is "
+        "exp(logps - logps.detach())": _loss_ratio_upside_down,
         "the log-probabilities are multiplied by the advantage, not the ratio exp(logps - logps.detach()): the "
         "gradient is the same on-policy, but the loss's value is not TRL's (it is 1 x advantage per token)":
             _loss_log_probs_not_ratio,

@@ -73,6 +73,15 @@ def _adv_no_epsilon(rewards, num_generations, scale_rewards="group"):
     return adv.flatten()
 
 
+def _adv_small_epsilon(rewards, num_generations, scale_rewards="group"):
+    # the epsilon of many other codes (1e-8; 1e-6 gives the same answers to the check's tolerance)
+    grouped = rewards.view(-1, num_generations)
+    adv = grouped - grouped.mean(1, keepdim=True)
+    if scale_rewards == "group":
+        adv = adv / (grouped.std(1, keepdim=True) + 1e-8)
+    return adv.flatten()
+
+
 def _adv_eps_in_sqrt(rewards, num_generations, scale_rewards="group"):
     grouped = rewards.view(-1, num_generations)
     adv = grouped - grouped.mean(1, keepdim=True)
@@ -122,6 +131,9 @@ GROUP_ADVANTAGES = register(Exercise(
         "scale_rewards='none' still divides by the std: 'none' (Dr. GRPO) only subtracts the group mean":
             _adv_always_scaled,
         "no epsilon: TRL divides by std + 1e-4, so a flat group gets advantage 0, not 0/0 = NaN": _adv_no_epsilon,
+        "the epsilon is too small: TRL divides by std + 1e-4, not 1e-8 (or 1e-6); a flat group still gets 0, but "
+        "every other advantage comes out about 0.02 % larger, and 1 % larger where the std is about 0.01":
+            _adv_small_epsilon,
         "1e-4 is added to the variance, inside the square root: TRL divides by std + 1e-4. The two agree when the "
         "std is large; for rewards about 0.01 apart (std 0.0096) std + 1e-4 is 0.0097 but sqrt(var + 1e-4) is "
         "0.0138, so every advantage shrinks by 30 %": _adv_eps_in_sqrt,
@@ -191,6 +203,13 @@ CLIPPED_SURROGATE = register(Exercise(
             lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, None, 1 + epsilon_high),
         "epsilon_high is ignored: the upper bound is 1 + epsilon_high (DAPO's clip-higher), the lower 1 - epsilon":
             lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon),
+        "epsilon and epsilon_high are swapped: the ratio is clamped to [1 - epsilon, 1 + epsilon_high] (DAPO's "
+        "clip-higher raises the upper bound only), not [1 - epsilon_high, 1 + epsilon]":
+            lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon_high, 1 + epsilon),
+        "the clip bounds are the wrong way round: torch.clamp(ratio, 1 + epsilon_high, 1 - epsilon) has min > max, "
+        "so every clipped ratio becomes 1 - epsilon; the lower bound (min) is 1 - epsilon, the upper (max) "
+        "1 + epsilon_high": lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 + epsilon_high,
+                                                                                1 - epsilon),
         "max where min belongs: the surrogate takes the smaller objective (min), so the loss is -min(...)":
             lambda lp, olp, a, epsilon=0.2, epsilon_high=0.2: _sur(lp, olp, a, 1 - epsilon, 1 + epsilon_high,
                                                                     combine=torch.max),
@@ -238,6 +257,9 @@ KL_K3 = register(Exercise(
             objective.kl_k2,
         "the '- 1' is missing: e^x - x - 1 is 0 when the policies agree":
             lambda logps, ref_logps: torch.exp(ref_logps - logps) - (ref_logps - logps),
+        "+ 1 where - 1 belongs: k3 = e^x - x - 1, which is 0 when the policies agree; e^x - x + 1 is 2 there, "
+        "so every token's KL is 2 too large":
+            lambda logps, ref_logps: torch.exp(ref_logps - logps) - (ref_logps - logps) + 1,
     },
     nudge="start from x = log(pi_ref / pi_theta) per token, the way round the table writes it, then apply the "
           "k3 row.",
@@ -366,6 +388,8 @@ def _sequence_ratio_cases() -> list[Case]:
 def _seq(logps, old_logps, completion_mask, how):
     m = completion_mask.float()
     log_ratio = (logps - old_logps) * m
+    if how == "upside_down":
+        return torch.exp(-log_ratio.sum(1, keepdim=True) / m.sum(1, keepdim=True))
     if how == "product":
         return torch.exp(log_ratio.sum(1, keepdim=True))
     if how == "all_T":
@@ -383,6 +407,8 @@ SEQUENCE_RATIO = register(Exercise(
         "exp(mean of the log-ratios over the completion's tokens)": lambda lp, olp, m: _seq(lp, olp, m, "product"),
         "padding is counted: divide the sum of log-ratios by the completion's length, completion_mask.sum(1), not T":
             lambda lp, olp, m: _seq(lp, olp, m, "all_T"),
+        "the ratio is upside down: GSPO's s is (pi_theta / pi_old)^(1/|y|), the exp of the mean of "
+        "logps - old_logps, not old_logps - logps": lambda lp, olp, m: _seq(lp, olp, m, "upside_down"),
         "that is the arithmetic mean of the token ratios: GSPO averages the log-ratios, then takes exp "
         "(a geometric mean)": lambda lp, olp, m: _seq(lp, olp, m, "arithmetic"),
     },

@@ -4,8 +4,9 @@ Reference: :class:`labkit.tools.CalculatorEnv`. The learner writes a *class*, so
 on a fresh instance of it, as TRL 1.16's ``GRPOTrainer`` drives an ``environment_factory`` instance: ``reset``
 with the dataset row, then the tool calls the model wrote, then ``get_reward``; one instance serves several
 rollouts in turn (TRL pools and resets them). The transcript of what each call returned is compared with the
-reference's: an error message matches any ``"error: ..."`` string, and an exception is recorded as one (a tool
-must return a message, never raise). The known mistakes are whole wrong classes: ``eval``, an exception on a
+reference's, call by call (the verdict names the first call that differs): an error message matches any
+``"error: ..."`` string, and an exception is recorded with its type and message (a tool must return a message,
+never raise; any exception matches any other when a known mistake is looked for). The known mistakes are whole wrong classes: ``eval``, an exception on a
 bad expression, no cap on calls, a reset that keeps the last rollout's results, a reward for any call.
 Solutions: ``docs/solutions/08_grpo_with_tools.md``.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from labkit.exercises import Case, Exercise, _short, register
 from labkit.tools import ERROR_PREFIX, MAX_CALLS, CalculatorEnv, safe_calculate
 
-__all__ = ["CALCULATOR_ENV", "play"]
+__all__ = ["CALCULATOR_ENV", "Raised", "Transcript", "play"]
 
 _SOLUTIONS_08 = "docs/solutions/08_grpo_with_tools.md"
 
@@ -54,30 +55,73 @@ def _outcome(value) -> object:
     return float(value)
 
 
+class Raised:
+    """A call that raised instead of returning: shows the exception's type and message; equal to any other."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Raised)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"raised {type(self.error).__name__}: {self.error}"
+
+
+class Transcript(list):
+    """What each call of a script returned, in order; ``calls`` says which call each entry is."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+
+def _call(method: str, argument) -> str:
+    if isinstance(argument, dict):  # reset's dataset row, as keyword arguments
+        return f"{method}({', '.join(f'{key}={value!r}' for key, value in argument.items())})"
+    return f"{method}()" if argument is None else f"{method}({argument!r})"
+
+
 def play(environment_class):
     """Return a function ``script -> transcript``: the script played on one new instance of ``environment_class``.
 
     ``NotImplementedError`` (an unfilled stub) propagates; any other exception is recorded in the transcript
-    as ``"raised <Error>"``, the way TRL records a failing tool call, and the script goes on.
+    as :class:`Raised` (shown ``raised <Error>: <message>``), the way TRL records a failing tool call, and the
+    script goes on.
     """
     def run(script):
         env = environment_class()
-        transcript = []
+        transcript = Transcript()
         for method, argument in script:
             try:
                 if method == "reset":
                     getattr(env, "reset")(**argument)
                     continue
                 result = getattr(env, method)() if argument is None else getattr(env, method)(argument)
-                transcript.append(_outcome(result))
+                outcome = _outcome(result)
             except NotImplementedError:
                 raise
             except Exception as error:  # noqa: BLE001  a tool that raises is the learner's mistake to show
-                transcript.append(f"raised {type(error).__name__}")
+                outcome = Raised(error)
+            transcript.append(outcome)
+            transcript.calls.append(_call(method, argument))
         return transcript
 
     run.environment_class = environment_class
     return run
+
+
+def _compare(expected: Transcript, got) -> str | None:
+    """Return ``None`` when the transcripts agree, else the first call whose result differs, named."""
+    if not isinstance(got, list) or len(got) != len(expected):
+        return f"expected the transcript {_short(expected)}, got {_short(got)}"
+    for number, (call, e, g) in enumerate(zip(expected.calls, expected, got), 1):
+        if e != g:
+            return f"call {number} of {len(expected)}, {call}: labkit's returns {e!r}, yours {g!r}"
+    return None
 
 
 def _cases() -> list[Case]:
@@ -136,6 +180,7 @@ CALCULATOR_ENV = register(Exercise(
     reference=CalculatorEnv,
     cases=_cases,
     adapt=play,
+    compare=_compare,
     mistakes={
         "it evaluates with eval(): the model's text runs as Python ('__import__(\"os\").getpid()' gave a number); "
         "evaluate with labkit.tools.safe_calculate, which parses and never runs code": _UsesEval,
