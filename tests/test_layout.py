@@ -113,6 +113,8 @@ def test_scripts_never_import_bench_and_bench_never_imports_scripts():
 
 @pytest.mark.parametrize("name, forbidden", [
     ("labkit.oom", {"labkit.presets", "labkit.run", "labkit.preflight"}),
+    ("labkit.phase_memory", {"labkit.presets", "labkit.run", "labkit.preflight", "labkit.oom", "labkit.nano",
+                             "labkit.dashboard", "labkit.training", "labkit.monitor"}),
     ("labkit.memory", {"labkit.nano", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
     ("labkit.shapes", {"labkit.nano", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
     ("labkit.objective", {"labkit.nano", "labkit.training", "labkit.presets"}),
@@ -202,8 +204,8 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 # notebooks' helpers) sit on top of all of them.
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
-                                "labkit.shapes", "labkit.rewards", "labkit.data", "labkit.tasks",
-                                "labkit.environments"}),
+                                "labkit.shapes", "labkit.phase_memory", "labkit.rewards", "labkit.data",
+                                "labkit.tasks", "labkit.environments"}),
     ("the recipe", {"labkit.presets"}),
     ("its validation", {"labkit.validation"}),
     ("the plan", {"labkit.plan"}),

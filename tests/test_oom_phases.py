@@ -7,8 +7,8 @@ Figures come from labkit.memory.estimate, never hard-coded, so they follow the e
 import pytest
 
 from labkit.memory import estimate
-from labkit.oom import (candidate_changes, non_finite_advice, optimizer_step_memory, ordered_changes, phase_memory,
-                        scoring_memory)
+from labkit.oom import candidate_changes, non_finite_advice, ordered_changes
+from labkit.phase_memory import optimizer_step_memory, phase_memory, scoring_memory
 from labkit.plan import resolve_plan
 from labkit.preflight import estimate as _estimate
 from labkit.presets import PRESETS
