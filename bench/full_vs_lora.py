@@ -11,7 +11,8 @@ __all__ = ["main"]
 
 def _nano_record(result, part: str, label: str) -> dict:
     """One run of :func:`labkit.nano.run_nano_grpo`, with its optimizer-state bytes, as a JSON-able dict."""
-    from labkit.nano import NanoConfig, warm_up_path
+    from labkit.nano import NanoConfig
+    from labkit.warmup import warm_up_path
 
     config = result.config
     # The AdamW states of the trainable parameters, counted exactly as tests/test_memory.py checks against

@@ -114,10 +114,10 @@ def test_scripts_never_import_bench_and_bench_never_imports_scripts():
 @pytest.mark.parametrize("name, forbidden", [
     ("labkit.oom", {"labkit.presets", "labkit.run", "labkit.preflight"}),
     ("labkit.phase_memory", {"labkit.presets", "labkit.run", "labkit.preflight", "labkit.oom", "labkit.nano",
-                             "labkit.dashboard", "labkit.training", "labkit.monitor"}),
-    ("labkit.memory", {"labkit.nano", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
-    ("labkit.shapes", {"labkit.nano", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
-    ("labkit.objective", {"labkit.nano", "labkit.training", "labkit.presets"}),
+                             "labkit.warmup", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
+    ("labkit.memory", {"labkit.nano", "labkit.warmup", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
+    ("labkit.shapes", {"labkit.nano", "labkit.warmup", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
+    ("labkit.objective", {"labkit.nano", "labkit.warmup", "labkit.training", "labkit.presets"}),
     ("labkit.rewards.parse", {"labkit.rewards.functions", "labkit.rewards.check"}),
 ])
 def test_named_layering_rules(name, forbidden):

@@ -156,7 +156,7 @@ def digit_share(completions, **kwargs):
 
 
 def test_nano_grpo_updates_only_with_a_learning_rate(isolated_cache, tiny_nano):
-    from labkit.nano import build_policy
+    from labkit.warmup import build_policy
 
     for lr in (0.0, 1e-3):
         config = NanoConfig(**{**tiny_nano, "learning_rate": lr})

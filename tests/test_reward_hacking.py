@@ -4,10 +4,11 @@ import json
 import pytest
 import torch
 
-from labkit.nano import NanoConfig, build_policy, nano_grpo, rollout_logps, rollout_loss, sample_completions
+from labkit.nano import NanoConfig, nano_grpo, rollout_logps, rollout_loss, sample_completions
 from labkit.objective import group_advantages
 from labkit.rewards import accuracy_reward, check_reward_function
 from labkit.tasks import AdditionTask, short_working_reward, worked_solution
+from labkit.warmup import build_policy
 
 @pytest.mark.parametrize("a,b", [(47, 38), (99, 99), (19, 91), (11, 19), (95, 15)])
 def test_short_working_reward_pays_the_forgotten_carry_and_not_the_right_answer(a, b):
