@@ -204,7 +204,7 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 # notebooks' helpers) sit on top of all of them.
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
-                                "labkit.shapes", "labkit.phase_memory", "labkit.rewards", "labkit.data",
+                                "labkit.shapes", "labkit.phase_memory", "labkit.results", "labkit.rewards", "labkit.data",
                                 "labkit.tasks", "labkit.environments"}),
     ("the recipe", {"labkit.presets"}),
     ("its validation", {"labkit.validation"}),
@@ -385,3 +385,44 @@ def test_the_walk_follows_a_preset_through_calls_and_returns():  # the figures a
         del MODULES[module], DEFINITIONS[module]
     assert sorted(f for _, f in walk.stays) == ["bottom", "middle", "top"]
     assert walk.stays[(module, "bottom")] == {"q"}
+
+
+# --------------------------------------------------------------------------- few doors per notebook
+
+MAX_DOORS = 8  # rasbt's GRPO chapter imports from 4 modules; d2l's chapters from one
+
+
+def notebook_doors(source: str) -> set[str]:
+    """Return the labkit modules a notebook's code opens: ``labkit.X`` of every import (``from labkit.X.y import``
+    counts as ``labkit.X``: a package is one door) and of every ``labkit.X`` attribute its code reads."""
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("!", "%")))
+    doors = set()
+    for node in ast.walk(ast.parse(code)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + ([f"labkit.{a.name}" for a in node.names] if node.module == "labkit" else [])
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "labkit":
+            names = [f"labkit.{node.attr}"]
+        doors.update(".".join(n.split(".")[:2]) for n in names if n.startswith("labkit."))
+    return doors - {"labkit.setup", "labkit.__version__", "labkit.__file__"}
+
+
+def _notebook_code(path: Path) -> str:
+    import json
+
+    cells = json.loads(path.read_text())["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_no_notebook_opens_more_than_eight_labkit_modules(path):
+    doors = notebook_doors(_notebook_code(path))
+    assert len(doors) <= MAX_DOORS, f"{path.name} opens {len(doors)} labkit modules: {sorted(doors)}"
+
+
+def test_the_door_count_sees_every_way_in():  # the rule above is only as good as this
+    source = ("import labkit.exercises\nfrom labkit.rewards.parse import extract_answer\nfrom labkit import nano\n"
+              "x = labkit.objective.grpo_loss\nlab = labkit.setup()\n!pip install x\n    %time y = 1\n")
+    assert notebook_doors(source) == {"labkit.exercises", "labkit.rewards", "labkit.nano", "labkit.objective"}
