@@ -11,7 +11,7 @@ The data path, in the order a GRPO step runs it:
 - ``labkit.models``     tiny offline models, real policies (full / LoRA / QLoRA), the architecture catalogue
 - ``labkit.rewards``    verifiable rewards: ``parse`` (answers, numbers), ``functions`` (the rewards), ``check``
 - ``labkit.objective``  group advantages, KL estimators, the clipped GRPO loss, chunked log-probs
-- ``labkit.nano``       a transparent GRPO loop built on those
+- ``labkit.nano``       a transparent GRPO loop built on those; ``labkit.warmup`` its supervised warm-up
 - ``labkit.dashboard``  the live dashboard (a TRL callback); ``labkit.charts`` draws its SVG panels
 
 Running it for real, on a card:
@@ -21,8 +21,10 @@ Running it for real, on a card:
 - ``labkit.presets``    named recipes that fit a card; ``validation``, ``plan`` and ``preflight`` above them
 - ``labkit.run``        a preset made concrete: prompts, rewards, trainer, checkpoints and resume
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
-- ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change
-- ``labkit.memory``     the VRAM estimator and exact counters of weights, gradients, optimiser states
+- ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change;
+  ``labkit.phase_memory`` the memory each phase of a step uses, which it reads
+- ``labkit.memory``     the VRAM estimator and exact counters of weights, gradients, optimiser states;
+  ``labkit.shapes`` a model's shape, which it reads
 - ``labkit.monitor``    live memory readings: RSS, peak RSS, the GPU through PyTorch and NVML, a sampler
 - ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
 - ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment)
