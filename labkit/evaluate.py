@@ -15,15 +15,20 @@ Greedy decoding (``do_sample=False``) makes the figures reproducible. A rate ``p
 questions has a 95 % interval of about ``1.96 sqrt(p (1 - p) / n)``: +/- 2.7 points at
 ``n = 1,319`` and ``p = 0.5``, +/- 18 points at ``n = 30`` (what some published peers report).
 
-Before/after statistics (the same problems scored twice, so the comparison is *paired*):
+Before/after statistics (the same problems scored twice, so the comparison is *paired*); scipy.stats
+computes the standard ones (docs/references.md, "Statistics"):
 
-- :func:`wilson_interval`: the Wilson score interval of one rate; unlike the normal
-  approximation it is never zero-width, also at 0 of n or n of n;
+- :func:`wilson_interval`: the Wilson score interval of one rate (``scipy.stats.binomtest``); unlike the
+  normal approximation it is never zero-width, also at 0 of n or n of n;
 - :func:`mcnemar_test`: the exact McNemar test on the problems whose verdict changed
   (``gained``: wrong before, right after; ``lost``: the reverse); the problems right or wrong
   both times carry no information about the change;
-- :func:`paired_bootstrap`: a percentile interval of the change in rate, resampling problems;
-- :func:`paired_change`: both at once (:class:`PairedChange`), what every before/after record in the lab keeps;
+- :func:`paired_bootstrap`: a percentile interval of the change in rate, resampling problems
+  (``scipy.stats.bootstrap``, ``paired=True``); zero-width when every problem moved the same way;
+- :func:`newcombe_interval`: Newcombe's score interval of the change (two Wilson intervals and the
+  correlation of the verdicts), never zero-width;
+- :func:`paired_change`: the test and Newcombe's interval at once (:class:`PairedChange`), what every
+  before/after record in the lab keeps;
 - :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al. (2021, arXiv 2107.03374, eq. 1):
   the chance that at least one of k samples drawn from n (c of them right) is right.
 """
@@ -34,14 +39,13 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from statistics import NormalDist
 
 import torch
 
 __all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95", "wilson_interval",
-           "McNemarResult", "mcnemar_test", "paired_bootstrap", "PairedChange", "paired_change", "paired_columns",
-           "pass_at_k", "held_out_scores", "describe_held_out", "short_answer_scores", "held_out_table", "side_by_side",
-           "sampled_pass_at_k"]
+           "McNemarResult", "mcnemar_test", "paired_bootstrap", "newcombe_interval", "PairedChange", "paired_change",
+           "paired_columns", "pass_at_k", "held_out_scores", "describe_held_out", "short_answer_scores",
+           "held_out_table", "side_by_side", "sampled_pass_at_k"]
 
 
 def ci95(rate: float, n: int) -> float:
@@ -49,30 +53,30 @@ def ci95(rate: float, n: int) -> float:
     return 1.96 * math.sqrt(max(rate * (1 - rate), 0.0) / n) if n else float("nan")
 
 
-def _z(confidence: float) -> float:
+def _check_confidence(confidence: float) -> None:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, not {confidence}")
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Return ``(low, high)``: the Wilson score interval of the rate ``successes / n``.
 
     With ``p = successes / n`` and ``z`` the normal quantile (1.96 at 95 %):
-    ``(p + z^2/2n +/- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``.
+    ``(p + z^2/2n +/- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``, computed by
+    ``scipy.stats.binomtest(successes, n).proportion_ci(confidence, method="wilson")``.
 
     At 0 of 24 it is (0, 0.138), not the zero-width (0, 0) of the normal approximation.
     Defined in ``labkit.evaluate``; used by the before/after tables of 03 and 04.
     """
+    from scipy.stats import binomtest
+
     if n < 1:
         raise ValueError(f"a rate needs at least one item, not n={n}")
     if not 0 <= successes <= n:
         raise ValueError(f"successes must be between 0 and n={n}, not {successes}")
-    z = _z(confidence)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    _check_confidence(confidence)
+    interval = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(interval.low), float(interval.high)
 
 
 @dataclass
@@ -106,14 +110,16 @@ def mcnemar_test(before, after) -> McNemarResult:
     ``before[i]`` and ``after[i]`` say whether problem ``i`` was right before and after training.
     Under the null hypothesis (training changed nothing) each of the ``gained + lost`` changed
     verdicts is a fair coin, so the two-sided p-value is
-    ``min(1, 2 P[Binomial(gained + lost, 1/2) <= min(gained, lost)])``; 1.0 when nothing changed.
+    ``min(1, 2 P[Binomial(gained + lost, 1/2) <= min(gained, lost)])``
+    (``scipy.stats.binomtest(gained, gained + lost).pvalue``); 1.0 when nothing changed.
     """
+    from scipy.stats import binomtest
+
     before, after = _paired(before, after)
     gained = sum(not b and a for b, a in zip(before, after))
     lost = sum(b and not a for b, a in zip(before, after))
-    changed, low = gained + lost, min(gained, lost)
-    tail = sum(math.comb(changed, k) for k in range(low + 1)) / 2 ** changed
-    return McNemarResult(n=len(before), gained=gained, lost=lost, p_value=min(1.0, 2 * tail))
+    p_value = float(binomtest(gained, gained + lost, 0.5).pvalue) if gained + lost else 1.0
+    return McNemarResult(n=len(before), gained=gained, lost=lost, p_value=p_value)
 
 
 def paired_bootstrap(before, after, *, n_resamples: int = 10_000, confidence: float = 0.95,
@@ -121,24 +127,59 @@ def paired_bootstrap(before, after, *, n_resamples: int = 10_000, confidence: fl
     """Return ``(change, low, high)``: the change in rate and its paired percentile-bootstrap interval.
 
     Each resample draws ``n`` problems with replacement and takes the mean of
-    ``after[i] - before[i]`` over them, so a problem's two verdicts always travel together.
+    ``after[i] - before[i]`` over them, so a problem's two verdicts always travel together
+    (``scipy.stats.bootstrap(..., paired=True, method="percentile")``, seeded with ``seed``). When every
+    problem moved the same way (all gained, or nothing changed) every resample is the same and the
+    interval has no width: :func:`newcombe_interval` has one in every case.
     """
     import numpy as np
+    from scipy.stats import bootstrap
 
     before, after = _paired(before, after)
-    _z(confidence)  # checks the range
-    diff = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)  # (n,) in {-1, 0, 1}
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(n_resamples, len(diff)))].mean(axis=1)  # (n_resamples,)
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(means, [alpha, 1 - alpha])
-    return float(diff.mean()), float(low), float(high)
+    _check_confidence(confidence)
+    was, now = np.asarray(before, dtype=float), np.asarray(after, dtype=float)  # (n,) each, in {0, 1}
+    change = float((now - was).mean())
+    if len(was) == 1:  # one problem: every resample is that problem (scipy asks for two)
+        return change, change, change
+    result = bootstrap((was, now), lambda b, a, axis: (a - b).mean(axis=axis), paired=True, vectorized=True,
+                       n_resamples=n_resamples, confidence_level=confidence, method="percentile",
+                       rng=np.random.default_rng(seed))
+    return change, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def newcombe_interval(before, after, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Return ``(low, high)``: Newcombe's score interval of the change in rate ``mean(after) - mean(before)``.
+
+    Newcombe (1998, Statistics in Medicine 17:2635, method 10), the paired "square-and-add" interval:
+    with the rates ``p1`` (after) and ``p2`` (before), their Wilson intervals ``(l1, u1)`` and ``(l2, u2)`` and
+    ``phi`` the correlation of the two verdicts over the problems,
+    ``low = d - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)^2)`` and
+    ``high = d + sqrt((u1 - p1)^2 - 2 phi (u1 - p1)(p2 - l2) + (p2 - l2)^2)``, ``d = p1 - p2``.
+    ``phi`` is 0 when a margin is empty and carries Newcombe's continuity correction (a positive
+    ``ad - bc`` less ``n/2``, never below 0), so ``|phi| < 1`` and the interval always has width: at 30 of
+    30 gained it is (0.839, 1.0) where the percentile bootstrap gives (1.0, 1.0).
+    """
+    before, after = _paired(before, after)
+    n = len(before)
+    both = sum(b and a for b, a in zip(before, after))
+    gained = sum(not b and a for b, a in zip(before, after))
+    lost = sum(b and not a for b, a in zip(before, after))
+    neither = n - both - gained - lost
+    p1, p2 = (both + gained) / n, (both + lost) / n
+    (l1, u1), (l2, u2) = wilson_interval(both + gained, n, confidence), wilson_interval(both + lost, n, confidence)
+    margins = (both + gained) * (lost + neither) * (both + lost) * (gained + neither)
+    cross = both * neither - gained * lost
+    phi = 0.0 if margins == 0 else (cross - n / 2 if cross > n / 2 else min(cross, 0)) / math.sqrt(margins)
+    d = p1 - p2
+    low = d - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    high = d + math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+    return max(-1.0, low), min(1.0, high)
 
 
 @dataclass
 class PairedChange(McNemarResult):
     """A paired before/after comparison of per-problem verdicts: the exact test (:class:`McNemarResult`, whose
-    ``change`` is the change in rate) and the paired bootstrap interval of that change."""
+    ``change`` is the change in rate) and Newcombe's interval of that change (:func:`newcombe_interval`)."""
 
     low: float
     high: float
@@ -150,13 +191,14 @@ class PairedChange(McNemarResult):
 
 
 def paired_change(before, after, *, confidence: float = 0.95) -> PairedChange:
-    """Return a :class:`PairedChange`: :func:`mcnemar_test` and :func:`paired_bootstrap` of the same verdicts.
+    """Return a :class:`PairedChange`: :func:`mcnemar_test` and :func:`newcombe_interval` of the same verdicts.
 
     One call for the figures every before/after record of the lab keeps (notebooks 03, 04 and 08, ``labkit demo``,
-    ``bench tools-demo``), so each record's change, interval and p come from the same code.
+    ``bench tools-demo``), so each record's change, interval and p come from the same code. The interval has
+    width whenever there is a problem, also when every problem was gained or nothing changed.
     """
     test = mcnemar_test(before, after)
-    _, low, high = paired_bootstrap(before, after, confidence=confidence)  # its change is test.change
+    low, high = newcombe_interval(before, after, confidence=confidence)
     return PairedChange(**asdict(test), low=low, high=high)
 
 
@@ -327,7 +369,7 @@ def _interval(low: float, high: float) -> str:
 def paired_columns(before, after) -> dict:
     """Return a before/after table's paired columns for per-problem verdicts ``before`` and ``after``.
 
-    ``change 95% CI``: the paired bootstrap interval of the change (:func:`paired_bootstrap`);
+    ``change 95% CI``: Newcombe's paired interval of the change (:func:`newcombe_interval`, never zero-width);
     ``McNemar p``: the exact test (:func:`mcnemar_test`) as text with two significant figures, so a
     p of 2e-06 never reads 0. Used by :func:`before_after_table` and :func:`held_out_table`.
     """
@@ -339,7 +381,7 @@ def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_MET
     """Return a pandas DataFrame: each rate before and after, its Wilson interval, the change and a paired test.
 
     Columns: ``before``, ``before 95% CI`` (Wilson), ``after``, ``after 95% CI``, ``change``,
-    ``change 95% CI`` (paired bootstrap over problems) and ``McNemar p`` (exact; both from
+    ``change 95% CI`` (Newcombe's paired interval) and ``McNemar p`` (exact; both from
     :func:`paired_columns`). The paired
     columns need the per-problem records of both results (what :func:`gsm8k_accuracy` keeps);
     without them they say so. ``metrics`` picks rows (``"strict accuracy"``, ``"lenient accuracy"``,
@@ -430,8 +472,8 @@ def held_out_table(before, after=None):
     ``before`` and ``after`` are :func:`labkit.evaluate.gsm8k_accuracy` results on the word
     problems, or ``before`` is a :func:`labkit.demo.real_model_demo` summary (its per-problem verdicts). One
     row, the rate GRPO trains (GSM8K's strict format rate cannot move here, nobody asked for
-    tags): each rate with its Wilson interval, the change with its paired bootstrap interval over
-    problems, and the exact McNemar p.
+    tags): each rate with its Wilson interval, the change with its paired (Newcombe) interval, and the
+    exact McNemar p.
     """
     import pandas as pd
 

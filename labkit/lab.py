@@ -16,7 +16,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +31,17 @@ _REPORTED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "dat
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and every GPU) with ``seed``."""
-    import numpy as np
-    import torch
+    """Seed Python, NumPy and torch (CPU and every GPU) with ``seed``: ``accelerate.utils.set_seed``.
 
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+    It takes the same steps as ``transformers.set_seed`` (what the Trainer calls) without importing
+    ``transformers.trainer_utils``, which loads peft and bitsandbytes: seconds that :func:`setup` would add to
+    notebooks that never train. Kept as labkit's one name for it (:func:`setup`, ``labkit.demo``,
+    ``labkit.nano`` and benches call it), plus ``PYTHONHASHSEED`` for the Python processes this one starts
+    (a bench), which ``set_seed`` leaves alone.
+    """
+    from accelerate.utils import set_seed
+
+    set_seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
 
 

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import sort_checkpoints
 
 __all__ = ["grpo_config", "build_trainer", "last_checkpoint", "checkpoint_problem", "checkpoint_step", "LogRecorder"]
 
@@ -108,16 +109,17 @@ def last_checkpoint(output_dir: str | os.PathLike, *, skipped: list | None = Non
     died mid-save) and is passed over silently. A newer checkpoint that is damaged (a file cut
     short, a malformed JSON file: :func:`checkpoint_problem`) is skipped too, and
     ``(path, why)`` is appended to ``skipped`` so the caller can say which and why.
+
+    transformers finds and orders the folders (``trainer_utils.sort_checkpoints``, by step number); labkit adds
+    the checks. ``trainer_utils.get_last_checkpoint``, what ``Trainer.train(resume_from_checkpoint=True)``
+    resumes from, is the highest step whatever its state: it cannot skip a checkpoint cut short for the one before.
     """
     folder = Path(output_dir)
     if not folder.is_dir():
         return None
-    found = []
-    for path in folder.glob("checkpoint-*"):
-        step = path.name.removeprefix("checkpoint-")
-        if path.is_dir() and step.isdigit() and (path / "trainer_state.json").exists():
-            found.append((int(step), path))
-    for _, path in sorted(found, reverse=True):
+    for path in map(Path, reversed(sort_checkpoints(str(folder)))):  # the newest step first
+        if not path.name.removeprefix("checkpoint-").isdigit() or not (path / "trainer_state.json").exists():
+            continue
         problem = checkpoint_problem(path)
         if problem is None:
             return path

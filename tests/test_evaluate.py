@@ -3,11 +3,13 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
 from labkit.data import load_gsm8k
 from labkit.evaluate import (EvalResult, before_after_table, ci95, grade_completion, gsm8k_accuracy, mcnemar_test,
-                             paired_bootstrap, pass_at_k, wilson_interval)
+                             newcombe_interval, paired_bootstrap, paired_change, pass_at_k, wilson_interval)
 from labkit.models import build_tiny_model, load_policy, tiny_tokenizer
 
 
@@ -122,9 +124,11 @@ def test_before_after_table_pairs_the_problems():
     table = before_after_table(_result(before), _result(after))
     assert table.loc["strict accuracy", "McNemar p"] == f"{scipy_stats.binomtest(2, 12).pvalue:.2g}"
     assert table.loc["format rate", "McNemar p"] == "1"  # nothing changed
-    change, low, high = paired_bootstrap(before, after)
+    assert table.loc["format rate", "change 95% CI"] == "[{:.3f}, {:.3f}]".format(*newcombe_interval([True] * 24,
+                                                                                                   [True] * 24))
+    low, high = newcombe_interval(before, after)
     assert table.loc["strict accuracy", "change 95% CI"] == f"[{low:.3f}, {high:.3f}]"
-    assert low > 0 and change == pytest.approx(8 / 24)
+    assert low > 0 and paired_change(before, after).change == pytest.approx(8 / 24)
 
 
 def test_a_tiny_mcnemar_p_is_shown_not_rounded_to_zero():
@@ -174,6 +178,7 @@ def test_paired_bootstrap_is_paired():
     # Every problem flips from wrong to right: the change is exactly 1 in every resample, so the
     # interval has no width. An unpaired bootstrap (resampling before and after apart) would not.
     assert paired_bootstrap([False] * 30, [True] * 30) == (1.0, 1.0, 1.0)
+    assert paired_bootstrap([False], [True]) == (1.0, 1.0, 1.0)  # one problem: scipy needs two, the answer is plain
     # Against scipy's paired percentile bootstrap of the mean difference: the same interval within resampling noise.
     before = [i % 3 == 0 for i in range(96)]
     after = [i % 2 == 0 for i in range(96)]
@@ -185,19 +190,71 @@ def test_paired_bootstrap_is_paired():
     assert (low, high) == pytest.approx((expected.low, expected.high), abs=0.015)
 
 
-def test_paired_change_is_the_test_and_the_interval_of_the_same_verdicts():
-    from labkit.evaluate import paired_change
+@pytest.mark.parametrize("n, before, after, figures", [
+    (96, lambda i: i % 3 == 0, lambda i: i % 2 == 0, (0.16666666666666666, 0.03125, 0.3020833333333333)),
+    (64, lambda i: i % 3 == 0, lambda i: i % 2 == 0, (0.15625, -0.015625, 0.328125)),
+    (1319, lambda i: i % 5 < 2, lambda i: i % 7 < 4, (0.17210007581501138, 0.13419257012888552, 0.2092494313874147)),
+])
+def test_paired_bootstrap_keeps_the_figures_of_the_hand_written_one(n, before, after, figures):
+    # scipy.stats.bootstrap draws the same indices from the same seeded generator as labkit's own loop did
+    # (rng.integers(0, n, (n_resamples, n))) and takes the same linear quantiles: the same floats, not just close.
+    assert paired_bootstrap([before(i) for i in range(n)], [after(i) for i in range(n)]) == figures
 
+
+def test_paired_change_is_the_test_and_the_interval_of_the_same_verdicts():
     before = [i % 3 == 0 for i in range(64)]
     after = [i % 2 == 0 for i in range(64)]
     paired = paired_change(before, after)
-    test, (change, low, high) = mcnemar_test(before, after), paired_bootstrap(before, after)
+    test, (low, high) = mcnemar_test(before, after), newcombe_interval(before, after)
     assert (paired.n, paired.gained, paired.lost, paired.p_value) == (test.n, test.gained, test.lost, test.p_value)
-    assert (paired.change, paired.low, paired.high) == (change, low, high)
+    assert (paired.change, paired.low, paired.high) == ((sum(after) - sum(before)) / 64, low, high)
     assert paired.points == pytest.approx(100 * (sum(after) - sum(before)) / 64)
     assert paired.low < paired.change < paired.high
     with pytest.raises(ValueError, match="one verdict per problem"):
         paired_change([True], [True, False])
+
+
+def test_newcombe_interval_matches_a_published_example():
+    # Cavo et al. 2012 in Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables" (2017), ch. 8:
+    # 59 right both times, 6 right only the first time, 16 only the second, 80 neither; Newcombe's square-and-add
+    # interval of the difference is -0.0621 (-0.1186 to -0.0046) (their R package contingencytables prints it).
+    first = [True] * 59 + [True] * 6 + [False] * 16 + [False] * 80
+    second = [True] * 59 + [False] * 6 + [True] * 16 + [False] * 80
+    low, high = newcombe_interval(second, first)  # the change from "before" to "after" is first - second
+    assert (round(low, 4), round(high, 4)) == (-0.1186, -0.0046)
+
+
+@pytest.mark.parametrize("before, after", [
+    ([False] * 30, [True] * 30),  # all gained: the percentile bootstrap gives (1, 1)
+    ([True] * 30, [False] * 30),  # all lost
+    ([True] * 30, [True] * 30),  # nothing changed, all right
+    ([False] * 64, [False] * 64),  # nothing changed, all wrong
+    ([True] * 48 + [False] * 48, [True] * 48 + [False] * 48),  # nothing changed, half right (phi = 1 uncorrected)
+    ([True, False] * 32, [False, True] * 32),  # everything changed, as many gained as lost
+    ([True] * 44 + [False] * 20, [True] * 64),  # tools-demo's 44 of 64 -> 64 of 64
+    ([i % 3 == 0 for i in range(96)], [i % 2 == 0 for i in range(96)]),  # mixed
+    ([True], [True]), ([False], [True]), ([True], [False]),  # one problem
+])
+def test_the_paired_interval_is_never_zero_width(before, after):
+    paired = paired_change(before, after)
+    assert -1.0 <= paired.low <= paired.change <= paired.high <= 1.0
+    assert paired.high - paired.low > 0.01
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=200))
+def test_the_paired_interval_has_width_and_holds_the_change_for_any_verdicts(pairs):
+    before, after = [b for b, _ in pairs], [a for _, a in pairs]
+    low, high = newcombe_interval(before, after)
+    change = (sum(after) - sum(before)) / len(pairs)
+    assert -1.0 <= low < high <= 1.0 and low <= change + 1e-12 and change <= high + 1e-12
+
+
+def test_the_paired_interval_is_close_to_the_bootstrap_where_both_are_sound():
+    before = [i % 5 < 2 for i in range(1319)]
+    after = [i % 7 < 4 for i in range(1319)]
+    _, boot_low, boot_high = paired_bootstrap(before, after)
+    assert newcombe_interval(before, after) == pytest.approx((boot_low, boot_high), abs=0.005)
 
 
 def test_pass_at_k_against_enumeration():

@@ -72,3 +72,22 @@ def _spin(seconds):
     end = time.time() + seconds
     while time.time() < end:
         pass
+
+
+def test_seed_everything_draws_what_the_hand_written_seeding_drew(monkeypatch):
+    # labkit seeded random, NumPy and torch itself until it handed that to accelerate.utils.set_seed (the same steps
+    # as transformers.set_seed): the same seed must give the same numbers in all three, and PYTHONHASHSEED is still set.
+    import random
+
+    import numpy as np
+    import torch
+
+    from labkit.lab import seed_everything
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    expected = (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist(), torch.randn(2).tolist())
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)  # moved on
+    seed_everything(7)
+    assert (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist(), torch.randn(2).tolist()) == expected
+    assert os.environ["PYTHONHASHSEED"] == "7"

@@ -285,3 +285,23 @@ def test_explain_oom_reads_the_failed_allocation():
     assert report.changes[0].kind == "checkpointing"
     assert "step 7 of 200, during the backward pass" in str(report)
     assert explain_oom(RuntimeError("CUDA error: out of memory"), phase="x").tried_gib is None
+
+
+def test_the_newest_checkpoint_is_transformers_choice_until_it_is_damaged(tmp_path):
+    # transformers lists the checkpoint-N folders (trainer_utils.sort_checkpoints); labkit adds the checks.
+    # transformers' get_last_checkpoint (Trainer.train(resume_from_checkpoint=True)) takes the highest step as it is.
+    from transformers.trainer_utils import get_last_checkpoint
+
+    for step in (2, 10, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (tmp_path / "checkpoint-3-old").mkdir()  # not a checkpoint-N name: passed over
+    (tmp_path / "checkpoint-3-old" / "trainer_state.json").write_text('{"global_step": 3}')
+    (tmp_path / "checkpoint-12.tar").write_text("")  # a file, not a folder
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-10" == tmp_path / get_last_checkpoint(str(tmp_path))
+    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 1')  # cut short
+    skipped = []
+    assert last_checkpoint(tmp_path, skipped=skipped) == tmp_path / "checkpoint-4"
+    assert [(path.name, why.split()[0]) for path, why in skipped] == [("checkpoint-10", "trainer_state.json")]
+    assert get_last_checkpoint(str(tmp_path)).endswith("checkpoint-10")  # transformers would resume from it
+    assert last_checkpoint(tmp_path / "missing") is None and last_checkpoint(tmp_path / "checkpoint-2") is None
