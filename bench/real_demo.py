@@ -16,7 +16,7 @@ from labkit.lab import provenance
 __all__ = ["main", "KEPT"]
 
 KEPT = ("seed", "right_number_before", "right_number_after", "rise_points", "mcnemar_p", "gained", "lost",
-        "right_number_before_ci95", "right_number_after_ci95", "change_ci95_paired_bootstrap", "cut_off_before",
+        "right_number_before_ci95", "right_number_after_ci95", "change_ci95_paired", "cut_off_before",
         "cut_off_after", "short_answer_before",
         "short_answer_after", "last_number_before", "last_number_after", "mean_words_before", "mean_words_after",
         "seconds", "cpu_seconds", "seconds_detail", "load_average_start", "load_average_end", "steps",
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     Each run is ``python -m labkit demo --model smollm2-135m --seed N`` in its own process
     (``--jobs`` at a time, ``--threads`` torch threads each). Writes ``results/smollm2_demo.json``:
     each seed's held-out right-answer rate before and after GRPO with the exact McNemar p and
-    the paired bootstrap interval of the change, the short-answer rate and mean length beside
+    the paired (Newcombe) interval of the change, the short-answer rate and mean length beside
     it, wall and CPU seconds with the load average, and the same pipeline with learning rate 0
     (the control). Passes when the mean rise is at least ``--min-rise`` points, every seed rises
     at least ``--min-seed-rise`` with McNemar p below ``--alpha``, the control moves at most

@@ -121,12 +121,12 @@ def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch
 
 
 def _paired(before, after) -> dict:
-    """Return the paired change from verdicts ``before`` to ``after``: points, McNemar's test, the bootstrap interval."""
+    """Return the paired change from verdicts ``before`` to ``after``: points, McNemar's test, Newcombe's interval."""
     from labkit.evaluate import paired_change
 
     paired = paired_change(before, after)
     return {"right_answer_change_points": paired.points, "mcnemar_p": paired.p_value, "gained": paired.gained,
-            "lost": paired.lost, "change_ci95_paired_bootstrap": [paired.low, paired.high]}
+            "lost": paired.lost, "change_ci95_paired": [paired.low, paired.high]}
 
 
 def run(*, recipe="cpu-tools", arms=ARMS, warm_up_steps: int = 8, warm_up_batch: int = 4, warm_up_lr: float = 1e-3,

@@ -154,7 +154,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     Held-out: the first ``eval_problems`` of the fixed pool (never trained on), answered greedily
     with the training budget (``max_completion_length``) before and after. The summary holds the
     right-answer rate (``right_number_before``, ``right_number_after``), each problem's verdict,
-    the exact McNemar p and the paired bootstrap interval of the change, the short-answer rate
+    the exact McNemar p and the paired (Newcombe) interval of the change, the short-answer rate
     and mean length beside it, examples (the question beside each before/after reply), the reward
     per step, wall and CPU seconds and the load average (a shared machine slows wall time, not
     CPU time). ``eval_every`` also evaluates every N steps and writes ``curve.json``,
@@ -271,7 +271,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         "right_number_before_ci95": list(wilson_interval(sum(right_before), n)),
         "right_number_after_ci95": list(wilson_interval(sum(right_after), n)),
         "mcnemar_p": paired.p_value, "gained": paired.gained, "lost": paired.lost,
-        "change_ci95_paired_bootstrap": [paired.low, paired.high],
+        "change_ci95_paired": [paired.low, paired.high],  # Newcombe's (labkit.evaluate.paired_change)
         "short_answer_before": scores_before["short_answer"], "short_answer_after": scores_after["short_answer"],
         "cut_off_before": before.truncated_rate, "cut_off_after": after.truncated_rate,
         "last_number_before": scores_before["last_number"], "last_number_after": scores_after["last_number"],
