@@ -117,19 +117,25 @@ def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
 
 
 def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), hline=None,
-              ylim=None, floor: float | None = None, note: str = "waiting for data", xlabel: str = "step") -> str:
+              ylim=None, floor: float | None = None, note: str = "waiting for data", xlabel: str = "step",
+              legend: bool | None = None) -> str:
     """Return an inline SVG line chart: ``lines`` are ``(name, label, steps, values, colour, width, dashed)``.
 
     ``band`` is ``(steps, low, high)``, shaded; ``zones`` ``(low, high, colour)`` horizontal bands;
     ``hline`` ``(y, colour)`` a dashed line; ``floor`` the lowest value the axis may show (0 for a
     ratio or a length). Lines are drawn in order (pass the total first: the parts stay visible over it). Each line carries ``data-series``, ``data-points`` (the
     points drawn) and ``data-nonfinite`` (NaN or infinite values, which cannot be drawn: each gets a red
-    mark at its step along the top edge, labelled with the first one's value and step). With more than
-    one line, the legend sits between the title and the plot, never over the lines.
+    mark at its step along the top edge, labelled with the first one's value and step). A series with a single
+    finite point (the first step) is a dot (``<circle class="labkit-point">``): a one-point polyline draws nothing.
+    With more than one line, or ``legend=True``, the legend sits between the title and the plot, never over the
+    lines. With every point at one step, the x axis shows that step only and the y axis spans the values'
+    size (0.0526 on 0.02-0.08, not on 0.0523-0.0529).
     """
     width, height, left, right, bottom = 260, 180, 44, 8, 28
     top = 20
-    legend = _legend_rows([line[1] for line in lines], width - left - right) if len(lines) > 1 else []
+    if legend is None:
+        legend = len(lines) > 1
+    legend = _legend_rows([line[1] for line in lines], width - left - right) if legend and lines else []
     top += 11 * len(legend)
     plot_w, plot_h = width - left - right, height - top - bottom
     out = [f'<svg class="labkit-panel" data-panel="{key}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
@@ -149,7 +155,8 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
         return "".join(out) + "</svg>"
     xs = [x for line in lines for x in line[2]]
     x0, x1 = min(xs), max(xs)
-    if x1 == x0:
+    one_step = x1 == x0
+    if one_step:
         x0, x1 = x0 - 1, x1 + 1
     if ylim is not None:
         y0, y1 = ylim
@@ -158,8 +165,10 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
         if band is not None:
             ys += [y for y in list(band[1]) + list(band[2]) if math.isfinite(y)]
         y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
-        # a flat series (entropy barely moving) still gets readable, distinct tick labels
-        span = max(y1 - y0, 0.01 * max(abs(y0), abs(y1))) or 1.0
+        # a flat series (entropy barely moving) still gets readable, distinct tick labels; values at one step
+        # only: an axis as wide as the values are large
+        span = (max(y1 - y0, max(abs(y0), abs(y1))) if one_step else
+                max(y1 - y0, 0.01 * max(abs(y0), abs(y1)))) or 1.0
         middle = (y0 + y1) / 2
         y0, y1 = middle - 0.56 * span, middle + 0.56 * span
         if floor is not None and y0 < floor:
@@ -180,7 +189,7 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
         y = sy(tick)
         out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
                    f'<text x="{left - 3}" y="{y + 3:.1f}" text-anchor="end" fill="#444">{_tick_label(tick)}</text>')
-    for tick in _nice_ticks(x0, x1):
+    for tick in [xs[0]] if one_step else _nice_ticks(x0, x1):
         if tick != int(tick):
             continue
         x = sx(tick)
@@ -204,6 +213,10 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
         out.append(f'<polyline data-series="{html.escape(name)}" data-points="{len(finite)}" '
                    f'data-nonfinite="{len(bad)}" points="{points}" fill="none" stroke="{colour}" '
                    f'stroke-width="{line_width}"{dash}/>')
+        if len(finite) == 1:  # the first step: a dot, which a one-point polyline would not draw
+            (x, y), = finite
+            out.append(f'<circle class="labkit-point" data-series="{html.escape(name)}" cx="{sx(x):.1f}" '
+                       f'cy="{sy(y):.1f}" r="{1.5 + line_width / 2:.1f}" fill="{colour}"/>')
         if bad:
             bad_marks.append((label, bad))
     for label, bad in bad_marks:

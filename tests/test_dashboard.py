@@ -773,14 +773,89 @@ def test_the_picture_is_readable_as_saved():
     assert svg.index('data-series="reward"') < svg.index('data-series="rewards/parity/mean"')  # total drawn first
 
 
-def test_a_panel_with_one_point_says_it_waits_for_the_next_step():
-    board = LiveDashboard(frontend="none", total_steps=4)
-    board.log(1, {"loss": 0.0526, "reward": 0.5})
-    axes = draw_figure(board.record)[1]
-    note, = [t.get_text() for t in axes["loss"].texts if t.get_visible()]
-    assert note == "step 1: 0.0526\nwaiting for step 2"
-    assert list(axes["loss"].get_yticks()) == [] and not axes["loss"].lines  # no odd range like 0.0524-0.0528
-    assert "waiting for step 2" in svg_panel(charts(board.record), "loss")
+# One step of notebook 08's CPU run (cpu-tools, 1 / 1 steps): TRL 1.16's logs with its tool metrics
+ONE_TOOL_STEP = {"loss": 0.0526, "reward": 0.375, "reward_std": 0.48, "frac_reward_zero_std": 0.5,
+                 "rewards/right_answer_reward/mean": 0.375, "rewards/right_answer_reward/std": 0.48,
+                 "tools/call_frequency": 0.25, "tools/failure_frequency": 0.0, "entropy": 0.61,
+                 "completions/mean_length": 38.5, "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+                 "clip_ratio/region_mean": 0.0, "grad_norm": 0.8, "learning_rate": 3e-4}
+
+
+def visible_texts(figure) -> list[str]:
+    from matplotlib.text import Text
+
+    return [t.get_text() for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 6])
+def test_a_finished_run_shows_every_series_and_never_says_waiting(steps):
+    """Issue 46 item 3: a one-step run read "waiting for step 2" in all eight panels under "1 / 1 steps done ·
+    finished", and its tool metrics were nowhere. Rule: once finished, with one step or many, every logged
+    series of every panel is drawn, in the live charts and in the saved picture, and nothing says "waiting"."""
+    from labkit.dashboard.panels import panel_series, series_label
+
+    board = LiveDashboard(frontend="none", total_steps=steps)
+    for step in range(1, steps + 1):
+        board.log(step, {k: v * (1 + 0.1 * step) for k, v in ONE_TOOL_STEP.items()})
+    board.close()
+    assert board.record.progress().endswith("finished") and f"{steps} / {steps} steps done" in board.record.progress()
+    svgs = charts(board.record)
+    figure, axes = draw_figure(board.record)
+    assert "waiting" not in svgs and not [t for t in visible_texts(figure) if "waiting" in t]
+    drawn = 0
+    for panel in PANELS:
+        names = panel_series(board.record, panel)
+        svg, ax = svg_panel(svgs, panel.key), axes[panel.key]
+        lines = {line.get_label(): line for line in ax.lines}
+        for name in names:
+            label = series_label(board.record, name, with_value=steps == 1)
+            assert f'data-series="{name}" data-points="{steps}"' in svg, (panel.key, name)
+            assert label in lines and len(lines[label].get_xdata()) == steps, (panel.key, label, list(lines))
+            if steps == 1:  # a one-point polyline draws nothing: a dot, and the value in the legend
+                assert f'<circle class="labkit-point" data-series="{name}"' in svg, (panel.key, name)
+                assert f'class="labkit-legend" ' in svg and f">{label}</text>" in svg, (panel.key, label)
+                assert lines[label].get_marker() == "o" and label in [t.get_text() for t in ax.get_legend().texts]
+            drawn += 1
+    assert drawn >= 12  # the rewards, the two tool metrics, the spread, clip, entropy, length, loss, memory
+    reward = svg_panel(svgs, "reward")
+    for metric in ("tools/call_frequency", "tools/failure_frequency"):  # what notebook 08's text promises
+        assert f'data-series="{metric}"' in reward
+    if steps == 1:
+        assert ">tool calls 0.275</text>" in reward and ">tool errors 0</text>" in reward
+        assert list(axes["loss"].get_xticks()) == [1]  # the one step, not 0 and 2
+        low, high = axes["loss"].get_ylim()
+        assert high - low >= 0.05  # an axis the size of the value (0.0579), not 0.0576-0.0582
+        ticks = re.findall(r'text-anchor="middle" fill="#444">(\d+)</text>', svg_panel(svgs, "loss"))
+        assert ticks == ["1"]
+
+
+def test_a_run_that_finished_before_any_step_says_so():
+    board = LiveDashboard(frontend="none", total_steps=4)  # a finished run resumed: no step is trained
+    assert "waiting for step 1" in svg_panel(charts(board.record), "loss")  # live, before the first step
+    board.close()
+    svgs = charts(board.record)
+    assert "waiting" not in svgs and "no step was logged" in svg_panel(svgs, "loss")
+    assert not [t for t in visible_texts(draw_figure(board.record)[0]) if "waiting" in t]
+
+
+def test_legends_above_the_panels_never_cover_the_titles():
+    """Four reward series (a run with tools) stack four legend rows above the reward panel: the figure makes room
+    for them instead of printing them over the panel's title and the run's numbers above it."""
+    board = LiveDashboard(frontend="none", title="GRPO · cpu-tools", total_steps=3)
+    for step in range(1, 4):
+        board.log(step, ONE_TOOL_STEP)
+    board.close()
+    figure, axes = draw_figure(board.record)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    boxes = [figure._suptitle.get_window_extent(renderer)]
+    for ax in axes.values():
+        boxes.append(ax.title.get_window_extent(renderer))
+        if ax.get_legend() is not None:
+            boxes.append(ax.get_legend().get_window_extent(renderer))
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ import sys
 import threading
 import time
 
-from labkit.charts import MAIN_SERIES, PALETTE, card_html, gauge_html, short_label, svg_chart, thin
-from labkit.dashboard.panels import PANELS, panel_note, panel_series, tiles
+from labkit.charts import MAIN_SERIES, PALETTE, card_html, gauge_html, svg_chart, thin
+from labkit.dashboard.panels import PANELS, one_point, panel_note, panel_series, series_label, tiles
 from labkit.dashboard.picture import png_bytes
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
 from labkit.monitor import memory_snapshot
@@ -79,12 +79,13 @@ def charts(record: RunRecord) -> str:
     for panel in PANELS:
         names = panel_series(record, panel)
         note = panel_note(record, panel, names)
-        lines, colours, extra = [], iter(PALETTE), {"floor": panel.floor}
+        single = note is None and one_point(record, names)  # one step so far: dots, each labelled with its value
+        lines, colours, extra = [], iter(PALETTE), {"floor": panel.floor, "legend": True if single else None}
         for name in names if note is None else []:
             steps, values = thin(*record.history[name])
             main = name in MAIN_SERIES
-            lines.append((name, short_label(name), steps, values, "#000" if main else next(colours, "#777"),
-                          3.0 if main else 1.5, name.startswith("rewards/")))
+            lines.append((name, series_label(record, name, with_value=single), steps, values,
+                          "#000" if main else next(colours, "#777"), 3.0 if main else 1.5, name.startswith("rewards/")))
         if lines and panel.key == "reward" and "reward_std" in record.history:
             std = dict(zip(*record.history["reward_std"]))
             kept = [(s, m, std[s]) for s, m in zip(*thin(*record.history["reward"])) if s in std]

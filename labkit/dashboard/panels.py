@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from labkit.charts import MAIN_SERIES, describe_number
 
-__all__ = ["Panel", "PANELS", "TILES", "panel_series", "panel_note", "overlap_note", "tiles", "format_value"]
+__all__ = ["Panel", "PANELS", "TILES", "panel_series", "panel_note", "one_point", "series_label", "overlap_note", "tiles",
+           "format_value"]
 
 
 @dataclass(frozen=True)
@@ -65,19 +66,34 @@ def panel_series(record, panel: Panel) -> list[str]:
 
 
 def panel_note(record, panel: Panel, names: list[str]) -> str | None:
-    """Return what a panel says instead of lines, or ``None`` when it has lines to draw.
+    """Return what a panel says instead of lines, or ``None`` when it has points to draw.
 
-    Before the first step: "waiting for step 1"; a metric this run never logs: the panel's
-    ``absent_note``; one point so far (no line yet): its value and "waiting for step 2".
+    Before the first step: "waiting for step 1" (a run that finished without one: "no step was logged");
+    a metric this run never logs: the panel's ``absent_note``. From the first point on, the panel draws
+    it, with its value (:func:`series_label`), whether the run goes on or has finished: a finished run
+    never says "waiting".
     """
     if record.step is None:
-        return "waiting for step 1"
+        return "no step was logged" if record.finished is not None else "waiting for step 1"
     if not names:
         return panel.absent_note
-    if max(len(record.history[n][0]) for n in names) < 2:
-        name = names[0]
-        return f"step {record.history[name][0][-1]}: {describe(record.latest(name))}\nwaiting for step {record.step + 1}"
     return None
+
+
+def one_point(record, names: list[str]) -> bool:
+    """Return whether every series of a panel has a single point so far (one step: a dot each, no line)."""
+    return bool(names) and max(len(record.history[n][0]) for n in names) == 1
+
+
+def series_label(record, name: str, with_value: bool = False) -> str:
+    """Return a series' legend label: ``"correctness"``; ``with_value``: ``"correctness 0.375"``, its last value.
+
+    A panel of single points labels each with its value: a dot alone does not say what it is.
+    """
+    from labkit.charts import short_label
+
+    label = short_label(name)
+    return f"{label} {describe(record.latest(name))}" if with_value else label
 
 
 def overlap_note(record, names: list[str]) -> str | None:

@@ -4,7 +4,8 @@ The picture is what stays in a saved notebook (a PNG survives a save; a widget d
 drawn to be read as saved, at 100 % zoom: every label at least 9 px (:data:`MIN_FONT_PX`), the
 total reward drawn under the per-function rewards (which carry markers, so a function equal to the
 total stays visible), axes that cannot show impossible values (:attr:`Panel.floor`), and a panel
-with fewer than two points says so instead of showing an empty frame.
+with one point so far (a one-step run) draws it as a dot and names its value in the legend, instead of an
+empty frame or a "waiting" that a finished run would never end.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import io
 import math
 
 from labkit.charts import MAIN_SERIES, PALETTE, mark_nonfinite, reward_band, budget_zones, short_label
-from labkit.dashboard.panels import PANELS, TILES, format_value, overlap_note, panel_note, panel_series
+from labkit.dashboard.panels import (PANELS, TILES, format_value, one_point, overlap_note, panel_note, panel_series,
+                                     series_label)
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
 
 __all__ = ["draw_figure", "png_bytes", "memory_replay_png", "FIGSIZE", "DPI", "MIN_FONT_PX", "FONT_PT"]
@@ -20,6 +22,7 @@ __all__ = ["draw_figure", "png_bytes", "memory_replay_png", "FIGSIZE", "DPI", "M
 FIGSIZE = (12.0, 7.0)  # inches: 960 x 560 px at DPI, narrower than a JupyterLab output area (no downscaling)
 DPI = 80  # of the PNG left in the notebook
 MIN_FONT_PX = 9  # the smallest text allowed in the saved picture at 100 % zoom
+LEGEND_ROW_PT = 16  # the height of one row of a legend above a panel (9.5 pt text and its spacing)
 FONT_PT = {"tick": 9.5, "legend": 9.5, "note": 10, "title": 11, "suptitle": 12}  # 9.5 pt at 80 dpi = 10.6 px
 
 
@@ -37,7 +40,7 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)
     grid = fig.subplots(2, 4)
-    axes = {}
+    axes, legend_rows = {}, {}
     for panel, ax in zip(PANELS, grid.flat):
         axes[panel.key] = ax
         names = panel_series(record, panel)
@@ -47,24 +50,26 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
         ax.xaxis.set_major_locator(MaxNLocator(5, integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(5))
         ax.grid(alpha=0.3)
-        pad = 4
+        pad = 6
         if note is not None:
             ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=FONT_PT["note"],
                     color="#555")
             ax.set_xticks([])
             ax.set_yticks([])
         else:
-            _draw_lines(ax, record, panel.key, names)
+            single = one_point(record, names)  # one step so far: dots, each named with its value
+            _draw_lines(ax, record, panel.key, names, with_values=single)
             same = overlap_note(record, names)
             if same:  # the lines lie on each other: say so rather than let one hide the rest
                 ax.text(0.5, 0.62, same, transform=ax.transAxes, ha="center", va="center", fontsize=FONT_PT["note"],
                         color="#555", wrap=True)
-            if len(names) > 1:  # above the plot, under the title: a legend inside the axes covers the lines
-                columns = 1 if max(len(short_label(n)) for n in names) > 12 else min(len(names), 2)
+            if len(names) > 1 or single:  # above the plot, under the title: a legend inside the axes covers the lines
+                columns = 1 if max(len(series_label(record, n, single)) for n in names) > 12 else min(len(names), 2)
                 ax.legend(fontsize=FONT_PT["legend"], loc="lower left", bbox_to_anchor=(0.0, 1.0),
                           ncol=columns, frameon=False, borderaxespad=0.1, handlelength=2.0, columnspacing=0.8)
-                pad += 15 * math.ceil(len(names) / columns)
-            _limit_axis(ax, record, panel)
+                legend_rows[panel.key] = math.ceil(len(names) / columns)
+                pad += LEGEND_ROW_PT * legend_rows[panel.key]
+            _limit_axis(ax, record, panel, names)
         ax.set_title(panel.title, fontsize=FONT_PT["title"], pad=pad)
     numbers = [f"{label} {format_value(fmt, record.latest(key))}" for label, key, fmt in TILES
                if record.latest(key) is not None]
@@ -75,21 +80,32 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
     if alerts:
         fig.text(0.01, 0.99 - 2 * line, "\n".join(alerts), ha="left", va="top", fontsize=FONT_PT["suptitle"],
                  fontweight="bold", color=GAUGE_COLOURS["red"])
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.07, top=0.99 - (2 + len(alerts)) * line - 0.09,
-                        wspace=0.32, hspace=0.75)
+    # The space above each row of panels holds a title and two legend rows; a panel with more (a run with tools
+    # logs four reward series) gets more, instead of a legend printed over the title and the numbers above it.
+    keys = [panel.key for panel in PANELS]
+    more = [max(0, max((legend_rows.get(k, 0) for k in row), default=0) - 2) * LEGEND_ROW_PT / 72
+            for row in (keys[:4], keys[4:])]  # inches
+    top = 0.99 - (2 + len(alerts)) * line - 0.09 - more[0] / figsize[1]
+    bottom = 0.07
+    height = (top - bottom) * figsize[1]  # inches for two rows of axes and the gap between them
+    gap = 0.75 * height / 2.75 + more[1]  # hspace 0.75 with two legend rows at most, plus the extra rows
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=bottom, top=top, wspace=0.32, hspace=2 * gap / (height - gap))
     return fig, axes
 
 
-def _draw_lines(ax, record: RunRecord, key: str, names: list[str]) -> None:
+def _draw_lines(ax, record: RunRecord, key: str, names: list[str], with_values: bool = False) -> None:
     colours = iter(PALETTE)
     for name in names:
         steps, values = record.history[name]
         finite = [v if math.isfinite(v) else math.nan for v in values]  # NaN or inf: a gap, marked in red
+        label = series_label(record, name, with_values)
         if name in MAIN_SERIES:  # the total, thick and underneath: the parts drawn over it stay visible
-            ax.plot(steps, finite, color="black", lw=2.6, alpha=0.55, zorder=2, label=short_label(name))
+            alone = sum(math.isfinite(v) for v in values) == 1  # a line of one point draws nothing: a dot
+            ax.plot(steps, finite, color="black", lw=2.6, alpha=0.55, zorder=2, label=label,
+                    marker="o" if alone else None, ms=7)
         else:
             ax.plot(steps, finite, color=next(colours, "#777"), lw=1.5, marker="o", ms=3.5, zorder=3,
-                    ls="--" if name.startswith("rewards/") else "-", label=short_label(name))
+                    ls="--" if name.startswith("rewards/") else "-", label=label)
     mark_nonfinite(ax, {short_label(n): record.history[n] for n in names}, GAUGE_COLOURS["red"])
     if key == "reward" and "reward" in record.history and "reward_std" in record.history:
         band = reward_band(ax, record.history["reward"], record.history["reward_std"])
@@ -99,9 +115,18 @@ def _draw_lines(ax, record: RunRecord, key: str, names: list[str]) -> None:
         budget_zones(ax, record.budget(), record.thresholds, GAUGE_COLOURS)
 
 
-def _limit_axis(ax, record: RunRecord, panel) -> None:
+def _limit_axis(ax, record: RunRecord, panel, names: list[str]) -> None:
     ax.autoscale_view()
     low, high = ax.get_ylim()
+    steps = {s for n in names for s in record.history[n][0]}
+    if len(steps) == 1:  # every point at one step: that step's tick only, and an axis as wide as the values
+        step, = steps
+        ax.set_xlim(step - 1, step + 1)
+        ax.set_xticks([step])
+        ys = [v for n in names for v in record.history[n][1] if math.isfinite(v)] or [0.0]
+        span = max(max(ys) - min(ys), max(abs(v) for v in ys)) or 1.0
+        middle = (max(ys) + min(ys)) / 2
+        low, high = middle - 0.56 * span, middle + 0.56 * span
     if panel.key == "memory":
         tops = [max(v) * 1.1 for n, (_, v) in record.history.items() if n.startswith("memory/") and v]
         low, high = 0.0, max([record.budget() * 1.08] + tops)
