@@ -423,15 +423,16 @@ class VRAMMonitor:
     def plot(self, step: int | None = None, figsize: tuple[float, float] = (12.0, 4.0), budget_gib: float | None = None):
         """Return a figure of where a step's memory goes: the timeline with its phases, and each phase's peak.
 
-        ``step=None`` shows the whole run, ``step=-1`` the last step, ``step=k`` step ``k``;
-        ``budget_gib`` draws the card's memory as a dashed line.
+        ``step=None`` shows the whole run, ``step=-1`` the last step, ``step=k`` step ``k`` (counted from 0, as
+        :meth:`phase` marks them); ``budget_gib`` draws the card's memory as a dashed line. The title counts steps
+        as TRL and the dashboard do, from 1: ``step=1`` of a two-step run is "step 2 of 2".
         """
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
         marks = self.phases
+        steps = sorted({m.step for m in marks})
         if step is not None and marks:
-            steps = sorted({m.step for m in marks})
             chosen = steps[step] if step < 0 else step
             marks = [m for m in marks if m.step == chosen]
             if not marks:
@@ -461,7 +462,8 @@ class VRAMMonitor:
             timeline_ax.axhline(budget_gib, color="red", ls="--", lw=1, label=f"the card: {budget_gib:g} GiB")
         timeline_ax.set_xlabel("seconds since the monitor started")
         timeline_ax.set_ylabel("GiB")
-        where = "whole run" if step is None else f"step {marks[0].step}" if marks else ""
+        where = ("whole run" if step is None else
+                 f"step {steps.index(marks[0].step) + 1} of {len(steps)}" if marks else "")
         timeline_ax.set_title(f"memory over time ({where}); shaded: phases")
         timeline_ax.legend(fontsize=8, loc="upper left")
         timeline_ax.grid(alpha=0.3)

@@ -592,7 +592,10 @@ def test_vram_monitor_plot_shows_phases_and_peaks():
     timeline, bars = fig.axes
     assert len(timeline.patches) == 4  # one shaded span per phase of the last step
     assert [t.get_text() for t in bars.get_yticklabels()] == ["generation", "scoring", "backward", "optimizer step"]
-    assert "step 2" in timeline.get_title()
+    # counted from 1, as TRL and the dashboard count: notebook 04 says "the second step" of a two-step run under
+    # this title, which read "step 1" (issue 46 item 10)
+    assert "(step 3 of 3)" in timeline.get_title()
+    assert "(step 1 of 3)" in monitor.plot(step=0).axes[0].get_title()
     assert len(monitor.plot().axes[0].patches) == 12
     with pytest.raises(ValueError, match="no phase"):
         monitor.plot(step=7)
