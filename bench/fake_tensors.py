@@ -375,12 +375,19 @@ def _autocast(plan):
     return torch.autocast("cpu", dtype=plan.compute_dtype)
 
 
-def generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, completion_len: int) -> None:
-    """Prefill and decode ``completion_len`` tokens for ``prompts`` sequences, as ``generate``'s ``_sample`` does.
+def generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, completion_len: int,
+             tool_rounds: int = 0) -> list[int]:
+    """Prefill and decode ``completion_len`` tokens for ``prompts`` sequences, as ``generate``'s ``_sample`` does; then
+    ``tool_rounds`` tool rounds as TRL 1.16's ``_tool_call_loop`` runs them.
 
     Decoding steps cost the same allocations but for the cache's length, so step 1 runs, the cache is then
     grown to the length before the last step with one ``DynamicCache.update`` per layer (the same
     ``torch.cat`` every step does, transformers/cache_utils.py:136-137), and the last step runs in full.
+    A tool round is a new ``generate`` call (trl/trainer/grpo_trainer.py:2124-2130) on prompt + reply + tool turn,
+    at most ``prompt_len + completion_len`` tokens (longer ones are dropped, :2054-2057), prefilled from scratch
+    for every sequence, asking ``completion_len`` new tokens again (``max_new_tokens``, :1156; cut only afterwards,
+    :2136-2144): each round is rehearsed at that worst case, after the first turn's cache is freed. Returns the
+    phase's peak so far after each turn (the first turn's, then each round's).
     """
     from transformers import DynamicCache
 
@@ -388,51 +395,56 @@ def generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, com
     checkpointing = getattr(base, "is_gradient_checkpointing", False)
     if checkpointing:  # trl/models/utils.py:136-138: generation runs without checkpointing
         base.gradient_checkpointing_disable()
-    ids = torch.zeros((prompts, prompt_len), dtype=torch.long)
-    mask = torch.ones((prompts, prompt_len), dtype=torch.long)
-    cache = DynamicCache(config=base.config)
 
     def sample(out):  # transformers/generation/utils.py:3247, 3274-3276
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         probs = torch.nn.functional.softmax(logits / plan.config["temperature"], dim=-1)
         return torch.multinomial(probs, num_samples=1)
 
-    def label_cache():
-        for layer in cache.layers:
-            tracker.label(getattr(layer, "keys", None), "kv_cache")
-            tracker.label(getattr(layer, "values", None), "kv_cache")
+    peaks = []
+    for prefill_len in [prompt_len] + [prompt_len + completion_len] * tool_rounds:
+        ids = torch.zeros((prompts, prefill_len), dtype=torch.long)
+        mask = torch.ones((prompts, prefill_len), dtype=torch.long)
+        cache = DynamicCache(config=base.config)
 
-    with torch.no_grad(), _autocast(plan):
-        out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        label_cache()
-        done = 1
-        while done < completion_len:
-            next_ids = sample(out)
+        def label_cache():
+            for layer in cache.layers:
+                tracker.label(getattr(layer, "keys", None), "kv_cache")
+                tracker.label(getattr(layer, "values", None), "kv_cache")
+
+        with torch.no_grad(), _autocast(plan):
+            out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            label_cache()
+            done = 1
+            while done < completion_len:
+                next_ids = sample(out)
+                del out
+                ids = torch.cat([ids, next_ids], dim=-1)
+                mask = torch.cat([mask, mask.new_ones((prompts, 1))], dim=-1)
+                skip = completion_len - 1 - done if done == 1 else 0
+                if skip > 0:  # steps 2 .. C-1: grow the cache (and the ids and mask) to their final length at once
+                    for index, layer in enumerate(cache.layers):
+                        block = torch.empty((*layer.keys.shape[:2], skip, layer.keys.shape[-1]), dtype=layer.keys.dtype)
+                        cache.update(block, block.clone(), index)
+                        del block
+                    ids = torch.cat([ids, ids.new_zeros((prompts, skip))], dim=-1)
+                    mask = torch.cat([mask, mask.new_ones((prompts, skip))], dim=-1)
+                    done += skip
+                label_cache()
+                out = model(input_ids=next_ids, attention_mask=mask, past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+                label_cache()
+                done += 1
+            ids = torch.cat([ids, sample(out)], dim=-1)
             del out
-            ids = torch.cat([ids, next_ids], dim=-1)
-            mask = torch.cat([mask, mask.new_ones((prompts, 1))], dim=-1)
-            skip = completion_len - 1 - done if done == 1 else 0
-            if skip > 0:  # steps 2 .. C-1: grow the cache (and the ids and mask) to their final length at once
-                for index, layer in enumerate(cache.layers):
-                    block = torch.empty((*layer.keys.shape[:2], skip, layer.keys.shape[-1]), dtype=layer.keys.dtype)
-                    cache.update(block, block.clone(), index)
-                    del block
-                ids = torch.cat([ids, ids.new_zeros((prompts, skip))], dim=-1)
-                mask = torch.cat([mask, mask.new_ones((prompts, skip))], dim=-1)
-                done += skip
-            label_cache()
-            out = model(input_ids=next_ids, attention_mask=mask, past_key_values=cache, use_cache=True,
-                        logits_to_keep=1)
-            label_cache()
-            done += 1
-        ids = torch.cat([ids, sample(out)], dim=-1)
-        del out
-    if ids.shape != (prompts, prompt_len + completion_len):
-        raise RuntimeError(f"the rehearsed generation made {tuple(ids.shape)} tokens, not "
-                           f"{(prompts, prompt_len + completion_len)}")
-    del cache, ids, mask
+        if ids.shape != (prompts, prefill_len + completion_len):
+            raise RuntimeError(f"the rehearsed generation made {tuple(ids.shape)} tokens, not "
+                               f"{(prompts, prefill_len + completion_len)}")
+        del cache, ids, mask  # TRL keeps the completions as lists of token ids: nothing of a turn stays on the card
+        peaks.append(tracker.peaks[tracker.phase][0])
     if checkpointing:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return peaks
 
 
 def loss_context(plan, model):

@@ -11,7 +11,10 @@ run, for a :class:`labkit.plan.Plan`, the step ``build_run`` would run on the ca
    asks; PEFT's LoRA; non-reentrant checkpointing; input grads; TRL's bf16 cast of a 4-bit model's adapters and labkit's
    fix of it; TRL's fused LM head), then materialised as fake tensors, embeddings re-tied;
 2. **generation**: prefill plus a fixed-length decoding loop to ``max_completion_length`` with
-   transformers' KV cache and sampling buffers, under ``no_grad`` (``generate`` itself needs values);
+   transformers' KV cache and sampling buffers, under ``no_grad`` (``generate`` itself needs values); a tool
+   recipe then runs each of its ``max_tool_calling_iterations`` rounds as TRL does, a new ``generate`` call on
+   prompt + completion + tool turn (``max_prompt_length + max_completion_length`` tokens at worst) asking
+   ``max_completion_length`` new tokens again (:func:`bench.fake_tensors.generate`);
 3. **training**: TRL 1.16's own ``GRPOTrainer._compute_loss`` (log-probs through the fused LM head,
    the loss type's aggregation) and backward, for two micro-batches (micro-batches 3 and later repeat
    the second's allocations), GradScaler under fp16, gradient clipping, the optimiser step (8-bit AdamW
@@ -108,6 +111,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     g = plan.config
     micro, gen_batch = g["per_device_train_batch_size"], plan.generation_batch_size
     prompt_len, completion_len = plan.preset.max_prompt_length, g["max_completion_length"]
+    tool_rounds = g.get("max_tool_calling_iterations") or 0  # a tool recipe's rounds (labkit.plan.grpo_arguments)
     started, cpu_started = time.perf_counter(), time.process_time()
     tracker = LiveBytes()
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -124,7 +128,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
             last = step == optimizer_steps - 1
             if generation and last:  # with the optimiser states alive, as in every step after the first
                 tracker.start("generation", "generation")
-                generate(model, plan, tracker, gen_batch, prompt_len, completion_len)
+                turn_peaks = generate(model, plan, tracker, gen_batch, prompt_len, completion_len, tool_rounds)
             tracker.start("training", "activations")
             tracker.true_count = micro * completion_len  # every completion token is scored
             for _ in range(min(2, g["gradient_accumulation_steps"]) if last else 1):
@@ -158,6 +162,10 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     if g["gradient_accumulation_steps"] > 2:
         notes.append(f"micro-batches 3 to {g['gradient_accumulation_steps']} of a step repeat the second's "
                      f"allocations and are not run again")
+    if generation and tool_rounds:
+        notes.append(f"generation: the first turn peaked at {turn_peaks[0] / GIB:.3f} GiB; {tool_rounds} tool round(s), "
+                     f"each a generate call over {prompt_len + completion_len} + {completion_len} tokens for "
+                     f"{gen_batch} sequences, at {tracker.peaks['generation'][0] / GIB:.3f} GiB (the phase's peak)")
     if generation and completion_len > 2:
         notes.append(f"decoding steps 2 to {completion_len - 1} are not run one by one: the KV cache is grown to "
                      f"their length with one DynamicCache.update per layer; the last step runs in full")
@@ -167,6 +175,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
                     per_device_train_batch_size=micro, gradient_accumulation_steps=g["gradient_accumulation_steps"],
                     generation_batch_size=gen_batch, num_generations=g["num_generations"],
                     max_prompt_length=prompt_len, max_completion_length=completion_len,
+                    max_tool_calling_iterations=tool_rounds,
                     activation_checkpointing=g["activation_checkpointing"], loss_type=plan.loss_type,
                     trainable_params=sum(p.numel() for p in trainable), num_layers=num_layers)
     return Rehearsal(plan, phases, settings, time.perf_counter() - started, time.process_time() - cpu_started,

@@ -123,7 +123,9 @@ class MemoryEstimate:
             ("weights", "policy weights"),
             ("reference", "reference model (beta > 0, full fine-tuning only)"),
             ("optimizer", "optimizer states"),
-            ("kv_cache", "generation: KV cache + working set at the larger of prefill and the end of decoding"),
+            ("kv_cache", "generation: KV cache + working set at the larger of prefill and the end of decoding"
+             + (f" (tool rounds: up to {self.settings['generation_tokens']} tokens)"
+                if self.settings.get("max_tool_calling_iterations") else "")),
             ("transients", "generation: LoRA's fp32 input casts (prefill), autocast's copies of fp32 weights"),
             ("gradients", "gradients of the trainable parameters"),
             ("activations", "activations kept for the backward pass"),
@@ -286,7 +288,8 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
              gradient_checkpointing: bool = True, beta: float = 0.0, precision: str = "bf16",
              lora_rank: int = 16, lora_targets=None, lora_dropout: float = 0.05, device: str = "cuda",
              padded: bool = False, logits: str = "fused", fp32_master_weights: bool | None = None,
-             prepare_model_for_kbit_training: bool = False, **renamed) -> MemoryEstimate:
+             prepare_model_for_kbit_training: bool = False, max_tool_calling_iterations: int = 0,
+             **renamed) -> MemoryEstimate:
     """Return a :class:`MemoryEstimate`: the peak memory of one GRPO step of TRL 1.16 on one device, term by term.
 
     The batch arguments are ``GRPOConfig``'s, in its units. Each forward/backward pass trains on
@@ -337,7 +340,10 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
       values (``2 L kv b B_gen P``) and its largest intermediate (``B_gen P (3 i + 2 h) b``), ``P`` =
       ``max_prompt_length``; with LoRA's fp32 input casts (below) counted on this side. The *end of
       decoding*: the full-length cache ``2 L kv b B_gen S``, one layer's copy of it while
-      ``DynamicCache.update`` concatenates, and the sampling buffers (``B_gen V``).
+      ``DynamicCache.update`` concatenates, and the sampling buffers (``B_gen V``). With tools
+      (``max_tool_calling_iterations`` >= 1; 0: none) the larger of that first turn and a **tool round**: TRL calls
+      ``generate`` again on prompt + reply + tool turn, prefilling up to ``P + C`` tokens and asking ``C`` new ones,
+      so the round's cache grows toward ``P + 2C`` tokens for the whole generation batch (notebook 08).
     - **transients** (generation; :mod:`bench.rehearse` found them): LoRA's fp32 input casts at the prefill
       (when the prefill is the larger moment), autocast's ``V h b`` copy of an fp32 LM head (QLoRA with
       ``prepare_model_for_kbit_training``, fp32 masters) and of every fp32 master weight.
@@ -365,6 +371,10 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     for knob, value in dict(max_completion_length=max_completion_length, lora_rank=lora_rank).items():
         if value < 1:
             raise ValueError(f"{knob} must be at least 1, not {value}")
+    if isinstance(max_tool_calling_iterations, bool) or not isinstance(max_tool_calling_iterations, int) \
+            or max_tool_calling_iterations < 0:
+        raise ValueError(f"max_tool_calling_iterations must be a whole number >= 0 (0: no tool), not "
+                         f"{max_tool_calling_iterations!r}; for TRL's None (no limit) give any number >= 1")
     if max_prompt_length < 0:
         raise ValueError(f"max_prompt_length must be at least 0, not {max_prompt_length}")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
@@ -472,8 +482,6 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     # (the full-length KV cache, one layer's copy while DynamicCache.update concatenates, the sampling buffers).
     # The phase's peak is the larger of the two, not their sum (the rehearsal showed the sum 1.3x too high at
     # per_device_train_batch_size=16).
-    kv_prompt = L * kv * (rb + hb) * generation_batch_ * prompt_len  # keys in the stream's dtype, values in hb
-    kv_full = L * kv * (rb + hb) * generation_batch_ * seq
     # PEFT's fp32 casts (below) peak at down_proj's LoRA, when SwiGLU's gate and up outputs are freed: two i-wide
     # tensors then coexist with them, not three (matches the rehearsal within 1 % at batch 1-24 on laptop-16gb)
     # TRL 1.16 generates a PEFT model without autocast (accelerate patches only the outer forward; docs/references.md,
@@ -486,20 +494,33 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         # adapted up_proj the rehearsal holds four i-wide tensors (SiLU's output, the 4-bit result, its clone, the
         # product) and four h-wide ones (the embedding's output, two residual sums, the norm's output)
         mlp_wide, h_wide = 4, 4
-    prefill = kv_prompt + generation_batch_ * prompt_len * (mlp_wide * shape.intermediate_size * hb + h_wide * h * rb)
-    decode_end = kv_full + kv_full // L + generation_batch_ * V * (b + 3 * 4)  # logits, fp32 copy, sampling buffers
     # Generation transients the rehearsal (bench.rehearse) showed: PEFT casts a LoRA input to fp32 and dropout
     # keeps an fp32 output and a mask (prefill only: one token wide while decoding); autocast copies an fp32 LM
     # head (QLoRA with prepare_model_for_kbit_training, fp32 masters) and caches the copies of every fp32 master
     # weight (every forward: both moments).
-    prefill_casts = generation_batch_ * prompt_len * widest * (4 + (5 if lora_dropout > 0 else 0))
-    transients = 0
+    weight_copies = 0
     if b < 4 and ((method == "qlora" and upcast) or masters):
-        transients += V * h * b + (shape.linear_weight_params * b if method == "full" else 0)
-    if prefill + prefill_casts >= decode_end:  # kv_cache + transients = the larger moment (plus the weight copies)
-        kv_cache, transients = prefill, transients + prefill_casts
-    else:
-        kv_cache = decode_end
+        weight_copies = V * h * b + (shape.linear_weight_params * b if method == "full" else 0)
+
+    def one_generate_call(prefill_len: int) -> tuple[int, int]:
+        """(kv_cache, transients) of a generate call that prefills prefill_len tokens and adds completion_len."""
+        kv_prompt = L * kv * (rb + hb) * generation_batch_ * prefill_len  # keys in the stream's dtype, values in hb
+        kv_full = L * kv * (rb + hb) * generation_batch_ * (prefill_len + completion_len)
+        prefill = kv_prompt + generation_batch_ * prefill_len * (mlp_wide * shape.intermediate_size * hb + h_wide * h * rb)
+        decode_end = kv_full + kv_full // L + generation_batch_ * V * (b + 3 * 4)  # logits, fp32 copy, sampling buffers
+        prefill_casts = generation_batch_ * prefill_len * widest * (4 + (5 if lora_dropout > 0 else 0))
+        if prefill + prefill_casts >= decode_end:  # kv_cache + transients = the larger moment (plus the weight copies)
+            return prefill, weight_copies + prefill_casts
+        return decode_end, weight_copies
+
+    # A tool round (TRL 1.16's _tool_call_loop, trl/trainer/grpo_trainer.py) calls generate again (lines 2124-2130)
+    # on prompt + reply + tool turn (2040-2041; a reply + tool turn over max_completion_length is dropped, 2054-2057),
+    # prefilled from scratch, for up to every row of the generation batch, asking max_completion_length new tokens
+    # again (max_new_tokens, line 1156; the excess is cut only after generating, 2136-2144): a prefill of up to
+    # max_prompt_length + max_completion_length tokens, a KV cache growing toward max_prompt_length + 2 x
+    # max_completion_length. Every round has that worst case; the phase holds the larger of the first turn and a round.
+    kv_cache, transients = max(one_generate_call(prompt_len), one_generate_call(seq) if max_tool_calling_iterations
+                               else (0, 0), key=sum)
 
     persistent = weights + reference + optimizer_bytes
     generation_phase = persistent + kv_cache + transients
@@ -516,7 +537,8 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
                     max_prompt_length=prompt_len, max_completion_length=completion_len,
                     optim=optimizer, gradient_checkpointing=gradient_checkpointing, beta=beta,
                     precision=precision, fp32_master_weights=masters,
-                    prepare_model_for_kbit_training=upcast,
+                    prepare_model_for_kbit_training=upcast, max_tool_calling_iterations=max_tool_calling_iterations,
+                    generation_tokens=prompt_len + completion_len * (2 if max_tool_calling_iterations else 1),
                     lora_rank=lora_rank if method != "full" else None, device=device, padded=padded, logits=logits)
     return MemoryEstimate(bytes=terms, settings=settings, trainable_params=trainable, total_params=shape.params)
 

@@ -219,9 +219,12 @@ PRESETS: dict[str, Preset] = {
                         "up to 3 tool rounds; prompts up to 448 tokens (the tool schema included), completions up to "
                         "704 (512 of reasoning + 3 rounds of 64: TRL counts the tool turns in the completion); "
                         "rewarded for the right stated answer and, by the environment, for a call that computed it. "
-                        "Batch 16 x 4 (64 completions of 8 prompts a step), sized by rehearsal: peak 8.5 GiB (fake "
-                        "tensors); batch 24 rehearses at 11.2 GiB, past 80 % of the card with the allowance.",
-            per_device_train_batch_size=16,
+                        "Batch 8 x 4 (32 completions of 4 prompts a step), sized by rehearsal with its tool rounds: "
+                        "TRL generates each round again on prompt + completion so far (up to 448 + 704 tokens) and "
+                        "asks 704 new ones, so the generation batch's KV cache grows toward 1,856 tokens; peak 8.3 "
+                        "GiB (fake tensors, a round's generation); batch 16 rehearses at 13.6 GiB, past 80 % of the "
+                        "card with the allowance.",
+            per_device_train_batch_size=8,
             num_generations=8,
             max_prompt_length=448,
             max_completion_length=704,

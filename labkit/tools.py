@@ -316,12 +316,18 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
 
     ``preset`` (default ``tools-16gb``) bounds the whole multi-turn completion by ``max_completion_length``
     (:data:`REASONING_TOKENS` + ``max_tool_calling_iterations`` x :data:`TOKENS_PER_ROUND`) and its prompt, the
-    tool schema included, by ``max_prompt_length``. Each row's **estimate** (:func:`labkit.preflight.estimate` of
-    the plan on the preset's card) is sized like the presets (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB)
-    against 80 % of the card; the preset's own batch was chosen by the rehearsal on fake tensors
-    (``python -m bench rehearsal``, results/rehearsal.csv).
+    tool schema included, by ``max_prompt_length``. A tool round is not only more tokens in one completion: TRL 1.16
+    calls ``generate`` again on prompt + completion so far + tool turn (up to ``max_prompt_length +
+    max_completion_length`` tokens, prefilled from scratch) and asks ``max_completion_length`` new tokens again,
+    so the cache of every row of the generation batch grows toward ``max_prompt_length + 2 x
+    max_completion_length`` (:func:`labkit.memory.estimate`, ``max_tool_calling_iterations``). Each row gives the
+    generation phase's **estimate** for the first turn and for a tool round, and the step's peak
+    (:func:`labkit.preflight.estimate` of the plan on the preset's card), sized like the presets
+    (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB) against 80 % of the card; the preset's own batch was chosen by
+    the rehearsal on fake tensors, which runs every round (``python -m bench rehearsal``, results/rehearsal.csv).
     """
     from labkit.cards import SIZING_TARGET, sized_gib
+    from labkit.memory import GIB
     from labkit.plan import resolve_plan
     from labkit.preflight import estimate
     from labkit.presets import card_device
@@ -332,9 +338,16 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
         if batch % preset.num_generations:
             continue
         candidate = preset.replace(per_device_train_batch_size=batch)
-        peak = estimate(resolve_plan(candidate, card_device(preset))).total
-        rows.append({"per_device_train_batch_size": batch, "max_prompt_length": preset.max_prompt_length,
-                     "max_completion_length": preset.max_completion_length, "estimated_gib": round(peak, 2),
+        est = estimate(resolve_plan(candidate, card_device(preset)))
+        first = estimate(resolve_plan(candidate.replace(environment=None, max_tool_calling_iterations=None),
+                                      card_device(preset)))  # the same step without a tool round: the first turn
+        peak = est.total
+        rows.append({"per_device_train_batch_size": batch, "generation_batch": est.settings["generation_batch"],
+                     "max_prompt_length": preset.max_prompt_length,
+                     "max_completion_length": preset.max_completion_length,
+                     "first_turn_gib": round(first.bytes["generation_phase"] / GIB, 2),
+                     "tool_round_gib": round(est.bytes["generation_phase"] / GIB, 2),
+                     "training_gib": round(est.bytes["training_phase"] / GIB, 2), "estimated_gib": round(peak, 2),
                      "sized_gib": round(sized_gib(peak), 2),
                      "fits_80_percent": sized_gib(peak) <= SIZING_TARGET * preset.card_gib,
                      "the preset": batch == preset.per_device_train_batch_size})

@@ -157,8 +157,17 @@ def _field_errors(p: Preset) -> list[str]:
     return errors
 
 
-def _tool_errors(p: Preset) -> list[str]:
-    """Return what is wrong with the tool fields: an unknown environment, tool rounds without an environment."""
+def _tool_errors(p: Preset, device=None, procs: int = 1) -> list[str]:
+    """Return what is wrong with the tool fields: an unknown environment, tool rounds without an environment; and,
+    given the card (``device``, once every field is sound), tool rounds that cannot fit it.
+
+    A tool round is a new ``generate`` call (TRL 1.16's ``_tool_call_loop``): prompt + completion so far + tool turn,
+    up to ``max_prompt_length + max_completion_length`` tokens prefilled from scratch, and ``max_completion_length``
+    new tokens asked again, for every row of the generation batch (:func:`labkit.memory.estimate` with
+    ``max_tool_calling_iterations``). Refused when that **estimated** generation phase plus the CUDA context
+    (:data:`labkit.cards.SIZING_CONTEXT_GIB`) is more than the card holds, saying which batch fits; a model the
+    estimator cannot read passes here (the preflight says so).
+    """
     from labkit.environments import ENVIRONMENTS
 
     rounds = p.max_tool_calling_iterations
@@ -177,7 +186,44 @@ def _tool_errors(p: Preset) -> list[str]:
     if p.max_tool_calling_iterations is None:
         return ["max_tool_calling_iterations must be set for a tool recipe (it needs max_tool_calling_iterations: "
                 "the tool rounds a rollout may take; TRL's default is no limit): set --set max_tool_calling_iterations=3."]
-    return []
+    if device is None or device.kind != "cuda" or not device.total_memory_gib:
+        return []
+    from labkit.cards import SIZING_CONTEXT_GIB
+    from labkit.memory import GIB, estimate
+
+    steps = p.trl_options.get("steps_per_generation")
+    knobs = dict(gradient_accumulation_steps=p.gradient_accumulation_steps, steps_per_generation=steps,
+                 num_generations=p.num_generations, num_processes=procs, max_prompt_length=p.max_prompt_length,
+                 max_completion_length=p.max_completion_length, optim=p.optim,
+                 gradient_checkpointing=p.gradient_checkpointing, beta=p.beta, lora_rank=p.lora_rank,
+                 lora_targets=list(p.target_modules), prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
+                 precision=choose_precision(device, p.precision), padded=True)
+    model = LOCAL_MODELS.get(p.model, {}).get("hub_id", p.model)  # a packaged model has its hub twin's shape
+
+    def generation_gib(batch: int, rounds: int) -> float:
+        return estimate(model, p.method, per_device_train_batch_size=batch, max_tool_calling_iterations=rounds,
+                        **knobs).bytes["generation_phase"] / GIB
+
+    try:
+        needed = generation_gib(p.per_device_train_batch_size, p.max_tool_calling_iterations)
+    except (ValueError, KeyError, OSError):  # a model the estimator cannot read, offline
+        return []
+    card = device.total_memory_gib
+    if needed + SIZING_CONTEXT_GIB <= card:
+        return []
+    per_batch = procs * (steps or p.gradient_accumulation_steps)  # generation rows per unit of the batch
+    fits = next(((b, gib) for b in range(p.per_device_train_batch_size - 1, 0, -1)
+                 if b * per_batch % p.num_generations == 0
+                 and (gib := generation_gib(b, p.max_tool_calling_iterations)) + SIZING_CONTEXT_GIB <= card), None)
+    change = (f"Set per_device_train_batch_size={fits[0]} (a round then needs about {fits[1]:.1f} GiB), or lower "
+              "max_completion_length" if fits else "No batch fits: lower max_completion_length or max_prompt_length")
+    return [f"tool rounds: each of the {p.max_tool_calling_iterations} tool rounds generates again on prompt + "
+            f"completion so far (up to {p.max_prompt_length} + {p.max_completion_length} tokens, prefilled from scratch) "
+            f"and asks {p.max_completion_length} new tokens, for all {p.per_device_train_batch_size * per_batch // procs} "
+            f"completions of the generation batch: estimated {needed:.1f} GiB for the generation (the first turn alone "
+            f"{generation_gib(p.per_device_train_batch_size, 0):.1f} GiB), more than this card's {card:g} GiB with the "
+            f"CUDA context ({SIZING_CONTEXT_GIB:g} GiB). {change}."]
+
 
 
 def _secret_errors(options: dict) -> list[str]:
@@ -403,6 +449,9 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
       no bitsandbytes 8-bit optimiser (it does not support FSDP's sharded parameters, bitsandbytes
       issue 1633) and no QLoRA (FSDP needs ``bnb_4bit_quant_storage`` equal to the compute dtype to
       shard 4-bit weights, which labkit's loader does not set): refused, saying what to set.
+    - a tool recipe (notebook 08) on a card: each tool round generates again on prompt + completion so far and asks
+      ``max_completion_length`` new tokens; when that round's estimated generation cannot fit the card, refused with
+      the figure and the ``per_device_train_batch_size`` that fits.
     """
     device = device or detect_device()
     procs = _num_processes(num_processes)
@@ -497,6 +546,8 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
                         "so an interrupted run starts again from step 0.")
     if p.method == "full" and p.lora_rank != Preset.lora_rank:
         warnings.append("lora_rank is ignored with method='full'.")
+    if not errors:  # the estimate needs every field sound
+        errors.extend(_tool_errors(p, device, procs))
     if errors:
         raise PresetError(_error_message(p.name, device, errors))
     return warnings

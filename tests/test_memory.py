@@ -188,6 +188,26 @@ def test_bad_settings_are_refused():
         estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", per_device_batch=1)
     with pytest.raises(KeyError, match="catalogue"):
         estimate("gpt-5", "lora")
+    for rounds in (-1, None, 1.5, True):
+        with pytest.raises(ValueError, match="max_tool_calling_iterations must be a whole number"):
+            estimate("Qwen/Qwen2.5-0.5B-Instruct", "lora", max_tool_calling_iterations=rounds)
+
+
+def test_a_tool_round_is_a_second_generate_call_over_prompt_and_completion():
+    """TRL 1.16's _tool_call_loop generates again on prompt + completion so far + tool turn (up to P + C tokens,
+    prefilled from scratch) and asks C new tokens again: a round's generation is a first turn whose prompt is P + C
+    long, its cache growing toward P + 2C, for the whole generation batch; every round has that worst case, and the
+    training pass (P + C tokens) does not change."""
+    knobs = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4, max_prompt_length=448,
+                 max_completion_length=704, optim="adamw_bnb_8bit")
+    no_tool = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", **knobs)
+    one, three = (estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", max_tool_calling_iterations=n, **knobs) for n in (1, 3))
+    as_a_long_prompt = estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", **{**knobs, "max_prompt_length": 448 + 704})
+    assert one.bytes["generation_phase"] == three.bytes["generation_phase"] == as_a_long_prompt.bytes["generation_phase"]
+    assert three.bytes["generation_phase"] > 1.5 * no_tool.bytes["generation_phase"]
+    assert three.bytes["training_phase"] == no_tool.bytes["training_phase"]
+    assert three.settings["generation_tokens"] == 448 + 2 * 704 and no_tool.settings["generation_tokens"] == 448 + 704
+    assert "tool rounds: up to 1856 tokens" in three.table() and "tool rounds" not in no_tool.table()
 
 
 # ----------------------------------------------------------------------------- TRL's batch units

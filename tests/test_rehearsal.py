@@ -115,6 +115,20 @@ def test_estimator_follows_the_rehearsed_generation_phase_at_large_batches_two_l
     assert 0.9 <= ratio <= 1.1, (batch, ratio)
 
 
+def test_the_rehearsal_runs_a_tool_recipes_rounds_as_trl_does_two_layers():
+    """Each tool round is rehearsed as a new generate call over prompt + completion, asking max_completion_length new
+    tokens: the generation phase of tools-16gb is a round's, larger than the same step's without the tool."""
+    tools = resolve("tools-16gb")
+    with_rounds = rehearse(tools, num_layers=2, optimizer_steps=1)
+    first_turn = rehearse(resolve("tools-16gb", environment=None, max_tool_calling_iterations=None), num_layers=2,
+                          optimizer_steps=1)
+    assert with_rounds.settings["max_tool_calling_iterations"] == 3
+    assert with_rounds.phases["generation"]["peak"] > 1.5 * first_turn.phases["generation"]["peak"]
+    assert any("3 tool round(s)" in note and "1152 + 704 tokens" in note for note in with_rounds.notes)
+    ratio = estimate(tools, num_layers=2).bytes["generation_phase"] / with_rounds.phases["generation"]["peak"]
+    assert 0.9 <= ratio <= 1.1, ratio
+
+
 def test_rehearse_command_refuses_bad_input_before_building_anything(capsys):
     from bench.rehearse import main
 

@@ -119,6 +119,8 @@ def test_the_real_mode_recipe_counts_tool_rounds_and_its_batch_is_the_largest_es
     (own,) = [r for r in rows if r["the preset"]]
     assert own["fits_80_percent"] and own["per_device_train_batch_size"] == recipe.per_device_train_batch_size
     assert not rows[-1]["fits_80_percent"]
+    # a tool round generates again on prompt + completion so far: its generation, not the first turn's, sizes the recipe
+    assert all(r["tool_round_gib"] > r["first_turn_gib"] and r["estimated_gib"] >= r["tool_round_gib"] for r in rows)
     six_rounds = recipe.replace(max_tool_calling_iterations=6,
                                 max_completion_length=REASONING_TOKENS + 6 * TOKENS_PER_ROUND)
     assert all(m["estimated_gib"] > r["estimated_gib"] for m, r in zip(size_tools_recipe(six_rounds), rows))

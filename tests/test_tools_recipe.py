@@ -1,6 +1,7 @@
 """GRPO with tools through the recipe core (issue 34): the tools-16gb preset, its checks, its plan, build_run with an
 environment; the large-number word problems; the recorded comparison with and without the tool."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,46 @@ def test_bad_tool_fields_are_refused_before_any_model_loads(changes, says):
 
     with pytest.raises(PresetError, match=says):
         validate(get_preset("tools-16gb", **changes), card_device("tools-16gb"))
+
+
+
+def test_the_estimate_of_a_tool_recipe_counts_its_rounds():
+    """preflight's estimate (the plan's, what size_tools_recipe, train --dry-run and the rehearsal's comparison read)
+    passes the recipe's max_tool_calling_iterations: its generation phase is a round's, larger than the first turn's."""
+    from labkit.memory import estimate as memory_estimate
+    from labkit.plan import resolve_plan
+    from labkit.preflight import estimate
+
+    tools = PRESETS["tools-16gb"]
+    with_rounds = estimate(resolve_plan(tools))
+    first_turn = estimate(resolve_plan(tools.replace(environment=None, max_tool_calling_iterations=None)))
+    assert with_rounds.settings["max_tool_calling_iterations"] == tools.max_tool_calling_iterations == 3
+    assert with_rounds.bytes["generation_phase"] > 1.5 * first_turn.bytes["generation_phase"]
+    long_prompt = memory_estimate("Qwen/Qwen2.5-1.5B-Instruct", "lora", per_device_train_batch_size=8,
+                                  gradient_accumulation_steps=4, num_generations=8, max_prompt_length=448 + 704,
+                                  max_completion_length=704, optim="adamw_bnb_8bit", lora_targets=list(tools.target_modules),
+                                  padded=True)
+    assert with_rounds.bytes["generation_phase"] == long_prompt.bytes["generation_phase"]
+
+
+def test_a_tool_recipe_whose_rounds_cannot_fit_its_card_is_refused_with_the_figure_and_the_batch_that_fits():
+    from labkit.cards import CARDS
+    from labkit.presets import card_device
+
+    card = card_device("tools-16gb")
+    assert validate(PRESETS["tools-16gb"], card) == []
+    with pytest.raises(PresetError) as info:
+        validate(get_preset("tools-16gb", per_device_train_batch_size=32), card)
+    message = str(info.value)
+    assert "tool rounds" in message and "448 + 704 tokens" in message and "first turn alone" in message
+    estimated = float(re.search(r"estimated ([\d.]+) GiB", message).group(1))
+    assert estimated + 1 > card.total_memory_gib
+    batch = int(re.search(r"per_device_train_batch_size=(\d+)", message).group(1))
+    assert 0 < batch < 32 and validate(get_preset("tools-16gb", per_device_train_batch_size=batch), card) == []
+    with pytest.raises(PresetError, match="No batch fits: lower max_completion_length"):
+        validate(get_preset("tools-16gb", max_completion_length=16384), card)
+    # a bigger card holds the same rounds: the refusal is the card's, not the recipe's
+    validate(get_preset("tools-16gb", per_device_train_batch_size=32), CARDS["a100-80gb"].device())
 
 
 def test_build_run_refuses_an_environment_for_a_recipe_without_one(tmp_path):
