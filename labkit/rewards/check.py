@@ -204,8 +204,9 @@ def _same_reward(a, b) -> bool:
         return False
 
 
-# Short LaTeX answers that make a LaTeX reader work hardest; timed padded to 100k characters,
-# and alone against math-verify for reference.
+# Short LaTeX answers that make the LaTeX path (math-verify, behind labkit's checks) work hardest; timed padded
+# to 100k characters, and alone against math-verify for reference. All within MAX_ANSWER_CHARS; "near-miss"
+# is refused by the checks (a symbol) before math-verify sees it.
 LATEX_ANSWERS = {
     "square roots": "\\frac{\\sqrt{999999999999}}{\\sqrt{444444444444}}",
     "nested \\sqrt": "\\sqrt{\\sqrt{\\sqrt{\\sqrt{999999999999}}}}",
@@ -214,6 +215,8 @@ LATEX_ANSWERS = {
     "mixed operators": "(12 + 34) \\times (56 - 78) \\div \\sqrt{16} \\cdot 9",
     "mixed number": "7\\frac{1}{2}",
     "near-miss": "\\frac{" * 15 + "1" + "}{2}" * 14 + "}{x}",
+    "deepest nesting": "\\frac{1}{" * 19 + "2" + "}" * 19,  # 19 levels, 191 characters
+    "large square root": "\\sqrt{" + "9" * 190 + "}",  # sympy looks for square factors
 }
 
 

@@ -5,9 +5,14 @@ The first of the three parts of :mod:`labkit.rewards` (introduced in ``02_reward
 :func:`parse_number` and :func:`answers_match` (exact, over fractions), and
 :func:`evaluate_expression`, a whitelisted AST walk that never calls ``eval``.
 
+A plain answer (``1,200``, ``$12``, ``3/4``, ``12 apples``, ``\\boxed{18}``, ``\\frac{3}{4}``) is read here,
+exactly and cheaply; LaTeX arithmetic beyond that (``\\frac{\\sqrt{16}}{2}``, ``6 \\times 3``) is read by
+math-verify, as TRL's ``accuracy_reward`` reads answers, and its value compared exactly here.
+
 Everything here is bounded: tags are found with ``str.find``, the lenient number search reads
 backwards from the end in one pass, and the number patterns and parsers only ever see answers of
-at most ``MAX_ANSWER_CHARS`` characters, so no input can make them backtrack catastrophically.
+at most ``MAX_ANSWER_CHARS`` characters, so no input can make them backtrack catastrophically;
+math-verify only sees short LaTeX arithmetic without powers, symbols or deep nesting.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import functools
 import math
 import operator
 import re
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -317,139 +323,88 @@ def _parse_plain(text: str) -> _Number | None:
     return _Number(-value if negative else value, percent)
 
 
-class _Refused(Exception):
-    """Raised inside the readers and the evaluator when an input is refused (they then return None)."""
+# LaTeX that is more than one plain number (\sqrt{2}, 6 \times 3, \frac{\sqrt{16}}{2}) is read by math-verify,
+# the maths-equivalence library TRL's accuracy_reward calls (trl/rewards/accuracy_rewards.py), but only LaTeX
+# arithmetic that stays cheap reaches it: numbers, + - * /, ( ) { }, the commands below, and nesting at most
+# _MAX_LATEX_DEPTH deep, in at most MAX_ANSWER_CHARS characters. So no power (9^{9^{9}}), factorial, symbol
+# or set reaches sympy, and no parse can run long: math-verify's own timeout (signal.alarm) is not used.
+_LATEX_COMMAND = re.compile(r"\\(?:[a-zA-Z]+|.)")
+_LATEX_ALLOWED = {"\\frac", "\\dfrac", "\\tfrac", "\\cfrac", "\\sqrt", "\\cdot", "\\times", "\\div"}
+_LATEX_REST = re.compile(r"[0-9.+\-*/(){}\s]*")  # what may remain once the allowed commands are set aside
+_MAX_LATEX_DEPTH = 20  # the depth labkit's own LaTeX reader allowed before math-verify read LaTeX
+# Readings this lab refuses and latex2sympy would not: two numbers side by side ("1 2", "1.5.5", "18.", "(3) 4",
+# "\sqrt{4} 5"); a number before a \frac that is not a plain mixed number (7\frac{1}{2} is read before this;
+# 2\frac{3}{2} is not one number) or before a brace group (2{3}); and \frac or \sqrt without braces beyond
+# \frac12 (read before this): latex2sympy reads \frac121 as 1/21, TeX as \frac{1}{2}1.
+_LATEX_REFUSED = re.compile(
+    r"\d\s+[\d.]|\.\d*\.|\.(?!\d)|[)}]\s*[\d.]|[\d)}]\s*\\[dtc]?frac|[\d)]\s*\{|\\(?:[dtc]?frac|sqrt)(?!\s*\{)")
+# Two brace groups side by side are a \frac's arguments, or not one number ({2}{3}, which latex2sympy reads as 5).
+_GROUPS_SIDE_BY_SIDE, _FRAC = re.compile(r"\}\s*\{"), re.compile(r"\\[dtc]?frac")
+# latex2sympy reads an integer followed by a positive rational as a mixed number, so 2(3) and (2)(3) would read
+# 5: the product is written out (2 \cdot (3)) before math-verify sees it.
+_IMPLICIT_PRODUCT = re.compile(r"(?<=[\d)}])\s*\(")
 
 
-_LATEX_TOKEN = re.compile(r"\s*(?:(\\[a-zA-Z]+)|(\d+(?:\.\d+)?|\.\d+)|([-+*/(){}%]))")
-_LATEX_PRODUCT = {"*": operator.mul, "\\times": operator.mul, "\\cdot": operator.mul, "/": operator.truediv,
-                  "\\div": operator.truediv}
+def _latex_depth_ok(text: str) -> bool:
+    depth = 0
+    for char in text:  # at most MAX_ANSWER_CHARS steps
+        depth += 1 if char in "({" else -1 if char in ")}" else 0
+        if depth > _MAX_LATEX_DEPTH or depth < 0:
+            return False
+    return depth == 0
 
 
-class _LatexReader:
-    """Recursive-descent reader of the LaTeX arithmetic a final answer may hold, evaluated exactly.
+@functools.lru_cache(maxsize=1)
+def _math_verify():
+    """Import math-verify on first use (it imports sympy: a second or so), quieting its one-off warning."""
+    import logging
 
-    Grammar (numbers, ``+ - * /``, ``\\times \\cdot \\div``, ``( )``, ``{ }``, ``\\frac{a}{b}``
-    with ``\\dfrac``/``\\tfrac``/``\\cfrac``, ``\\sqrt{a}``, a mixed number ``7\\frac{1}{2}``,
-    implicit products ``2\\sqrt{2}``); anything else is refused. Values are ``Fraction``s, or
-    floats once an irrational square root appears.
-    """
+    import sympy
+    from math_verify import LatexExtractionConfig, parse
 
-    def __init__(self, text: str):
-        self.tokens, position = [], 0
-        while position < len(text):
-            match = _LATEX_TOKEN.match(text, position)
-            if match is None:
-                if text[position:].strip():
-                    raise _Refused(f"unexpected {text[position]!r}")
-                break
-            self.tokens.append(next(t for t in match.groups() if t is not None))
-            position = match.end()
-        self.position, self.depth = 0, 0
-
-    def peek(self):
-        return self.tokens[self.position] if self.position < len(self.tokens) else None
-
-    def take(self, expected=None):
-        token = self.peek()
-        if token is None or (expected is not None and token != expected):
-            raise _Refused(f"expected {expected!r}, got {token!r}")
-        self.position += 1
-        return token
-
-    def read(self):
-        value = self.expression()
-        if self.peek() is not None:
-            raise _Refused(f"unexpected {self.peek()!r}")
-        return value
-
-    def expression(self):
-        self.depth += 1
-        if self.depth > 20:
-            raise _Refused("too deep")
-        value = self.term()
-        while self.peek() in ("+", "-"):
-            value = value + self.term() if self.take() == "+" else value - self.term()
-        self.depth -= 1
-        return value
-
-    def term(self):
-        value = self.factor()
-        while True:
-            token = self.peek()
-            if token in _LATEX_PRODUCT:
-                self.take()
-                right = self.factor()
-                if token in ("/", "\\div") and right == 0:
-                    raise _Refused("division by zero")
-                value = _LATEX_PRODUCT[token](value, right)
-            elif token in ("(", "\\sqrt"):  # implicit product: 2(3 + 4), 2\sqrt{2}
-                value = value * self.factor()
-            else:
-                return value
-
-    def factor(self):
-        if self.peek() in ("+", "-"):
-            return -self.factor() if self.take() == "-" else self.factor()
-        token = self.take()
-        if token in ("(", "{"):
-            value = self.expression()
-            self.take(")" if token == "(" else "}")
-            return value
-        if token in ("\\frac", "\\dfrac", "\\tfrac", "\\cfrac"):
-            numerator, denominator = self.group(), self.group()
-            if denominator == 0:
-                raise _Refused("division by zero")
-            return numerator / denominator
-        if token == "\\sqrt":
-            return _exact_sqrt(self.group())
-        if token[0].isdigit() or token[0] == ".":
-            value = Fraction(token)
-            if self.peek() in ("\\frac", "\\dfrac", "\\tfrac") and value.denominator == 1:  # 7\frac{1}{2}
-                self.take()
-                numerator, denominator = self.group(), self.group()
-                if not (isinstance(numerator, Fraction) and isinstance(denominator, Fraction)
-                        and 0 <= numerator < denominator):
-                    raise _Refused("not a mixed number")
-                return value + numerator / denominator
-            return value
-        raise _Refused(f"unexpected {token!r}")
-
-    def group(self):
-        self.take("{")
-        value = self.expression()
-        self.take("}")
-        return value
+    # parsing_timeout=None (below) makes math-verify warn once that the caller bounds the work: this module
+    # does, as TRL does off the main thread (trl/rewards/accuracy_rewards.py, lines 72-81).
+    logging.getLogger("math_verify.parser").setLevel(logging.ERROR)
+    # LaTeX extraction only: math-verify's ExprExtractionConfig hands text to sympy's parse_expr, which calls eval.
+    return sympy, parse, [LatexExtractionConfig()]
 
 
-def _exact_sqrt(value):
-    if value < 0:
-        raise _Refused("square root of a negative number")
-    if isinstance(value, Fraction):
-        top, bottom = math.isqrt(value.numerator), math.isqrt(value.denominator)
-        if top * top == value.numerator and bottom * bottom == value.denominator:
-            return Fraction(top, bottom)
-    return math.sqrt(value)
+def _sympy_value(expr, sympy) -> Fraction | float | None:
+    """Return a Fraction for a rational value, a float for a real irrational one, None for anything else."""
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols or expr.has(sympy.zoo, sympy.nan, sympy.oo):
+        return None  # a division by zero anywhere (1/(3/0) would simplify to 0)
+    # latex2sympy reads "0.1" as a sympy Float of the digits written: back to the exact decimal.
+    expr = expr.xreplace({f: sympy.Rational(str(f)) for f in expr.atoms(sympy.Float)}).doit()
+    if expr.is_Rational:
+        return Fraction(int(expr.p), int(expr.q))
+    if expr.is_real is not True:  # complex (\sqrt{-4}), infinite (\frac{1}{0}), undefined (\frac{0}{0})
+        return None
+    value = float(expr)
+    return value if math.isfinite(value) else None
 
 
 def _parse_latex(text: str) -> _Number | None:
-    """Read a LaTeX answer (``\\frac{\\sqrt{16}}{2}``, ``2\\sqrt{2}``, ``6 \\times 3``) exactly; None unless one number.
+    """Read a LaTeX answer (``\\frac{\\sqrt{16}}{2}``, ``6 \\times 3``) with math-verify; None unless one number.
 
-    math-verify (latex2sympy + sympy) reads the same answers, and the tests check that both
-    agree; it is not called here because it is tens of times slower on unseen answers
-    (see the module docstring and ``python -m bench rewards``).
+    Called as TRL calls it off the main thread, ``parsing_timeout=None``: math-verify's timeout uses
+    ``signal.alarm`` (``math_verify/utils.py``, lines 50-67), which raises outside the main thread
+    (``math_verify/parser.py``, lines 709-713); the checks above bound the work instead. ``"0 + "`` in front keeps latex2sympy from weighing a leading ``(`` or ``{``
+    as a tuple, interval or set (that costs it tenths of a second, and ``{2}`` alone reads as a set).
     """
     text = text.strip()
     percent = text.endswith("%")
     if percent:
-        text = text[:-1]
-    commands = _LATEX_COMMAND.findall(text)
-    if any(c not in _LATEX_ALLOWED for c in commands):
+        text = text[:-1].rstrip()
+    rest = _LATEX_COMMAND.sub(lambda m: " " if m.group(0) in _LATEX_ALLOWED else "\0", text)
+    if not rest.strip() or not _LATEX_REST.fullmatch(rest) or _LATEX_REFUSED.search(text) \
+            or not _latex_depth_ok(rest) or len(_GROUPS_SIDE_BY_SIDE.findall(text)) > len(_FRAC.findall(text)):
         return None
-    value = _LatexReader(text).read()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return _Number(value, percent)
+    sympy, parse, config = _math_verify()
+    latex = _IMPLICIT_PRODUCT.sub(r" \\cdot (", text)
+    parsed = parse(f"$0 + {latex}$", extraction_config=config, fallback_mode="no_fallback",
+                   extraction_mode="first_match", parsing_timeout=None)
+    value = _sympy_value(parsed[0], sympy) if len(parsed) == 1 else None
+    return None if value is None else _Number(value, percent)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -492,9 +447,10 @@ def parse_number(text) -> Fraction | float | None:
     """Return the number an answer states, or ``None`` when it is not exactly one number.
 
     Reads ``"1,200"``, ``"$1,200.00"``, ``"18 dollars."``, ``"18.0"``, ``"50%"`` (-> 50),
-    ``"3/4"``, ``"7 1/2"``, ``"\\boxed{18}"``, ``"\\frac{3}{4}"``, ``"$\\dfrac{15}{2}$"``. Refuses
-    hedges (``"42 or 43"``, two ``\\boxed``), expressions in plain text, and anything longer than
-    ``MAX_ANSWER_CHARS``. Returns a ``Fraction`` (exact) or, for an irrational LaTeX answer, a float.
+    ``"3/4"``, ``"7 1/2"``, ``"\\boxed{18}"``, ``"\\frac{3}{4}"``, ``"$\\dfrac{15}{2}$"``, and LaTeX
+    arithmetic such as ``"\\frac{\\sqrt{16}}{2}"`` (with math-verify). Refuses hedges (``"42 or 43"``,
+    two ``\\boxed``), expressions in plain text, and anything longer than ``MAX_ANSWER_CHARS``.
+    Returns a ``Fraction`` (exact) or, for an irrational LaTeX answer, a float.
     """
     number = _parse(text)
     return None if number is None else number.value
@@ -530,6 +486,10 @@ def answers_match(pred, gold) -> bool:
 
 
 # ----------------------------------------------------------------------------- countdown expressions
+
+
+class _Refused(Exception):
+    """Raised inside the countdown evaluator when an input is refused (it then returns None)."""
 
 
 _BINARY_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -594,6 +554,13 @@ def evaluate_expression(expression, *, allow_power: bool = False, max_exponent: 
 
 
 def clear_parse_caches() -> None:
-    """Forget every parsed answer (the benchmark times cold calls)."""
+    """Forget every parsed answer, here and in math-verify and sympy once loaded (the benchmark times cold calls)."""
     _parse_bounded.cache_clear()
+    if "math_verify.parser" in sys.modules:
+        from math_verify import parser
+        from sympy.core.cache import clear_cache
+
+        parser.parse_latex_cached.cache_clear()
+        parser.parse_expr_cached.cache_clear()
+        clear_cache()
 
