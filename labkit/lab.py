@@ -99,7 +99,8 @@ def provenance(device=None) -> dict:
 
 @dataclass
 class Lab:
-    """The context :func:`setup` returns: the mode, the device and the precision to train in."""
+    """The context :func:`setup` returns: the mode, the device and the precision to train in, and where the lab's
+    files are (``lab.results_dir()``, ``lab.new_run_dir(name)``, ...): the one object a notebook needs from here."""
 
     mode: str
     seed: int
@@ -129,6 +130,27 @@ class Lab:
 
     def __repr__(self) -> str:
         return self.summary()
+
+    # Where the lab's files are, from any working directory (the module functions below say how each is found).
+    def results_dir(self) -> Path:
+        """Return the folder of recorded figures (:func:`results_dir`)."""
+        return results_dir()
+
+    def runs_dir(self) -> Path:
+        """Return the folder runs are written to (:func:`runs_dir`)."""
+        return runs_dir()
+
+    def new_run_dir(self, name: str) -> Path:
+        """Return a new, empty run folder ``runs/<name>-<date>-<time>`` (:func:`new_run_dir`)."""
+        return new_run_dir(name)
+
+    def provenance(self) -> dict:
+        """Return where and when a figure is produced here: date, this lab's device, platform, versions."""
+        return provenance(self.device)
+
+    def run_bench(self, *args) -> int:
+        """Run ``python -m bench ARGS`` in the repository's folder, its output shown as it comes (:func:`run_bench`)."""
+        return run_bench(*args)
 
 
 def quiet_library_noise() -> None:

@@ -91,3 +91,26 @@ def test_seed_everything_draws_what_the_hand_written_seeding_drew(monkeypatch):
     seed_everything(7)
     assert (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist(), torch.randn(2).tolist()) == expected
     assert os.environ["PYTHONHASHSEED"] == "7"
+
+
+def test_the_lab_context_says_where_runs_and_results_are(tmp_path, monkeypatch):
+    import labkit
+    from labkit.lab import results_dir
+
+    monkeypatch.setenv("LABKIT_RUNS", str(tmp_path / "runs"))
+    lab = labkit.setup(mode="cpu", verbose=False)
+    assert lab.results_dir() == results_dir() and lab.runs_dir() == tmp_path / "runs"
+    first, second = lab.new_run_dir("04_x"), lab.new_run_dir("04_x")
+    assert first != second and first.is_dir() and first.parent == tmp_path / "runs"
+    assert lab.provenance()["device"] == str(lab.device)
+
+
+def test_run_bench_streams_a_benchmark_from_the_repository_and_refuses_without_one(capsys, monkeypatch):
+    import labkit.lab
+
+    assert labkit.lab.run_bench("--help") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("$ python -m bench --help") and "usage: python -m bench NAME" in out
+    monkeypatch.setattr(labkit.lab, "repo_root", lambda: None)  # an installed copy: no bench/ beside it
+    with pytest.raises(FileNotFoundError, match="clone of the lab"):
+        labkit.lab.run_bench("gpu")
