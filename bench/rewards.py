@@ -19,7 +19,8 @@ __all__ = ["main"]
 
 
 def _math_verify_reference(repeats: int) -> dict:
-    """Time math-verify's ``parse`` on :data:`LATEX_ANSWERS` (cold caches), next to labkit's reader."""
+    """Time math-verify's ``parse`` alone on :data:`LATEX_ANSWERS` (cold caches), next to labkit's ``parse_number``
+    (which reads plain numbers itself and hands LaTeX arithmetic to math-verify after its own bounded checks)."""
     import logging
 
     from math_verify import LatexExtractionConfig, parse
@@ -56,7 +57,8 @@ def _math_verify_reference(repeats: int) -> dict:
         }
     return {
         "what": ("math-verify's parse() of the same LaTeX answers, alone (not padded), parsing_timeout=None, "
-                 "sympy and math-verify caches cleared before each call; the rewards do not call it"),
+                 "sympy and math-verify caches cleared before each call; labkit's parse_number calls it for LaTeX "
+                 "arithmetic only, after bounding the answer's length, characters and nesting"),
         "answers": answers,
     }
 

@@ -183,7 +183,8 @@ def latex_numbers(draw, depth=0):
 @settings(max_examples=60, deadline=None)
 @given(latex=latex_numbers())
 def test_latex_reading_agrees_with_math_verify(latex):
-    # math-verify, the maintained maths-equivalence library, is the oracle for our own LaTeX reader.
+    # math-verify, the maintained maths-equivalence library, reads labkit's LaTeX too, behind labkit's own bounds
+    # and exact comparison: on generated LaTeX the two readings must agree (its verify rounds, ours is exact).
     import sympy
     from math_verify import LatexExtractionConfig, parse, verify
 
