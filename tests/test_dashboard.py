@@ -882,6 +882,26 @@ def test_build_run_under_a_dashboard_leaves_transformers_no_progress_display(tmp
 
 def test_series_that_coincide_are_named_not_hidden():
     board = replay(LiveDashboard(frontend="none"))  # clip ratios low, high and region: 0 at every step
-    texts = [t.get_text() for t in draw_figure(board.record)[1]["clip"].texts]
+    texts = [t.get_text().replace("\n", " ") for t in draw_figure(board.record)[1]["clip"].texts]
     assert "low = high = region at every step" in texts
     assert not [t for t in draw_figure(board.record)[1]["spread"].texts if "every step" in t.get_text()]
+
+def test_a_note_stays_inside_its_panel():
+    """Notebook 04's picture printed "reward = right_answer_reward at every step" on one line across the reward
+    panel's tick labels and beyond its frame (issue 46 item 10): each note fits inside its panel."""
+    board = LiveDashboard(frontend="none", total_steps=4)
+    for step in range(1, 5):  # one reward function: the total equals it; the clip ratios are 0 throughout
+        board.log(step, {"reward": 0.1 * step, "rewards/right_answer_reward/mean": 0.1 * step, "loss": 0.01,
+                         "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 0.0})
+    board.close()
+    figure, axes = draw_figure(board.record)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    notes = 0
+    for key, ax in axes.items():
+        frame = ax.get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (key, text.get_text(), box, frame)
+            notes += "at every step" in text.get_text()
+    assert notes == 2  # the reward panel's and the clip panel's

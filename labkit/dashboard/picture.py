@@ -61,8 +61,8 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
             _draw_lines(ax, record, panel.key, names, with_values=single)
             same = overlap_note(record, names)
             if same:  # the lines lie on each other: say so rather than let one hide the rest
-                ax.text(0.5, 0.62, same, transform=ax.transAxes, ha="center", va="center", fontsize=FONT_PT["note"],
-                        color="#555", wrap=True)
+                ax.text(0.5, 0.62, _fit_note(same), transform=ax.transAxes, ha="center", va="center",
+                        fontsize=FONT_PT["note"], color="#555")
             if len(names) > 1 or single:  # above the plot, under the title: a legend inside the axes covers the lines
                 columns = 1 if max(len(series_label(record, n, single)) for n in names) > 12 else min(len(names), 2)
                 ax.legend(fontsize=FONT_PT["legend"], loc="lower left", bbox_to_anchor=(0.0, 1.0),
@@ -91,6 +91,24 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
     gap = 0.75 * height / 2.75 + more[1]  # hspace 0.75 with two legend rows at most, plus the extra rows
     fig.subplots_adjust(left=0.05, right=0.99, bottom=bottom, top=top, wspace=0.32, hspace=2 * gap / (height - gap))
     return fig, axes
+
+
+NOTE_CHARS = 28  # the widest line of a note inside a panel (10 pt at 80 dpi): wider runs over the tick labels
+
+
+def _fit_note(text: str) -> str:
+    """Return ``text`` in lines of at most :data:`NOTE_CHARS` characters, broken at " = " and before "at every step"
+    ("reward = right_answer_reward at every step" ran across the neighbouring tick labels on one line)."""
+    head, tail = (text[:-len(" at every step")], "at every step") if text.endswith(" at every step") else (text, "")
+    lines = [""]
+    for part in head.split(" = "):
+        joined = f"{lines[-1]} = {part}" if lines[-1] else part
+        if lines[-1] and len(joined) > NOTE_CHARS:
+            lines[-1] += " ="
+            lines.append(part)
+        else:
+            lines[-1] = joined
+    return "\n".join(lines + ([tail] if tail else []))
 
 
 def _draw_lines(ax, record: RunRecord, key: str, names: list[str], with_values: bool = False) -> None:
