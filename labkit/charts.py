@@ -17,14 +17,15 @@ __all__ = ["svg_chart", "card_html", "gauge_html", "mark_nonfinite", "reward_ban
            "LIVE_POINTS", "MAIN_SERIES"]
 
 
-# TRL 1.16's tool metrics (trl/trainer/grpo_trainer.py: the share of completions with a tool call, and of calls
-# that raised): what a learner reads on the dashboard
-_TOOL_LABELS = {"tools/call_frequency": "tool calls", "tools/failure_frequency": "tool errors"}
+# TRL 1.16's tool metrics (trl/trainer/grpo_trainer.py lines 2312-2320): tool calls per rollout, and the share of calls
+# that failed in TRL's sense (raised, or named no tool: lines 1976-1994). A tool's own refusal, an "error: ..." string it
+# returns (the calculator's division by zero), is a successful call there: the label says "raised", not "errors".
+_TOOL_LABELS = {"tools/call_frequency": "tool calls per rollout", "tools/failure_frequency": "tool calls that raised"}
 
 
 def short_label(name: str) -> str:
     """``rewards/correctness/mean`` -> ``correctness``; ``clip_ratio/low_mean`` -> ``low``;
-    ``tools/call_frequency`` -> ``tool calls``; ``tools/failure_frequency`` -> ``tool errors``."""
+    ``tools/call_frequency`` -> ``tool calls per rollout``; ``tools/failure_frequency`` -> ``tool calls that raised``."""
     if name in _TOOL_LABELS:
         return _TOOL_LABELS[name]
     if name.startswith("rewards/") and name.endswith("/mean"):

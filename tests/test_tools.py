@@ -223,17 +223,94 @@ def test_the_rollout_loop_runs_calls_and_survives_bad_ones(smollm2_tokenizer, mo
 # --------------------------------------------------------------------------- the exercise and the dashboard
 
 
+# each known mistake -> the case its verdict names (the first that tells it from labkit's CalculatorEnv)
+_MISTAKE_CASES = {
+    "eval()": "a malicious expression", "raises instead": "a division by zero", "no cap": "more calls than allowed",
+    "the cap refuses call": "more calls than allowed", "only calls that gave a result": "failed calls count too",
+    "keeps the last rollout": "two rollouts on one environment", "state kept on the class": "a batch of two rollouts",
+    "holds the gold answer": "a right call", "reset takes only answer": "a right call",
+    "no type hint": "the tools TRL makes of your class", "no docstring": "the tools TRL makes of your class",
+    "a public helper method": "the tools TRL makes of your class", "any successful call": "a wrong call",
+    "substring": "the gold number itself", "only the last result": "a right result, then another call",
+    "compares text": "the gold as the dataset holds it",
+}
+
+
 def test_the_exercise_names_each_wrong_environment():
     exercise = ex.exercise("calculator_env")
     ex.verify("calculator_env", CalculatorEnv)
-    expected = {"eval()": "a malicious expression", "raises instead": "a division by zero",
-                "no cap": "more calls than allowed", "keeps the last rollout": "two rollouts on one environment",
-                "any successful call": "a wrong call"}
+    assert len(exercise.mistakes) == len(_MISTAKE_CASES)
     for message, wrong in exercise.mistakes.items():
+        (key,) = [k for k in _MISTAKE_CASES if k in message]
         with pytest.raises(ex.ExerciseFailed) as info:
             ex.verify("calculator_env", wrong)
-        key = next(k for k in expected if k in message)
-        assert message in str(info.value) and f"wrong on {expected[key]}" in str(info.value)
+        assert message in str(info.value) and f"wrong on {_MISTAKE_CASES[key]}" in str(info.value), str(info.value)
+
+
+def _solution_source() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs/solutions/08_grpo_with_tools.md").read_text()
+    code = text.split("## Exercise `calculator_env`", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    return code.split("labkit.exercises.verify", 1)[0]
+
+
+def _learners_class(*changes):
+    """The worked solution of docs/solutions/08 with ``changes`` (old, new) made to its text: a learner's class."""
+    source = _solution_source()
+    for old, new in changes:
+        assert old in source, old
+        source = source.replace(old, new)
+    scope = {}
+    exec(source, scope)  # noqa: S102  the repository's own solution text
+    return scope["CalculatorEnv"]
+
+
+# Plausible wrong classes written the way a learner writes them (the worked solution with one change), each with the
+# known mistake its verdict must name: what TRL would do with the class.
+_LEARNER_MISTAKES = {
+    "reset returns the answer": ((("        return None\n", "        return f\"The answer is {answer}.\"\n"),),
+                                 "holds the gold answer"),
+    "state kept on the class": ((("    max_calls = MAX_CALLS\n", "    max_calls = MAX_CALLS\n    results = []\n"),
+                                 ("self.calls, self.errors, self.results = 0, 0, []",
+                                  "self.calls, self.errors = 0, 0\n        self.results.clear()")),
+                                "state kept on the class"),
+    "calculate without its type hint": ((("def calculate(self, expression: str) -> str:",
+                                          "def calculate(self, expression):"),), "no type hint"),
+    "calculate without its docstring": ((('        """Evaluate an arithmetic expression and return its value.\n\n'
+                                          '        Args:\n            expression: numbers with + - * / and brackets, '
+                                          'for example "7 * (8 + 2)".\n        """\n', ""),), "no docstring"),
+    "a public helper method": ((("    def get_reward(self) -> float:",
+                                 "    def is_error(self, result: str) -> bool:\n"
+                                 "        return result.startswith(ERROR_PREFIX)\n\n    def get_reward(self) -> float:"),),
+                               "a public helper method"),
+    "a reward matching a substring": ((("any(answers_match(r, self.answer) for r in self.results)",
+                                        "any(self.answer in r for r in self.results)"),), "substring"),
+    "a reward reading only the last result": ((("any(answers_match(r, self.answer) for r in self.results)",
+                                                "bool(self.results) and answers_match(self.results[-1], self.answer)"),),
+                                              "only the last result"),
+    "a cap that skips failed calls": ((("        self.calls += 1\n        if self.calls > self.max_calls:",
+                                        "        if self.calls >= self.max_calls:"),
+                                       ("        else:\n            self.results.append(result)",
+                                        "        else:\n            self.calls += 1\n            self.results.append(result)")),
+                                      "only calls that gave a result"),
+    "reset without the rest of the row": ((("def reset(self, answer=None, **example):", "def reset(self, answer=None):"),),
+                                          "reset takes only answer"),
+}
+
+
+def test_the_worked_solution_and_labkits_environment_pass_the_check():
+    ex.verify("calculator_env", CalculatorEnv)
+    ex.verify("calculator_env", _learners_class())
+
+
+@pytest.mark.parametrize("name", sorted(_LEARNER_MISTAKES))
+def test_a_learners_wrong_environment_fails_with_what_trl_would_do_with_it(name):
+    changes, says = _LEARNER_MISTAKES[name]
+    with pytest.raises(ex.ExerciseFailed) as info:
+        ex.verify("calculator_env", _learners_class(*changes))
+    (message,) = [m for m in ex.exercise("calculator_env").mistakes if says in m]
+    assert f"what is wrong: {message}" in str(info.value), str(info.value)
 
 
 def test_an_unfilled_environment_falls_back_to_labkit(capsys, monkeypatch):
@@ -259,9 +336,15 @@ def test_the_dashboard_draws_tool_metrics_beside_the_rewards():
     assert set(panel_series(record, reward)) == {"reward", "tools/call_frequency", "tools/failure_frequency"}
 
 
+def _verdict(environment_class) -> str:
+    with pytest.raises(ex.ExerciseFailed) as info:
+        ex.verify("calculator_env", environment_class)
+    return str(info.value)
+
+
 def test_the_exercise_shows_what_a_tool_raised_and_which_call():
     class RaisesOnZero(CalculatorEnv):
-        def calculate(self, expression):
+        def calculate(self, expression: str) -> str:  # the type hint the tool schema needs (the docstring is inherited)
             if "/ 0" in str(expression):
                 raise ZeroDivisionError("division by zero")
             return super().calculate(expression)
@@ -270,6 +353,16 @@ def test_the_exercise_shows_what_a_tool_raised_and_which_call():
         ex.verify("calculator_env", RaisesOnZero)
     verdict = str(info.value)
     assert "wrong on a division by zero" in verdict, verdict
-    assert "got      [raised ZeroDivisionError: division by zero, '5', 1.0]" in verdict, verdict
-    assert ("what is wrong: call 1 of 3, calculate('10 / 0'): labkit's returns 'an error message', yours raised "
-            "ZeroDivisionError: division by zero") in verdict, verdict
+    assert "got      ['None: the prompt stays as it is', raised ZeroDivisionError: division by zero, '5', 1.0]" in verdict
+    assert ("what is wrong: call 2 of 4, calculate('10 / 0'): labkit's returns 'an error message', yours raised "
+            "ZeroDivisionError: division by zero\n") in verdict, verdict  # TRL catches a tool's exception: it goes on
+
+
+def test_an_exception_in_reset_or_get_reward_stops_the_script_as_it_stops_trl():
+    class RewardRaises(CalculatorEnv):
+        def get_reward(self) -> float:
+            raise KeyError("answer")
+
+    verdict = _verdict(RewardRaises)
+    assert "wrong on a right call" in verdict and "call 3 of 3, get_reward()" in verdict, verdict
+    assert "TRL does not catch an exception of get_reward: training stops there" in verdict, verdict
