@@ -45,7 +45,7 @@ from labkit.validation import SECRET_FIELDS, _num_processes, validate
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
-           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters",
+           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters", "question_prompt",
            # where they live: labkit.validation, labkit.preflight, labkit.oom
            "validate", "preflight", "explain_oom"]
 
@@ -129,6 +129,27 @@ def task_dataset(task: str, split: str = "train", *, seed: int | None = None, li
 def eval_prompts(preset: Preset, limit: int | None = None):
     """Return the held-out prompts to evaluate a preset's run on: its task's test split (the first ``limit``)."""
     return task_dataset(preset.task, "test", limit=limit)
+
+
+def question_prompt(question, like: list[dict], tokenizer, max_tokens: int) -> list[dict]:
+    """Return the chat messages that ask ``question`` as the prompt ``like`` asks its own (notebook 04, section 9).
+
+    ``like`` is one of the run's conversational prompts: its messages before the last (the task's system prompt)
+    are kept and ``question`` replaces the last. A question that is not text, is empty, or with the chat
+    template is longer than ``max_tokens`` (the preset's ``max_prompt_length``: the run never trained on a
+    longer prompt) raises ``ValueError`` whose message is one line saying what to change.
+    """
+    if not isinstance(question, str) or not question.strip():
+        shown = "empty" if isinstance(question, str) or question is None else f"not text ({type(question).__name__})"
+        raise ValueError(f"the question is {shown}: write one in words, e.g. \"Tom has 4 boxes with 5 pens in each "
+                         "box. How many pens does Tom have?\"")
+    messages = [*like[:-1], {"role": "user", "content": " ".join(question.split())}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    tokens = len(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)  # transformers 5: a BatchEncoding
+    if tokens > max_tokens:
+        raise ValueError(f"the question makes a prompt of {tokens} tokens, and this run trained on prompts of at most "
+                         f"{max_tokens} (max_prompt_length): shorten it by about {tokens - max_tokens} tokens")
+    return messages
 
 
 def reward_functions(preset: Preset) -> tuple[list, list[float]]:

@@ -49,12 +49,42 @@ def test_a_merged_model_loads_without_peft_and_answers_as_the_trained_one(tmp_pa
     assert (_logits(base, ids) - _logits(merged, ids)).abs().max() > 1e-2  # the adapter is in the weights
     if method == "lora":
         assert error < 1e-4
+        # what notebook 04 checks on its own run: greedy, the merged model writes the adapter model's tokens
+        greedy = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+        with torch.no_grad():
+            assert torch.equal(merged.generate(ids, **greedy), trained.generate(input_ids=ids, **greedy))
     else:  # the 4-bit kernel computes a little differently; merging into the unquantised base is 28x worse here
         from peft import PeftModel
 
         naive = PeftModel.from_pretrained(base, str(saved)).merge_and_unload()
         assert error < 1e-2 and error * 10 < (_logits(naive, ids) - _logits(trained, ids)).abs().max()
     assert (merged_dir / "tokenizer_config.json").exists()
+
+
+@pytest.mark.parametrize("question, says", [
+    ("", "the question is empty: write one"), ("   \n ", "the question is empty"), (None, "the question is empty"),
+    (42, "the question is not text (int)"),
+    ("How many? " * 60, "this run trained on prompts of at most 128 (max_prompt_length): shorten it by about"),
+])
+def test_a_learners_own_question_that_cannot_be_asked_gets_one_line(tiny_model_path, question, says):
+    """Notebook 04's MY_QUESTION (issue 46 item 7): empty or too long, it is one line saying what to change."""
+    from labkit.models import load_tokenizer
+    from labkit.run import question_prompt
+
+    like = [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "2 + 2?"}]
+    with pytest.raises(ValueError) as caught:
+        question_prompt(question, like, load_tokenizer(tiny_model_path), max_tokens=128)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_learners_own_question_is_asked_as_the_runs_prompts_are(tiny_model_path):
+    from labkit.models import load_tokenizer
+    from labkit.run import question_prompt
+
+    like = [{"role": "system", "content": "Answer in one short sentence."}, {"role": "user", "content": "2 + 2?"}]
+    messages = question_prompt("  Tom has 4 boxes\nwith 5 pens each. How many pens?  ", like,
+                               load_tokenizer(tiny_model_path), max_tokens=128)
+    assert messages == [like[0], {"role": "user", "content": "Tom has 4 boxes with 5 pens each. How many pens?"}]
 
 
 def test_merging_a_folder_without_an_adapter_says_what_to_pass(tmp_path):
