@@ -84,7 +84,10 @@ class CalculatorEnv:
     - ``calculate(expression)``: the tool (its docstring and type hint become the schema the model reads).
       At most :data:`MAX_CALLS` calls a rollout; every failure is a string that goes back to the model.
     - ``get_reward()``: 1.0 when a call of this rollout returned the gold answer, else 0.0 (TRL adds it to
-      the other rewards with weight 1, under the name ``CalculatorEnv``).
+      the other rewards with weight 1, under the name ``CalculatorEnv``). It can be gamed: a word problem
+      (:class:`labkit.tasks.WordProblems`) is one of ``a + b``, ``a - b``, ``a x b``, so three calls, one of each,
+      always compute the gold within :data:`MAX_CALLS` = 3. The recipes keep ``right_answer_reward`` (the *stated*
+      answer) beside it, which such a rollout does not earn by calling (notebook 08, section 3; tests/test_tools.py).
 
     ``calls``, ``errors`` and ``results`` are what this rollout did (the notebook's metrics read them).
     """

@@ -61,6 +61,33 @@ def test_the_environment_caps_calls_and_rewards_only_the_gold_result():
     assert (env.calls, env.errors, env.results, env.get_reward()) == (0, 0, [], 0.0)
 
 
+def test_the_environment_reward_can_be_hacked_by_one_call_of_each_operation_and_the_stated_answer_cannot():
+    """Issue 44 item 4, checked and taught (notebook 08 section 3): a word problem is a op b with op one of + - x, so
+    three calls, a + b, a - b and a x b, always compute the gold and earn CalculatorEnv's reward within MAX_CALLS = 3,
+    whatever the reply then states. right_answer_reward reads the stated answer, so a hack earns at most half of the
+    two rewards; the recorded run (results/tools_demo.json) made about one call per rollout and did not find it."""
+    import json
+    import re
+    from pathlib import Path
+
+    from labkit.rewards import right_answer_reward
+    from labkit.tasks import WordProblems
+
+    assert MAX_CALLS == 3
+    for numbers in ("small", "large"):
+        for question, gold in WordProblems(numbers=numbers).problems(200, seed=1):
+            a, b = re.findall(r"\d+", question)[:2]
+            env = CalculatorEnv()
+            env.reset(answer=gold, prompt=[])
+            for op in "+-*":
+                env.calculate(f"{a} {op} {b}")
+            assert env.get_reward() == 1.0, question  # the hole: no need to know which operation the problem asks
+            stated = [f"{a} {op} {b} = {safe_calculate(f'{a} {op} {b}')}" for op in "+-*" if safe_calculate(f"{a} {op} {b}") != gold]
+            assert right_answer_reward([stated[0]], answer=[gold]) == [0.0]  # the stated answer is not gamed so
+    recorded = json.loads((Path(__file__).resolve().parents[1] / "results" / "tools_demo.json").read_text())
+    assert max(recorded["arms"]["tool"]["train_logs"]["after_grpo"]["tools/call_frequency"]) <= 1.0
+
+
 def test_trl_sees_one_tool_and_the_reward():
     import inspect
 
