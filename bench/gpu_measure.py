@@ -1,7 +1,8 @@
 """One row of ``python -m bench gpu``, measured in a fresh process (:mod:`bench.worker` runs :func:`measure`): a preset,
 a grid row or a doctor row for a few real GRPO steps on a CUDA card, peak memory and seconds per phase.
 
-:mod:`bench.gpu` plans the rows, runs each here in a process of its own, and writes what they return.
+:mod:`bench.gpu` plans the rows, runs each here in a process of its own (several side by side, each under its own
+cap), and writes what they return. A tool recipe's rounds are forced (:mod:`bench.forced_tools`).
 """
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pathlib import Path
 from labkit.memory import GIB
 from labkit.oom import PhaseTracker
 
-__all__ = ["measure", "PhasePeaks", "bench_preset", "percent_error", "loader_of", "LABEL", "TINY_SHAPE", "PHASE_ORDER",
-           "COLUMNS"]
+__all__ = ["measure", "PhasePeaks", "bench_preset", "percent_error", "loader_of", "process_gpu_bytes", "LABEL",
+           "SIDE_BY_SIDE_LABEL", "TINY_SHAPE", "PHASE_ORDER", "COLUMNS", "SECONDS_COLUMNS"]
 
 LABEL = "measured on {device}, random weights, every completion at max_completion_length"
+SIDE_BY_SIDE_LABEL = "; memory only: measured beside {others} other row(s), its seconds are not timings"
 TINY_SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=512)
 PHASE_ORDER = ("generation", "scoring", "forward", "backward", "optimizer")
@@ -26,7 +28,8 @@ COLUMNS = [
     "date", "part", "name", "label", "status", "model", "method", "precision", "card", "cap_gib", "context_gib",
     "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "num_generations",
     "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "generation", "loader", "weights_4bit", "embedding_dtype",
-    "steps_done", "completion_mean_length",
+    "steps_done", "completion_mean_length", "side_by_side", "cap_from", "context_from", "tool_rounds",
+    "longest_prompt_tokens",
     "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "fits", "fraction_of_card", "oom_phase",
     *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib", "reserved_gib")],
     "training_allocated_gib", "generation_tokens_per_s",
@@ -36,6 +39,8 @@ COLUMNS = [
     "predicted_fall_gib", "wall_s",
     "device", "driver", "cuda", "torch", "transformers", "trl", "peft", "bitsandbytes", "error",
 ]
+# What a row measured beside other rows does not report as timings (bench.gpu moves them under "seconds_beside").
+SECONDS_COLUMNS = [*(f"{p}_s" for p in PHASE_ORDER), "generation_tokens_per_s", "wall_s"]
 
 
 # --------------------------------------------------------------------------- one measurement (worker side)
@@ -101,6 +106,25 @@ def _driver() -> str | None:
         return None
 
 
+def process_gpu_bytes() -> int | None:
+    """Return the GPU memory NVML counts for this process (its context, PyTorch's reserved and anything else it
+    holds there), or None where NVML does not list this process (no NVML, or a container whose process ids NVML
+    does not see)."""
+    import os
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]))
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                return int(proc.usedGpuMemory)
+    except Exception:  # no NVML, a device index NVML numbers otherwise: not this process's figure
+        return None
+    return None
+
+
 def bench_preset(spec: dict):
     """Return the preset a spec measures: a named preset with ``overrides`` (the grid's, the doctor's), then the
     OOM doctor's ``change`` (``Preset.apply``: GRPOConfig fields such as ``steps_per_generation`` too)."""
@@ -122,8 +146,13 @@ def measure(spec: dict) -> dict:
 
     Runs in a fresh process (``python -m bench.worker gpu SPEC``). ``spec``: ``preset`` (a name),
     ``overrides`` (preset fields), ``config`` (extra ``GRPOConfig`` values), ``steps``, ``cap`` ("card":
-    the preset's card less the CUDA context; None: the whole device), ``precision`` (default: the preset
-    card's), ``tiny`` (a two-layer model on the CPU), ``dashboard`` (a folder for its picture and record).
+    the preset's card less the CUDA context; a number: a cap in GiB, the OOM doctor's or the planner's, as
+    ``cap_from`` says; None: the whole device), ``precision`` (default: the preset card's), ``tiny`` (a two-layer
+    model on the CPU), ``dashboard`` (a folder for its picture and record), ``side_by_side`` (other rows may run on
+    the device at the same time: the context is then this process's own in NVML, else ``context_gib``, the
+    parent's probe of one context measured alone; NVML's whole-device figure is kept off the dashboard).
+    A tool recipe's rounds are forced (:mod:`bench.forced_tools`): the row records the rounds TRL took
+    (``tool_rounds``, its ``tools/call_frequency``) and the longest prompt a ``generate`` call saw.
     """
     import torch
 
@@ -155,33 +184,53 @@ def measure(spec: dict) -> dict:
                max_prompt_length=preset.max_prompt_length,
                **{k: plan.config[k] for k in ("max_completion_length", "optim")},
                gradient_checkpointing=preset.gradient_checkpointing)
-    context = cap_gib = None
+    context = cap_gib = context_from = cap_from = None
+    beside = bool(spec.get("side_by_side"))
     if cuda:
         torch.empty(1, device="cuda")  # the context exists from here on
         free, total = torch.cuda.mem_get_info()
-        context = (total - free - torch.cuda.memory_reserved()) / GIB  # the driver's and kernels', outside the cap
+        own = process_gpu_bytes() if beside else None
+        if not beside:  # alone on the device: everything in use but PyTorch's reserved is this process's context
+            context, context_from = (total - free - torch.cuda.memory_reserved()) / GIB, "mem_get_info, alone"
+        elif own is not None:  # beside other processes mem_get_info counts theirs too; NVML names this one's
+            context, context_from = (own - torch.cuda.memory_reserved()) / GIB, "NVML, this process"
+        else:
+            context, context_from = spec.get("context_gib"), "the probe's context, measured alone"
+        if beside:  # the dashboard's gauge would read NVML's whole device, every other row's memory included
+            import labkit.monitor
+
+            labkit.monitor._nvml._module = False  # noqa: SLF001 - PyTorch's own figures for this process only
         if spec.get("cap") == "card" and card is not None:
-            cap_gib = card.total_memory_gib - context  # what PyTorch can have of that card
-        elif isinstance(spec.get("cap"), (int, float)):  # the OOM doctor's rows: a cap between two phases' peaks
-            cap_gib = float(spec["cap"])
+            cap_gib, cap_from = card.total_memory_gib - (context or 0), "card"  # what PyTorch can have of that card
+        elif isinstance(spec.get("cap"), (int, float)):  # the OOM doctor's cap between two phases, or the planner's
+            cap_gib, cap_from = float(spec["cap"]), spec.get("cap_from", "doctor")
         if cap_gib is not None:
             torch.cuda.set_per_process_memory_fraction(card_cap_fraction(cap_gib, total))
-    row.update(cap_gib=cap_gib, context_gib=context)
+    row.update(cap_gib=cap_gib, context_gib=context, context_from=context_from, cap_from=cap_from)
 
     est = estimate(plan)
     row.update(estimated_total_gib=est.total, estimated_generation_gib=est.generation_phase,
                estimated_training_gib=est.training_phase)
     folder = Path(tempfile.mkdtemp(prefix="labkit-gpu-"))
-    recorder = LogRecorder(("num_tokens", "completions/mean_length"))
-    monitor = dashboard = peaks = None
+    recorder = LogRecorder(("num_tokens", "completions/mean_length", "tools/call_frequency"))
+    monitor = dashboard = peaks = forced = None
     started = time.perf_counter()
     try:
         path = _random_weights_model(preset, folder / "model", precision, device="cuda" if cuda else "cpu",
                                      **(TINY_SHAPE if tiny else {}))
         bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
         tokenizer = load_tokenizer(path)
-        dataset = _fixed_length_prompts(tokenizer, max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2),
-                                        bench.max_prompt_length)
+        n = max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2)
+        tools = None
+        if preset.environment:  # a tool recipe: prompts with the tool schema, exactly max_prompt_length tokens
+            from bench import forced_tools
+            from labkit.environments import ENVIRONMENTS, environment_tools
+
+            tools = environment_tools(ENVIRONMENTS[preset.environment]())
+            forced_tools.prepare(tokenizer, tools)
+            dataset = forced_tools.tool_prompts(tokenizer, tools, n, bench.max_prompt_length)
+        else:
+            dataset = _fixed_length_prompts(tokenizer, n, bench.max_prompt_length)
         callbacks = [recorder]
         if spec.get("dashboard"):
             from labkit.dashboard import LiveDashboard
@@ -198,6 +247,9 @@ def measure(spec: dict) -> dict:
                         callbacks=callbacks, print_logs=False,
                         generation_kwargs={"min_new_tokens": bench.max_completion_length}, **config)
         peaks.install(run.trainer)
+        if tools:  # random weights write no call: force one per turn, max_tool_calling_iterations rounds
+            forced = forced_tools.install(run.trainer, tokenizer, tools, rounds=preset.max_tool_calling_iterations,
+                                          budget=plan.config["max_completion_length"])
         if preset.method == "qlora":  # what each loader left in full precision (PEFT's upcast, TRL's does not)
             model = run.trainer.model
             row.update(weights_4bit=any(type(m).__name__ == "Linear4bit" for m in model.modules()),
@@ -228,13 +280,22 @@ def measure(spec: dict) -> dict:
         out = Path(spec["dashboard"])
         out.mkdir(parents=True, exist_ok=True)
         dashboard.save(out / f"dashboard_{spec['name']}.png")
-        (out / f"dashboard_{spec['name']}.json").write_text(json.dumps(_dashboard_record(dashboard, monitor)) + "\n")
+        record = _dashboard_record(dashboard, monitor)
+        if beside:  # its memory is its own (PyTorch's figures); its seconds were shared with the other rows
+            record["note"] = ("measured beside other rows of bench gpu's side-by-side run: memory is this process's "
+                              "own (PyTorch's figures, no whole-GPU NVML line); the time axis is stretched by the others")
+        (out / f"dashboard_{spec['name']}.json").write_text(json.dumps(record) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     _phase_columns(row, peaks.peaks if peaks else {}, cuda)
     if cuda and peaks:
         row["phase_peaks_gib"] = {name: round(p["allocated"] / GIB, 3) for name, p in peaks.peaks.items()}
     lengths = [x for x in recorder.values["completions/mean_length"] if x == x]
     row["steps_done"] = len(recorder.values["step_time"])
+    if forced is not None:
+        calls = [x for x in recorder.values["tools/call_frequency"] if x == x]
+        row.update(tool_rounds=round(sum(calls) / len(calls), 2) if calls else None,
+                   longest_prompt_tokens=forced.longest_prompt, forced_tools=forced.summary(),
+                   estimated_sequence_tokens=est.settings.get("generation_tokens"))
     row["completion_mean_length"] = round(sum(lengths) / len(lengths), 1) if lengths else None
     gen_s = row.get("generation_s")
     if gen_s and lengths:
@@ -246,6 +307,7 @@ def measure(spec: dict) -> dict:
     row.update(date=info["date"], device=device.name, driver=_driver(), cuda=torch.version.cuda,
                label=LABEL.format(device=device.name) if cuda else "CPU rehearsal of the command (--tiny): no memory "
                                                                   "measured", settings=preset.to_dict(),
+               side_by_side=spec.get("side_by_side"),
                **{k: info["versions"].get(k) for k in ("torch", "transformers", "trl", "peft", "bitsandbytes")})
     return row
 
