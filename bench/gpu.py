@@ -1,4 +1,4 @@
-"""``python -m bench gpu``: the GPU half of the lab, measured on a real CUDA card.
+"""``python -m bench gpu``: the GPU half of the lab, measured on a real CUDA card, in one borrowed run.
 
 One command records, in ``results/gpu/`` (``measurements.csv`` and ``measurements.json``, a row each as
 it ends), what the estimator (:func:`labkit.preflight.estimate`) and the rehearsal (:mod:`bench.rehearse`)
@@ -10,23 +10,27 @@ only predict:
   less the CUDA context the cap does not see. Per phase (generation, scoring, the loss's forward and
   backward passes, the optimiser step): seconds, ``max_memory_allocated``, ``max_memory_reserved``;
   fits or OOM, beside the estimate and the rehearsal of the same plan. The ``laptop-16gb`` row also
-  keeps its live dashboard (picture and memory timeline per phase).
+  keeps its dashboard (the saved picture and the memory timeline per phase). ``tools-16gb``'s tool rounds are
+  forced (:mod:`bench.forced_tools`: random weights never write a call).
 - **qlora**: ``qlora-3b`` with ``prepare_model_for_kbit_training=True`` (labkit's loader runs PEFT's fp32 upcast
   of every weight that is not 4-bit) beside its preset row (TRL loads and quantises the model, as notebook 04's
   plain-TRL cell does; TRL 1.16 never calls ``prepare_model_for_kbit_training``): what the upcast costs.
 - **doctor**: the OOM doctor on real OOMs: a base recipe uncapped, then capped between the peak of the phases
   before a target phase and its own (generation, backward, optimiser step), then with the report's first change
   under the same cap (:data:`DOCTOR_BASES`, :func:`doctor_cap`, :func:`doctor_verdict`).
-- **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, uncapped, each
-  beside the estimate.
+- **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, each beside the estimate.
 - **speed**: completion tokens a second of TRL's ``generate`` and of transformers' continuous batching
   (``use_transformers_continuous_batching=True``) at the ``workshop`` and ``laptop-16gb`` settings.
 
-Each measurement runs in a fresh process (:mod:`bench.worker`): a peak means something only in
-a process that measured nothing before, and a crash or a kill loses one row, never the finished ones.
-``--budget-s`` runs the most valuable parts first and skips what would not finish in time.
-``--tiny`` runs the same code on a CPU with two-layer models (a test in the suite); ``--bundle DIR``
-prepares an offline GPU machine (:mod:`bench.gpu_bundle`). docs/gpu.md says how.
+Each row runs in a fresh process (:mod:`bench.worker`): a peak means something only in a process that measured
+nothing before, and a crash or a kill loses that row only. The memory rows run side by side, several processes
+at once, each under its own cap (:mod:`bench.gpu_plan` plans how many and in which order, and prints the plan
+first); a row measured beside others says so (``side_by_side``) and reports no seconds. A check comes first: one
+row alone, then again beside the others; if their allocated peaks differ by more than 1 %, the rest runs one at a
+time. The speed rows always run alone, last. ``--budget-s`` starts only what its expected seconds let finish;
+``--plan`` prints the plan on any machine; ``--tiny`` runs the same code on a CPU with two-layer models, two
+processes at once (a test in the suite); ``--bundle DIR`` prepares an offline GPU machine
+(:mod:`bench.gpu_bundle`); ``--pictures`` renders the docs' pictures from the saved dashboard. docs/gpu.md says how.
 """
 from __future__ import annotations
 
@@ -35,19 +39,20 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.gpu_measure import COLUMNS, LABEL, PHASE_ORDER, PhasePeaks, bench_preset, measure, percent_error
+from bench.gpu_measure import COLUMNS, LABEL, PHASE_ORDER, PhasePeaks, bench_preset, measure
 from labkit.memory import GIB
 
 __all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "recorded_rows", "measured_rows", "doctor_cap",
-           "doctor_spec", "doctor_verdict", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL"]
+           "doctor_spec", "doctor_verdict", "check_job", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL",
+           "PARTS", "RESULT_FILES"]
 
-
+REPO_RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
 # The presets a 16 GB card or a T4 is sized by; laptop-16gb first: its row also photographs the dashboard.
 # tools-16gb (notebook 08) last: its rollouts with random weights write no tool call, so it measures the recipe's
 # shapes (the tool schema in every prompt, completions forced to the budget that counts 3 tool rounds)
@@ -61,15 +66,16 @@ GRID_SETTINGS = dict(per_device_train_batch_size=4, gradient_accumulation_steps=
 # The CPU rehearsal of this command (--tiny): the same code, two layers, a small width and short sequences.
 TINY_SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
                      max_prompt_length=32, max_completion_length=8)
+# A tiny tool row's budget: three forced rounds (a call of about 70 byte tokens, the tool turn about 25) fit in it.
+TINY_TOOL_COMPLETION = 300
 # Most valuable first: the presets (and the dashboard), then QLoRA both ways (one row that says which loader a
 # 16 GB card should trust), the estimator grid, the generation speeds.
 PARTS = ("presets", "qlora", "doctor", "grid", "speed")
 PENDING = {"unsloth": "needs Unsloth's own environment (python -m bench unsloth)"}
-# Seconds a row took on an H100 (results/gpu, 2026-11-26: wall_s plus ~15 s of process start), for --budget-s;
-# a row not timed yet gets its part's guess. Generation dominates: TRL's generate at ~80 ms a decoding step.
-EXPECTED_S = {"laptop-16gb": 170, "laptop-16gb-published": 145, "workshop": 60, "qlora-3b": 225, "tools-16gb": 180,
-              "grid-Qwen2.5-0.5B-lora-bf16": 45}
-PART_EXPECTED_S = {"presets": 170, "grid": 60, "qlora": 225, "doctor": 90, "speed": 150}
+# What one run writes in its results folder: the lent GPU machine sends back at most 8 files from $OUT.
+RESULT_FILES = ("measurements.csv", "measurements.json", "status.json", "runs.log", "dashboard_laptop-16gb.json",
+                "dashboard_laptop-16gb.png")
+DEFAULT_PLAN_BUDGET_S = 540  # --plan without --budget-s: one 10-minute call less the install and the writes
 # The OOM doctor on real OOMs. For each phase: a base recipe measured uncapped, the same capped between the peak of
 # the phases before it and its own peak (so it runs out of memory there: the doctor's report from the real
 # torch.OutOfMemoryError), and the same with the report's first change under the same cap (does it fit now; did
@@ -95,7 +101,9 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
     jobs = []
     if "presets" in parts:
         for name in presets:
-            jobs.append(dict(part="presets", name=name, preset=name, overrides=dict(shrink), steps=steps, cap="card",
+            tools = tiny and name == "tools-16gb"  # the forced rounds need room in the budget
+            jobs.append(dict(part="presets", name=name, preset=name, steps=steps, cap="card",
+                             overrides=dict(shrink, **({"max_completion_length": TINY_TOOL_COMPLETION} if tools else {})),
                              dashboard=str(results) if name == "laptop-16gb" and results else None))
     if "grid" in parts:
         for model, method, precision in GRID[:2] if tiny else GRID:
@@ -191,8 +199,10 @@ def recorded_rows(results: Path) -> list[dict]:
 
 def measured_rows(results: Path) -> dict:
     """Return the rows on a CUDA device already in ``results/measurements.json`` (ok or OOM: both are findings),
-    by name, for the settings they were measured with: a preset changed since then is measured again."""
-    return {r["name"]: r for r in recorded_rows(results) if r.get("status") in ("ok", "oom") and r.get("cuda")}
+    by name, for the settings they were measured with: a preset changed since then is measured again. A row measured
+    side by side before the run's check found that side by side changed a peak does not count."""
+    return {r["name"]: r for r in recorded_rows(results) if r.get("status") in ("ok", "oom") and r.get("cuda")
+            and r.get("side_by_side_check") != "failed"}
 
 
 def row_settings(row: dict) -> dict:
@@ -212,6 +222,11 @@ def row_settings(row: dict) -> dict:
     return Preset.from_dict(settings).to_dict()
 
 
+def _recipe(settings: dict) -> dict:
+    """Return preset settings less the description: a description is not the recipe."""
+    return {k: v for k, v in settings.items() if k != "description"}
+
+
 def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
     """Return the ``jobs`` that ``results`` has no CUDA row for, at the preset's settings as they are now."""
     done = measured_rows(results)
@@ -223,75 +238,162 @@ def still_to_measure(jobs: list[dict], results: Path) -> list[dict]:
                 todo.append(job)
             continue
         row = done.get(job["name"])
-        if row is None or row_settings(row) != bench_preset(job).replace(precision=row["precision"]).to_dict():
+        if row is None or _recipe(row_settings(row)) != _recipe(bench_preset(job).replace(precision=row["precision"])
+                                                                 .to_dict()):
             todo.append(job)
         elif job.get("dashboard") and not (Path(results) / f"dashboard_{job['name']}.png").exists():
             todo.append(dict(job, picture_only=True))  # not whole without its picture: after its part's new rows
     return sorted(todo, key=lambda job: (PARTS.index(job["part"]), bool(job.get("picture_only"))))
 
 
-def _write(results: Path, rows: list[dict]) -> None:
-    """Write every row: the CSV's columns and the full records (the OOM report, the settings) as JSON."""
-    from bench import append_csv
+def check_job(tiny: bool = False) -> dict:
+    """Return the spec of the side-by-side check's row (:data:`bench.gpu_plan.CHECK_ROW`, a grid row)."""
+    from bench.gpu_plan import CHECK_ROW
 
-    json_path = results / "measurements.json"
+    return next(job for job in plan_jobs(("grid",), tiny=tiny) if job["name"] == CHECK_ROW)
+
+
+def _write(results: Path, rows: list[dict], *, replace: bool = False) -> None:
+    """Add ``rows`` to ``measurements.json`` (the full records: the OOM report, the settings; ``replace``: write
+    ``rows`` as the whole file) and write ``measurements.csv`` again from it (its columns); each file is replaced
+    whole, so a kill leaves the old one or the new one, never half of one."""
+    json_path, csv_path = results / "measurements.json", results / "measurements.csv"
+    every = rows if replace else recorded_rows(results) + rows
     tmp = json_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(recorded_rows(results) + rows, indent=1) + "\n")
-    os.replace(tmp, json_path)  # a kill leaves the old file or the new one, never half of one
-    append_csv(results / "measurements.csv", [{k: r.get(k) for k in COLUMNS} for r in rows])
+    tmp.write_text(json.dumps(every, indent=1) + "\n")
+    os.replace(tmp, json_path)
+    tmp = csv_path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in COLUMNS} for r in every)
+    os.replace(tmp, csv_path)
 
 
 def _show(row: dict) -> str:
-    if row["status"] in ("error", "cut", "not isolated"):
+    if row["status"] in ("error", "cut", "not isolated", "over planner cap"):
         return f"{row['name']:<34} {row['status']}: {row.get('error')}"
     peak = row.get("peak_allocated_gib")
     mem = (f"peak {peak:.2f} GiB allocated, {row['peak_reserved_gib']:.2f} reserved"
            + (f" (+{row['context_gib']:.2f} context) of {row['cap_gib'] + row['context_gib']:.2f}"
-              if row.get("cap_gib") else "")
+              if row.get("cap_gib") and row.get("cap_from") == "card" else "")
            + f"; estimate {row['estimated_total_gib']:.2f} ({row['estimate_error_pct']:+.1f} %)"
            if peak is not None else "no CUDA memory (CPU)")
+    tools = (f", {row['tool_rounds']:g} tool rounds, longest prompt {row['longest_prompt_tokens']} tokens"
+             if row.get("tool_rounds") is not None else "")
+    if row.get("side_by_side"):
+        return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
+               f"{mem}{tools} (beside {row['side_by_side']} other rows: memory only)"
     speed = f", {row['generation_tokens_per_s']:.0f} completion tok/s" if row.get("generation_tokens_per_s") else ""
     return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
-           f"{mem}{speed}, {row['wall_s']} s"
+           f"{mem}{tools}{speed}, {row['wall_s']} s"
+
+
+def _pictures(results: Path, docs: Path) -> int:
+    """Render the docs' pictures of the measured laptop-16gb run from what the GPU run saved in ``results``."""
+    from labkit.dashboard import memory_replay_png
+
+    record_path, dashboard = results / "dashboard_laptop-16gb.json", results / "dashboard_laptop-16gb.png"
+    if not record_path.exists():
+        print(f"error: {record_path} does not exist: run python -m bench gpu on a GPU first", file=sys.stderr)
+        return 2
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "gpu_memory_laptop-16gb.png").write_bytes(memory_replay_png(json.loads(record_path.read_text())))
+    written = [docs / "gpu_memory_laptop-16gb.png"]
+    if dashboard.exists():  # the dashboard's saved picture (labkit.dashboard.picture.png_bytes), drawn on the GPU machine
+        (docs / "gpu_dashboard_laptop-16gb.png").write_bytes(dashboard.read_bytes())
+        written.append(docs / "gpu_dashboard_laptop-16gb.png")
+    print(f"wrote {', '.join(map(str, written))}: the memory replayed from {record_path.name} here (the live "
+          "dashboard's browser view cannot be photographed on the GPU machine, which has no browser)")
+    return 0
+
+
+class _Log:
+    """Print a line and keep it in the results folder's ``runs.log``."""
+
+    def __init__(self):
+        self.path: Path | None = None
+
+    def __call__(self, text: str = "") -> None:
+        print(text, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as fh:
+                fh.write(text + "\n")
+
+
+def _print_plan(args, results: Path) -> int:
+    """``--plan``: print the plan for a card of ``--device-gib`` GiB (an H100 unless told), on any machine."""
+    from bench.gpu_plan import DEFAULT_CONTEXT_GIB, DEFAULT_CORES, DEFAULT_DEVICE_GIB, build_plan
+
+    rows = recorded_rows(results) or recorded_rows(REPO_RESULTS)
+    jobs = plan_jobs(args.parts, presets=args.presets, steps=args.steps, results=results)
+    todo = jobs if args.redo else still_to_measure(jobs, results)
+    contexts = sorted(r["context_gib"] for r in rows if r.get("context_gib") and r.get("cuda"))
+    plan = build_plan(todo, rows=rows, device_gib=args.device_gib or DEFAULT_DEVICE_GIB,
+                      context_gib=contexts[len(contexts) // 2] if contexts else DEFAULT_CONTEXT_GIB,
+                      cores=args.cores or DEFAULT_CORES, budget_s=args.budget_s or DEFAULT_PLAN_BUDGET_S,
+                      at_once=args.at_once, check=check_job() if todo else None)
+    done = sorted({j["name"] for j in jobs} - {j["name"] for j in todo})
+    print(plan.text(done))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench gpu [--budget-s N] [--parts ...] [--tiny] [--bundle DIR]``: see the module docstring.
+    """``python -m bench gpu [--plan] [--budget-s N] [--parts ...] [--tiny] [--bundle DIR] [--pictures]``: see the
+    module docstring.
 
     Exit code 0 when every planned row ran (fit or not: an OOM is a finding), 1 when a row broke or was
-    skipped, 2 on bad input (no CUDA device without --tiny, an unknown part).
+    skipped, 2 on bad input (no CUDA device without --tiny or --plan, an unknown part).
     """
     from bench import worker
-    from labkit.presets import card_device
+    from bench.gpu_plan import build_plan
 
+    started = time.monotonic()
     parser = argparse.ArgumentParser(prog="python -m bench gpu", description=main.__doc__)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to measure, in order")
     parser.add_argument("--presets", nargs="+", default=list(PRESET_ORDER), choices=PRESET_ORDER)
     parser.add_argument("--steps", type=int, default=2, help="optimiser steps per preset (>= 2: states exist)")
-    parser.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start only rows expected to end within this many seconds of the start; kill what runs "
+                             f"past it (--plan: {DEFAULT_PLAN_BUDGET_S} s unless given)")
     parser.add_argument("--results", default=None, help="folder (default results/gpu; --tiny: a temporary one)")
     parser.add_argument("--tiny", action="store_true", help="the same code on a CPU with two-layer models")
+    parser.add_argument("--plan", action="store_true", help="print the plan only (any machine, no CUDA needed)")
+    parser.add_argument("--device-gib", type=float, default=None,
+                        help="--plan: the card's memory as PyTorch reports it (default 79.1, an H100 80GB; an H200: 139)")
+    parser.add_argument("--cores", type=int, default=None, help="--plan: the GPU machine's host cores (default 16)")
+    parser.add_argument("--at-once", type=int, default=None, help="at most this many rows at once (--tiny: 2)")
     parser.add_argument("--bundle", default=None, help="prepare an offline GPU machine's wheels in this folder")
+    parser.add_argument("--pictures", action="store_true",
+                        help="render docs/gpu_memory_laptop-16gb.png (and copy the dashboard's picture) from the "
+                             "results folder's saved dashboard, on any machine")
     parser.add_argument("--redo", action="store_true",
                         help="measure every row again (default: only rows the results lack at today's settings)")
     args = parser.parse_args(argv)
     if args.bundle:
-        from bench.gpu_bundle import install_command, make_bundle
+        from bench.gpu_bundle import device_command, install_command, make_bundle
 
         make_bundle(args.bundle)
-        print(install_command(args.bundle))
+        print(f"on a GPU machine, from the repository root:\n{install_command(args.bundle)}")
+        command = device_command(args.bundle)
+        print(f"on this workplace's lent machine (one run with carry [{args.bundle!r}]; {len(command)} characters; then "
+              f"copy $OUT/gpu to results/gpu):\n{command}")
         return 0
+    if args.pictures:
+        return _pictures(Path(args.results or "results/gpu"), Path(__file__).resolve().parents[1] / "docs")
     if args.steps < 2 and "presets" in args.parts:
         print("error: --steps must be at least 2: AdamW creates its states in the first step", file=sys.stderr)
         return 2
+    if args.plan:
+        return _print_plan(args, Path(args.results or "results/gpu"))
     probe = worker.run("probe", {"device": "cpu" if args.tiny else None}, timeout=300)
     if probe.get("status") != "ok":
         print(f"error: could not inspect the device: {probe.get('error')}", file=sys.stderr)
         return 2
     if probe["device"]["kind"] != "cuda" and not args.tiny:
         print(f"error: no CUDA device here ({probe['device']['name']}): bench gpu measures a GPU. "
-              "Run --tiny for the CPU rehearsal of the command, or --bundle DIR for an offline GPU machine.",
-              file=sys.stderr)
+              "Run --tiny for the CPU rehearsal of the command, --plan for its plan, or --bundle DIR for an "
+              "offline GPU machine.", file=sys.stderr)
         return 2
     results = Path(args.results or (tempfile.mkdtemp(prefix="labkit-gpu-tiny-") if args.tiny else "results/gpu"))
     if args.tiny and measured_rows(results):
@@ -299,64 +401,56 @@ def main(argv: list[str] | None = None) -> int:
               "beside them. Leave --results out (a temporary folder) or name an empty one.", file=sys.stderr)
         return 2
     results.mkdir(parents=True, exist_ok=True)
-    rehearsed = _rehearsed()
+    say = _Log()
+    say.path = results / "runs.log"
+    device = probe["device"]
+    say(f"\n# {datetime.now(timezone.utc).isoformat(timespec='seconds')}: python -m bench gpu "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])} ({device['name']})")
     jobs = plan_jobs(args.parts, tiny=args.tiny, presets=args.presets, steps=args.steps, results=results)
+    kept = len(jobs)
     if not args.redo:
-        kept = len(jobs)
         jobs = still_to_measure(jobs, results)
         if kept > len(jobs):
-            print(f"{kept - len(jobs)} rows already measured at today's settings (--redo measures them again)")
-    deadline = time.monotonic() + args.budget_s if args.budget_s else math.inf
-    done, skipped, broken = [], [], 0
-    print(f"bench gpu: {len(jobs)} rows -> {results}", flush=True)
-    device_gib = probe["device"].get("total_memory_gib") or math.inf
-    for job in jobs:
+            say(f"{kept - len(jobs)} rows already measured at today's settings (--redo measures them again)")
+    device_gib = device.get("total_memory_gib") or math.inf
+    from labkit.presets import card_device
+
+    skipped = []
+    for job in list(jobs):
         card = card_device(job["preset"]) if job.get("cap") == "card" and not args.tiny else None
         if card is not None and card.total_memory_gib > device_gib:  # a cap larger than the card is refused
-            print(f"{job['name']:<34} refused: its card has {card.total_memory_gib:g} GiB, more than this device's "
-                  f"{device_gib:.2f} GiB; measure it on a card at least that large", flush=True)
+            say(f"{job['name']:<34} refused: its card has {card.total_memory_gib:g} GiB, more than this device's "
+                f"{device_gib:.2f} GiB; measure it on a card at least that large")
             skipped.append(job["name"])
-            continue
-        left = deadline - time.monotonic()
-        if left < EXPECTED_S.get(job["name"], PART_EXPECTED_S[job["part"]]) and not args.tiny:
-            skipped.append(job["name"])
-            continue
-        recorded, planned = {}, job
-        if job.get("doctor"):  # the doctor's caps and changes come from the rows measured before
-            recorded = {r["name"]: r for r in recorded_rows(results)}
-            planned = doctor_spec(job, recorded)
-        if isinstance(planned, str):  # a finding too: written as a row of its own
-            row = dict(part="doctor", name=job["name"], status="not isolated", error=planned, wall_s=0,
-                       doctor=job["doctor"])
-        else:
-            job = planned
-            try:
-                row = worker.run("gpu", job, timeout=min(left, 900))
-            except subprocess.TimeoutExpired:
-                row = dict(part=job["part"], name=job["name"], status="cut", wall_s=round(min(left, 900)),
-                           error=f"stopped at the budget after {min(left, 900):.0f} s")
-            if "name" not in row:  # the worker died or ran out of time: say so in a row of its own
-                row = dict(part=job["part"], name=job["name"], status="error", error=row.get("error", "")[:400],
-                           wall_s=None)
-            if job.get("doctor"):
-                row["doctor"] = job["doctor"]
-                if job["doctor"]["stage"] == "fix" and row["status"] in ("ok", "oom"):
-                    row.update(doctor_verdict(row, recorded))
-        reh = rehearsed.get(job["name"]) if job["part"] == "presets" else None
-        if reh and row.get("peak_allocated_gib"):
-            row["rehearsed_peak_gib"] = float(reh["rehearsed_peak_gib"])
-            row["rehearsal_error_pct"] = percent_error(row["rehearsed_peak_gib"], row["peak_allocated_gib"])
-        broken += row["status"] in ("error", "cut")
-        _write(results, [row])
-        done.append(row)
-        print(_show(row), flush=True)
+            jobs.remove(job)
+    rows = recorded_rows(results) or recorded_rows(REPO_RESULTS)
+    cores = probe.get("cpu_count") or os.cpu_count() or 1
+    budget_s = args.budget_s or math.inf
+    # The check needs CUDA memory to compare; on a CPU (--tiny) the rows only rehearse the code, two at a time.
+    plan = build_plan(jobs, rows=rows, device_gib=1e6 if args.tiny else device_gib,
+                      context_gib=probe.get("context_gib") or 0.0, cores=cores,
+                      budget_s=budget_s, at_once=args.at_once or (2 if args.tiny else None),
+                      check=None if args.tiny or not jobs else check_job())
+    say(plan.text())
+    say(f"bench gpu: {len(jobs)} rows -> {results}")
+    from bench.gpu_run import Runner, mark_check
+
+    runner = Runner(plan, results=results, budget_s=budget_s, clock=lambda: time.monotonic() - started, say=say,
+                     cores=cores)
+    runner.run_alone(plan.alone_first)
+    runner.run_pool()
+    if runner.check.get("passed") is not None:
+        mark_check(results, runner.run_id, "passed" if runner.check["passed"] else "failed")
+    runner.run_alone(runner.reruns + plan.alone_last)
+    skipped += runner.skipped
     # What results/ holds now and what a GPU session should measure next (a --tiny run measures no memory).
     pending = [] if args.tiny else [j["name"] for j in still_to_measure(plan_jobs(PARTS, results=results), results)]
-    status = {"measured": [r["name"] for r in done] if args.tiny else sorted(measured_rows(results)),
+    status = {"measured": [r["name"] for r in runner.rows] if args.tiny else sorted(measured_rows(results)),
               "pending": pending, "not built yet": PENDING, "skipped_for_budget": skipped,
-              "this_run": [r["name"] for r in done]}
+              "this_run": [r["name"] for r in runner.rows], "at_once": plan.at_once,
+              "side_by_side_check": {k: v for k, v in runner.check.items() if k != "alone"}}
     (results / "status.json").write_text(json.dumps(status, indent=1) + "\n")
     if skipped:
-        print(f"skipped (budget): {', '.join(skipped)}")
-    print(f"wrote {results / 'measurements.csv'} and measurements.json ({len(done)} rows)")
-    return 1 if broken or skipped else 0
+        say(f"skipped (budget): {', '.join(skipped)}")
+    say(f"wrote {results / 'measurements.csv'} and measurements.json ({len(runner.rows)} rows)")
+    return 1 if runner.broken or skipped else 0

@@ -1,33 +1,102 @@
-"""``python -m bench gpu``: the command's logic on a CPU, and the GPU rows it recorded.
+"""``python -m bench gpu``: the command's logic on a CPU, its plan, and the GPU rows it recorded.
 
 - no CUDA device: one line, exit 2, nothing written; ``--tiny`` never writes beside GPU rows;
-- ``--tiny`` runs every part through ``build_run`` with two-layer models (what would break on a GPU breaks here);
-- the budget: a row cut short is kept as "cut", rows that would not finish are listed as skipped;
+- ``--tiny`` runs rows through ``build_run`` with two-layer models, two processes at once, with the tool rounds
+  forced, and a worker killed in the middle loses its own row only;
+- the plan (``--plan``): every pending row of an H100 in one 10-minute run, its seconds from the recorded rows; a
+  device that cannot hold many rows of the largest footprint runs fewer beside them and says so;
+- side by side (fake workers): rows report memory only; the check falls back to one at a time when peaks differ;
+  a row the planner's cap was short for is measured again alone; the budget cuts and skips; the doctor's order;
+- the forced tool calls parse as TRL parses a real one, and the logits processor forces exactly the planned turns;
 - rows measured at today's settings are not measured again, a changed preset is;
 - :class:`bench.gpu.PhasePeaks` names the phases in TRL's order;
 - the recorded laptop-16gb run: the replayed timeline (notebooks 04 and 05) agrees with the measured row.
 """
 import json
-import subprocess
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from bench import gpu, gpu_measure
+from bench import gpu, gpu_measure, gpu_plan, gpu_run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
 
 
 def _cuda_probe(total_gib=79.2):
-    return {"status": "ok", "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "total_memory_gib": total_gib,
-                                       "compute_capability": [9, 0], "bf16": True, "fp16": True}}
+    return {"status": "ok", "cpu_count": 16, "context_gib": 0.51, "nvml_per_process": False,
+            "device": {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "total_memory_gib": total_gib,
+                       "compute_capability": [9, 0], "bf16": True, "fp16": True}}
+
+
+class FakeWorker:
+    """What bench.worker.start returns, for a row that ends at once (or hangs until killed)."""
+
+    def __init__(self, answer, hang=False):
+        self._answer, self.hang, self.killed, self.t0 = answer, hang, False, time.monotonic()
+
+    def poll(self):
+        return self.killed or not self.hang
+
+    def kill(self):
+        self.killed = True
+
+    def seconds(self):
+        return time.monotonic() - self.t0
+
+    def answer(self):
+        return {"status": "error", "error": "the worker was killed by SIGKILL"} if self.killed else self._answer
+
+
+def fake_row(spec, peak=2.0, **extra):
+    """A row as bench.gpu_measure.measure answers it on a CUDA card."""
+    row = dict(part=spec["part"], name=spec["name"], status="ok", cuda="13.0", precision="bf16", wall_s=1.0,
+               peak_allocated_gib=peak, peak_reserved_gib=peak + 0.1, estimated_total_gib=peak,
+               estimated_generation_gib=peak, estimated_training_gib=peak, estimate_error_pct=0.0,
+               label="measured on NVIDIA H100 80GB HBM3, random weights, every completion at max_completion_length",
+               generation_s=0.5, settings=gpu.bench_preset(spec).replace(precision="bf16").to_dict())
+    row.update(extra)
+    return row
+
+
+@pytest.fixture()
+def fake_device(monkeypatch):
+    """Replace the device: the probe answers an H100, every worker answers ``answers(spec)`` (default: ok)."""
+    import bench.worker as worker
+
+    state = {"started": [], "answers": fake_row, "hang": set(), "probe": _cuda_probe()}
+
+    def run(kind, spec, timeout):
+        assert kind == "probe", kind
+        return state["probe"]
+
+    def start(kind, spec, env=None):
+        state["started"].append(spec)
+        return FakeWorker(state["answers"](spec), hang=spec["name"] in state["hang"])
+
+    monkeypatch.setattr(worker, "run", run)
+    monkeypatch.setattr(worker, "start", start)
+    monkeypatch.setattr(gpu_run, "POLL_S", 0.01)
+    return state
+
+
+def _seconds(monkeypatch, table, default=1.0):
+    """Make the plan's expected seconds of each row ``table[name]`` (default ``default``)."""
+    def seconds(self, job, shape):
+        total = table.get(job["name"], table.get(job.get("twin_of"), default))
+        return dict(start=0.0, setup=0.0, generation=total, training=0.0, total=total)
+
+    monkeypatch.setattr(gpu_plan.SpeedModel, "seconds", seconds)
 
 
 def test_no_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "gpu"
     assert gpu.main(["--results", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "no CUDA device" in err and "--tiny" in err
+    assert err.count("\n") == 0 and "no CUDA device" in err and "--tiny" in err and "--plan" in err
     assert not out.exists()
 
 
@@ -41,76 +110,313 @@ def test_tiny_never_writes_beside_gpu_rows(tmp_path, capsys):
     assert (folder / "measurements.json").read_text() == before and not (folder / "measurements.csv").exists()
 
 
+def _kill_worker_of(row_name, seen):
+    """Kill (SIGKILL) the worker process measuring ``row_name`` as soon as it exists: one row, nothing else."""
+    import psutil
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not seen:
+        for child in psutil.Process().children(recursive=True):
+            try:
+                cmdline = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            if "bench.worker" in cmdline and f'"name": "{row_name}"' in cmdline:
+                os.kill(child.pid, signal.SIGKILL)
+                seen.append(child.pid)
+                return
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_tiny_runs_presets_grid_and_qlora_through_build_run(tmp_path):
+def test_tiny_runs_two_at_once_forces_tool_rounds_and_a_killed_worker_loses_its_row_only(tmp_path):
     out = tmp_path / "gpu"
-    assert gpu.main(["--tiny", "--parts", "presets", "grid", "qlora", "doctor", "--results", str(out)]) == 0
-    rows = json.loads((out / "measurements.json").read_text())
-    # the doctor's capped rows need a GPU's phase peaks: on a CPU they say so, and only its base rows run
-    doctor = [r for r in rows if r["part"] == "doctor" and "base" not in r["name"]]
-    assert len(doctor) == 6 and all(r["status"] == "not isolated" and "not measured on a GPU" in r["error"]
-                                    for r in doctor)
-    rows = [r for r in rows if r not in doctor]
-    assert [r["name"] for r in rows] == [*gpu.PRESET_ORDER, "qlora-3b-prepare-kbit", "doctor-lora-base",
-                                         "doctor-full-base", "grid-Qwen2.5-0.5B-lora-bf16",
-                                         "grid-Qwen2.5-0.5B-qlora-bf16"]
-    # QLoRA both ways: TRL's loader (the preset) and labkit's with PEFT's fp32 upcast are both 4-bit
-    assert {r["method"] for r in rows} == {"lora", "qlora", "full"}
-    qlora = {r["name"]: r for r in rows if r["method"] == "qlora"}
-    assert qlora["qlora-3b"]["loader"] == "trl" and qlora["qlora-3b-prepare-kbit"]["loader"] == "labkit-prepare-kbit"
-    assert all(r["weights_4bit"] for r in qlora.values())
-    assert qlora["qlora-3b-prepare-kbit"]["embedding_dtype"] == "float32"
-    for row in rows:
-        assert row["status"] == "ok", row.get("error")
+    killed = []
+    killer = threading.Thread(target=_kill_worker_of, args=("grid-Qwen2.5-0.5B-qlora-bf16", killed), daemon=True)
+    killer.start()
+    code = gpu.main(["--tiny", "--parts", "presets", "qlora", "grid", "--presets", "laptop-16gb", "qlora-3b",
+                     "tools-16gb", "--results", str(out)])
+    killer.join(timeout=1)
+    assert killed and code == 1  # a row broke: the exit code says so
+    rows = {r["name"]: r for r in json.loads((out / "measurements.json").read_text())}
+    assert set(rows) == {"laptop-16gb", "qlora-3b", "tools-16gb", "qlora-3b-prepare-kbit",
+                         "grid-Qwen2.5-0.5B-lora-bf16", "grid-Qwen2.5-0.5B-qlora-bf16"}
+    dead = rows.pop("grid-Qwen2.5-0.5B-qlora-bf16")
+    assert dead["status"] == "error" and "killed by SIGKILL" in dead["error"]
+    for row in rows.values():  # the kill took that row only
+        assert row["status"] == "ok", (row["name"], row.get("error"))
         assert row["steps_done"] == 2
-        # every completion forced to max_completion_length (min_new_tokens), the worst case on purpose
-        assert row["completion_mean_length"] == gpu.TINY_SETTINGS["max_completion_length"]
-        for phase in gpu.PHASE_ORDER:  # each phase of TRL's step was seen and timed
-            assert row[f"{phase}_s"] is not None, (row["name"], phase)
+        for phase in gpu.PHASE_ORDER:  # each phase of TRL's step was seen
+            assert row.get(f"{phase}_s") is not None or row["seconds_beside"][f"{phase}_s"] is not None
         assert row["label"].startswith("CPU rehearsal") and row.get("peak_allocated_gib") is None
+    # two processes at once: every row ran beside another, and says so (memory only: no seconds in the columns)
+    assert all(row["side_by_side"] >= 1 and row["generation_s"] is None and row["seconds_beside"]["wall_s"]
+               for row in rows.values())
+    # every completion forced to max_completion_length, the worst case on purpose
+    assert rows["laptop-16gb"]["completion_mean_length"] == gpu.TINY_SETTINGS["max_completion_length"]
+    # QLoRA both ways: TRL's loader (the preset) and labkit's with PEFT's fp32 upcast, both 4-bit
+    assert rows["qlora-3b"]["loader"] == "trl" and rows["qlora-3b-prepare-kbit"]["loader"] == "labkit-prepare-kbit"
+    assert rows["qlora-3b"]["weights_4bit"] and rows["qlora-3b-prepare-kbit"]["embedding_dtype"] == "float32"
+    # the tool rounds, forced: every completion called the calculator in each of the recipe's 3 rounds, and the
+    # last round's prompt held prompt + nearly the whole budget (TRL drops a round that would pass it)
+    tools = rows["tools-16gb"]
+    assert tools["tool_rounds"] == 3 and tools["forced_tools"]["tool_rounds_seen"] == 3
+    assert tools["forced_tools"]["generate_calls"] == 2 * 4  # 2 steps x (the first turn + 3 rounds)
+    budget, prompt = gpu.TINY_TOOL_COMPLETION, gpu.TINY_SETTINGS["max_prompt_length"]
+    assert prompt + budget - 30 <= tools["longest_prompt_tokens"] <= prompt + budget
     header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
     assert header == gpu.COLUMNS
     assert (out / "dashboard_laptop-16gb.png").stat().st_size > 10_000
-    assert json.loads((out / "status.json").read_text())["this_run"][:len(gpu.PRESET_ORDER)] == list(gpu.PRESET_ORDER)
-
-
-def test_a_row_cut_by_the_budget_is_kept_and_the_rest_is_listed(tmp_path, monkeypatch, capsys):
-    calls = []
-
-    def fake_run(kind, spec, timeout):
-        if kind == "probe":
-            return _cuda_probe()
-        calls.append((spec["name"], timeout))
-        raise subprocess.TimeoutExpired("worker", timeout)
-
-    import bench.worker as worker
-
-    monkeypatch.setattr(worker, "run", fake_run)
-    out = tmp_path / "gpu"
-    # workshop (60 s expected) starts inside a 100 s budget and is cut; laptop-16gb (170 s) would not finish.
-    code = gpu.main(["--parts", "presets", "--presets", "workshop", "laptop-16gb", "--budget-s", "100",
-                     "--results", str(out)])
-    assert code == 1
-    assert [name for name, _ in calls] == ["workshop"] and calls[0][1] <= 100
-    rows = json.loads((out / "measurements.json").read_text())
-    assert [(r["name"], r["status"]) for r in rows] == [("workshop", "cut")]
+    # what comes back from the lent machine: at most 8 files, all named in RESULT_FILES
+    assert {p.name for p in out.iterdir()} <= set(gpu.RESULT_FILES) and len(gpu.RESULT_FILES) <= 8
     status = json.loads((out / "status.json").read_text())
-    assert status["skipped_for_budget"] == ["laptop-16gb"]
-    assert "workshop" in status["pending"] and "laptop-16gb" in status["pending"]
+    assert status["at_once"] == 2 and "grid-Qwen2.5-0.5B-qlora-bf16" in status["this_run"]
+    assert "s in all, 2 at once" in (out / "runs.log").read_text()  # the plan, printed first, is in the log too
+
+
+def _plan(argv, capsys):
+    assert gpu.main(["--plan", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def _entries(text):
+    """The plan's rows: name -> (start, end, at once, GiB)."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) > 5 and parts[0].isdigit() and parts[1].isdigit() and "(probe:" not in line:
+            rows[parts[4]] = (float(parts[0]), float(parts[1]), parts[2], float(parts[3]))
+    return rows
+
+
+def test_the_plan_for_an_h100_measures_every_pending_row_in_one_run(capsys):
+    text = _plan([], capsys)
+    last = text.strip().splitlines()[-1]
+    total, at_once = int(last.split()[0]), int(last.split()[4])
+    assert last == f"{total} s in all, {at_once} at once" and total <= 540 and at_once >= 4
+    rows = _entries(text)
+    # every pending preset row (qlora-3b as it is now, the dashboard's laptop-16gb), the upcast, the forced rounds
+    for name in ("colab-t4", "qlora-3b", "qlora-3b-prepare-kbit", "tools-16gb", "laptop-16gb"):
+        assert name in rows, name
+    assert "saves the dashboard" in next(line for line in text.splitlines() if " laptop-16gb " in line)
+    assert "3 forced tool rounds" in next(line for line in text.splitlines() if " tools-16gb " in line)
+    for target in ("generation", "backward", "optimizer"):  # the doctor's three phases, both stages
+        assert f"doctor-{target}-oom" in rows and f"doctor-{target}-fix" in rows
+    grid = {name for name in rows if name.startswith("grid-") and not name.endswith("-beside")}
+    assert len(grid) >= 12
+    # the check first, alone; its twin beside the others; nothing ends past the budget
+    check = gpu_plan.CHECK_ROW
+    assert rows[check][2] == "alone" and rows[f"{check}-beside"][0] >= rows[check][1]
+    assert max(end for _, end, _, _ in rows.values()) <= 540
+    # at no moment does the plan hold more memory than the card (79.1 GiB less the 1 GiB kept free)
+    for t in {start for start, *_ in rows.values()}:
+        held = sum(gib for start, end, _, gib in rows.values() if start <= t < end)
+        assert held <= 79.1 - gpu_plan.RESERVE_GIB + 1e-6, t
+
+
+def test_the_plan_for_an_h200_runs_more_at_once_and_sooner(capsys):
+    h100, h200 = _plan([], capsys), _plan(["--device-gib", "139"], capsys)
+    end = [int(text.strip().splitlines()[-1].split()[0]) for text in (h100, h200)]
+    at_once = [int(text.strip().splitlines()[-1].split()[4]) for text in (h100, h200)]
+    assert end[1] < end[0] and at_once[1] >= at_once[0] and "a 139 GiB card" in h200
+
+
+def test_a_cap_that_cannot_fit_n_processes_runs_fewer_and_says_so(capsys):
+    text = _plan(["--device-gib", "40", "--at-once", "4", "--parts", "presets"], capsys)
+    assert "at most 4 rows at once (as asked)" in text
+    assert "the device fits only 2 of its largest rows (16.2 GiB each) at once, so fewer run beside those" in text
+    rows = {n: r for n, r in _entries(text).items() if not n.startswith("grid")}
+    for t in {start for start, *_ in rows.values()}:  # never 3 presets of 16.2 GiB on 39 GiB
+        assert sum(1 for start, end, *_ in rows.values() if start <= t < end) <= 2
+
+
+def test_the_plans_seconds_come_from_the_recorded_rows():
+    from labkit.presets import Preset
+
+    rows = [r for r in json.loads((RESULTS / "measurements.json").read_text()) if r["status"] == "ok"]
+    model = gpu_plan.SpeedModel.from_rows(rows)
+    assert set(model.fitted_on) == {r["name"] for r in rows if not r.get("side_by_side")}
+    for row in rows:  # each recorded row, from its shape: generation within 5 %, the row within 10 %
+        shape = gpu_plan.preset_shape(Preset.from_dict(row["settings"]), row["settings"]["name"],
+                                      precision=row["precision"])
+        seconds = model.seconds({}, shape)
+        assert seconds["generation"] == pytest.approx(row["generation_s"], rel=0.05), row["name"]
+        assert seconds["total"] - seconds["start"] == pytest.approx(row["wall_s"], rel=0.1), row["name"]
+    # about 80 ms a decoding step whatever the batch: 24x the batch costs a few per cent more
+    laptop = gpu_plan.preset_shape(Preset.from_dict(rows[0]["settings"]), "laptop-16gb", precision="bf16")
+    small = dict(laptop, generation_batch=4)
+    assert 70 < model.step_ms(small) < model.step_ms(laptop) < 1.15 * model.step_ms(small) < 100
+    assert 10 < model.start_s < 30  # the gap between recorded rows: a worker's start
+
+
+def test_the_docs_pictures_are_rendered_here_from_the_saved_record(tmp_path, capsys):
+    import shutil
+
+    results, docs = tmp_path / "gpu", tmp_path / "docs"
+    results.mkdir()
+    assert gpu._pictures(results, docs) == 2 and "run python -m bench gpu on a GPU first" in capsys.readouterr().err
+    shutil.copy(RESULTS / "dashboard_laptop-16gb.json", results)
+    (results / "dashboard_laptop-16gb.png").write_bytes(b"\x89PNG saved on the GPU machine")
+    assert gpu._pictures(results, docs) == 0
+    assert (docs / "gpu_memory_laptop-16gb.png").read_bytes()[:4] == b"\x89PNG"
+    assert (docs / "gpu_dashboard_laptop-16gb.png").read_bytes() == b"\x89PNG saved on the GPU machine"
+    assert "no browser" in capsys.readouterr().out
+
+
+def test_the_scheduler_lets_small_rows_pass_but_never_starve_a_large_one():
+    jobs = [dict(name="a"), dict(name="big"), dict(name="small1"), dict(name="small2")]
+    footprints = {"a": 40.0, "big": 60.0, "small1": 10.0, "small2": 25.0}
+    expected = {"a": 100.0, "big": 50.0, "small1": 40.0, "small2": 200.0}
+    plan = gpu_plan.simulate([], jobs, [], footprints=footprints, expected=expected, device_gib=81.0, at_once=8,
+                             budget_s=1000, slowdown=1.0)
+    starts = {e["name"]: e["start"] for e in plan["entries"]}
+    # "big" waits for "a"'s 40 GiB (80 free then, 20 beside it); small1 ends before then and passes; small2 fits
+    # now but would hold 25 GiB past then: it waits
+    assert starts["small1"] == starts["a"] and starts["big"] == starts["a"] + 100 and starts["small2"] >= starts["big"]
+
+
+def test_side_by_side_rows_report_memory_only(tmp_path, fake_device, monkeypatch):
+    _seconds(monkeypatch, {})
+    assert gpu.main(["--parts", "grid", "--results", str(tmp_path)]) == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "measurements.json").read_text())}
+    check = rows[gpu_plan.CHECK_ROW]
+    assert check["side_by_side"] == 0 and check["wall_s"] == 1.0 and check["generation_s"] == 0.5  # alone: timed
+    beside = [r for r in rows.values() if r["side_by_side"]]
+    assert len(beside) == 12 and all(r["side_by_side_check"] == "passed" for r in beside)
+    for row in beside:
+        assert row["generation_s"] is None and row["wall_s"] is None and row["seconds_beside"]["wall_s"] == 1.0
+        assert row["label"].endswith("its seconds are not timings")
+    specs = {s["name"]: s for s in fake_device["started"]}
+    assert all(s["cap_from"] == "planner" and s["cap"] >= 1.5 for s in specs.values())  # grid rows: no cap of their own
+    assert specs[f"{gpu_plan.CHECK_ROW}-beside"]["side_by_side"] and not specs[gpu_plan.CHECK_ROW]["side_by_side"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["side_by_side_check"]["passed"] is True and "changes no peak" in status["side_by_side_check"]["verdict"]
+    csv_header = (tmp_path / "measurements.csv").read_text().splitlines()[0].split(",")
+    assert "side_by_side" in csv_header and "cap_from" in csv_header
+
+
+def test_the_check_falls_back_to_one_at_a_time_when_side_by_side_changes_a_peak(tmp_path, fake_device, monkeypatch):
+    _seconds(monkeypatch, {})
+    fake_device["answers"] = lambda spec: fake_row(spec, peak=2.05 if spec["name"].endswith("-beside") else 2.0)
+    assert gpu.main(["--parts", "grid", "--results", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "measurements.json").read_text())
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["side_by_side_check"]["passed"] is False and "+2.50 %" in status["side_by_side_check"]["verdict"]
+    # the first wave ran side by side and counts as not measured (a later run measures it again); every row
+    # started after the verdict ran alone
+    failed = {r["name"] for r in rows if r.get("side_by_side_check") == "failed"}
+    alone = [r["name"] for r in rows if r["side_by_side"] == 0 and r["name"] != gpu_plan.CHECK_ROW]
+    assert f"{gpu_plan.CHECK_ROW}-beside" in failed and alone
+    assert all(r["name"] in failed or r["side_by_side"] == 0 for r in rows)
+    assert failed.isdisjoint(gpu.measured_rows(tmp_path)) and set(alone) <= set(gpu.measured_rows(tmp_path))
+
+
+def test_a_row_the_planners_cap_was_short_for_is_measured_again_alone(tmp_path, fake_device, monkeypatch):
+    _seconds(monkeypatch, {})
+
+    def answers(spec):
+        if spec["name"] == "grid-Qwen2.5-3B-full-bf16" and spec.get("cap") is not None:
+            return fake_row(spec, status="oom", oom_phase="backward")
+        return fake_row(spec)
+
+    fake_device["answers"] = answers
+    assert gpu.main(["--parts", "grid", "--results", str(tmp_path)]) == 0
+    rows = [r for r in json.loads((tmp_path / "measurements.json").read_text())
+            if r["name"] == "grid-Qwen2.5-3B-full-bf16"]
+    assert [r["status"] for r in rows] == ["over planner cap", "ok"] and "not a finding" in rows[0]["error"]
+    assert rows[1]["side_by_side"] == 0
+    assert [s.get("cap") for s in fake_device["started"] if s["name"] == "grid-Qwen2.5-3B-full-bf16"][1] is None
+
+
+def test_a_row_cut_by_the_budget_is_kept_and_the_rest_is_listed(tmp_path, fake_device, monkeypatch, capsys):
+    # workshop (1 s expected) starts inside a 3 s budget and hangs: it is cut; laptop-16gb (100 s) cannot finish
+    _seconds(monkeypatch, {"workshop": 1.0, "laptop-16gb": 100.0, gpu_plan.CHECK_ROW: 0.5})
+    fake_device["hang"] = {"workshop"}
+    code = gpu.main(["--parts", "presets", "--presets", "workshop", "laptop-16gb", "--budget-s", "3",
+                     "--results", str(tmp_path)])
+    assert code == 1
+    rows = {r["name"]: r for r in json.loads((tmp_path / "measurements.json").read_text())}
+    assert rows["workshop"]["status"] == "cut" and "stopped at the budget" in rows["workshop"]["error"]
+    assert "laptop-16gb" not in rows and "laptop-16gb" not in {s["name"] for s in fake_device["started"]}
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert "laptop-16gb" in status["skipped_for_budget"] and "workshop" in status["pending"]
     assert "skipped (budget): laptop-16gb" in capsys.readouterr().out
 
 
-def test_a_card_larger_than_the_device_is_refused(tmp_path, monkeypatch, capsys):
-    import bench.worker as worker
-
-    def fake_run(kind, spec, timeout):
-        if kind == "probe":
-            return _cuda_probe(total_gib=11.6)  # a 12 GB card cannot stand in for a 15.7 GiB one
-        raise AssertionError("nothing may be measured")
-
-    monkeypatch.setattr(worker, "run", fake_run)
+def test_a_card_larger_than_the_device_is_refused(tmp_path, fake_device, capsys):
+    fake_device["probe"] = _cuda_probe(total_gib=11.6)  # a 12 GB card cannot stand in for a 15.7 GiB one
     assert gpu.main(["--parts", "presets", "--presets", "laptop-16gb", "--results", str(tmp_path)]) == 1
     assert "refused: its card has 15.7 GiB, more than this device's 11.60 GiB" in capsys.readouterr().out
+    assert not any(s["name"] == "laptop-16gb" for s in fake_device["started"])
+
+
+# --- the forced tool calls -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tool_tokenizer():
+    from bench import forced_tools
+    from labkit.environments import CalculatorEnv, environment_tools
+    from labkit.models import tiny_tokenizer
+
+    tools = environment_tools(CalculatorEnv())
+    return forced_tools.prepare(tiny_tokenizer(), tools), tools
+
+
+def test_the_forced_call_is_the_templates_own_and_parses_as_trl_parses_a_call(tool_tokenizer):
+    from bench import forced_tools
+    from labkit.environments import safe_calculate
+
+    tokenizer, tools = tool_tokenizer
+    text, ids = forced_tools.forced_call(tokenizer, tools)
+    assert text == ('<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * (3 + 4)"}}\n'
+                    '</tool_call>') and ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") == ids[0]  # one token, as in Qwen2.5's vocabulary
+    assert safe_calculate(forced_tools.FORCED_EXPRESSION) == "84"
+    with pytest.raises(ValueError, match="does not parse back"):
+        forced_tools.forced_call(tokenizer, tools, expression="</tool_call>")  # cut short where TRL cuts it
+
+
+def test_tool_prompts_are_exactly_max_prompt_length_with_the_schema(tool_tokenizer):
+    from bench import forced_tools
+
+    tokenizer, tools = tool_tokenizer
+    data = forced_tools.tool_prompts(tokenizer, tools, 3, 448)  # tools-16gb's prompt, schema included
+    ids = tokenizer.apply_chat_template(data["prompt"][0], tools=tools, add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)["input_ids"]
+    assert len(ids) == 448 and len(data) == 3 and data["answer"][0] == "84"
+    assert '"name": "calculate"' in tokenizer.decode(ids)  # the schema is there, as one token of the bench's
+
+
+def test_the_processor_forces_each_planned_call_and_nothing_in_the_last_turn():
+    import torch
+
+    from bench.forced_tools import ForcedToolCalls
+
+    header, response, call, eos = [1, 2], 9, [5, 6, 7], 8  # ids: an assistant header, <tool_response>, a call
+    processor = ForcedToolCalls(call + [eos], rounds=2, budget=20, turn_tokens=3, header_ids=header,
+                                response_id=response, structural=[9])
+    # round 0: a 3-token prompt ending with the header; round 1 would start after one tool turn (9 in it)
+    prompts = torch.tensor([[0, 4, 1, 2], [4, 1, 2, 3]])
+    processor.begin(prompts, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]))
+    # row 0: nothing written yet: 10 // 2 ... free = 1 x (20 // 2) - 0 - 4 - 3 = 3 sampled tokens, then the call
+    # row 1: one token already after the header: 2 free tokens
+    assert processor.plans == [3, 2] and processor.longest_prompt == 4
+    written, sequence = [], prompts
+    for _ in range(8):
+        scores = processor(sequence, torch.zeros(2, 12))
+        picked = scores.argmax(dim=1)
+        free = torch.isinf(scores).all(dim=1) == False  # noqa: E712
+        written.append([int(t) if torch.isinf(scores[r]).sum() > 1 else None for r, t in enumerate(picked)])
+        assert free.all() and torch.isinf(scores[:, 9]).all()  # the structural id is never sampled
+        sequence = torch.cat([sequence, torch.full((2, 1), 3)], dim=1)
+    assert [w[0] for w in written] == [None, None, None, 5, 6, 7, 8, None]
+    assert [w[1] for w in written] == [None, None, 5, 6, 7, 8, None, None]
+    # the last turn (every round's tool turn is in the prompt): nothing forced
+    done = torch.tensor([[1, 2, 3, 9, 3, 9, 1, 2]])
+    processor.begin(done, torch.ones_like(done))
+    assert processor.plans == [None] and processor.rounds_seen == 2
+    scores = processor(done, torch.zeros(1, 12))
+    assert torch.isinf(scores).sum() == 1  # only the structural id
 
 
 def test_rows_measured_at_todays_settings_are_not_measured_again(tmp_path):
@@ -247,17 +553,13 @@ def test_the_doctor_cap_sits_between_the_earlier_phases_and_the_target():
     assert gpu.doctor_cap(base, "scoring") is None
 
 
-def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
-    import bench.worker as worker
-
-    seen = []
+def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, fake_device):
     lora_peaks = {"setup": 3.0, "generation": 6.5, "scoring": 3.0, "forward": 7.8, "backward": 10.3, "optimizer": 3.1}
     full_peaks = {"setup": 2.0, "generation": 2.4, "scoring": 2.1, "forward": 3.5, "backward": 4.2, "optimizer": 3.9}
 
-    def fake_run(kind, spec, timeout):
-        if kind == "probe":
-            return _cuda_probe()
-        seen.append(spec)
+    def answers(spec):
+        if "doctor" not in spec:  # the side-by-side check's row and its twin
+            return fake_row(spec)
         stage, target = spec["doctor"]["stage"], spec["doctor"].get("target")
         row = dict(part="doctor", name=spec["name"], cuda="13.0", precision="bf16", estimated_total_gib=8.0,
                    estimated_generation_gib=6.0, estimated_training_gib=8.0, wall_s=1.0,
@@ -274,9 +576,14 @@ def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, monkeypatch):
                        **{f"{target}_allocated_gib": lora_peaks[target] - 2.0})
         return row
 
-    monkeypatch.setattr(worker, "run", fake_run)
+    fake_device["answers"] = answers
+    seen = fake_device["started"]
     assert gpu.main(["--parts", "doctor", "--results", str(tmp_path)]) == 0
     rows = {r["name"]: r for r in json.loads((tmp_path / "measurements.json").read_text())}
+    # each capped row started only after the row its cap comes from had ended
+    order = [s["name"] for s in seen]
+    for target, base in gpu.DOCTOR_TARGETS[:2]:
+        assert order.index(base) < order.index(f"doctor-{target}-oom") < order.index(f"doctor-{target}-fix")
     # each OOM row was capped between the base's earlier phases and its target; the fix ran under the same cap
     caps = {s["name"]: s.get("cap") for s in seen}
     assert caps["doctor-generation-oom"] == caps["doctor-generation-fix"] == pytest.approx(3.0 + 0.6 * 3.5)
