@@ -25,6 +25,9 @@ stay under 64 MiB, so :func:`make_bundle` refuses a bundle above ``limit_mib`` (
 the datasets set by the machine's pyarrow, installs one version of each package into ``/tmp/labkit-site``
 (``pip --no-deps`` fails when given two versions of one package), puts that folder and the repository first on
 ``PYTHONPATH`` (ahead of the machine's older transformers and peft) and runs ``python3 -m bench gpu``.
+:func:`device_command` is that command for this workplace's lent GPU machine, whose files come back from one folder
+(``$OUT``) and whose run tool takes at most :data:`DEVICE_COMMAND_LIMIT` characters a command: it starts from the
+rows already recorded, so that only what they lack is measured, within one call's budget.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ from typing import NamedTuple
 
 __all__ = [
     "PLATFORMS", "ALWAYS", "DatasetsChoice", "DATASETS_CHOICES", "KEEP_LIBRARIES", "SITE", "LIMIT_MIB",
-    "BundleTooLarge", "datasets_choice", "make_bundle", "repack_bitsandbytes", "install_command",
+    "BundleTooLarge", "datasets_choice", "make_bundle", "repack_bitsandbytes", "install_command", "device_command",
+    "DEVICE_COMMAND_LIMIT", "DEVICE_BUDGET_S",
 ]
 
 # pip's manylinux tags for an x86_64 Linux machine, newest first; a wheel for any of them installs there.
@@ -83,6 +87,8 @@ KEEP_LIBRARIES = ("libbitsandbytes_cuda130.so", "libbitsandbytes_cpu.so")
 SITE = "/tmp/labkit-site"  # outside the repository and the machine's site-packages: nothing of theirs is touched
 LIMIT_MIB = 48  # the repository's tracked files (about 8 MiB) plus the bundle must stay under 64 MiB
 MANIFEST = "MANIFEST.json"
+DEVICE_COMMAND_LIMIT = 2000  # characters the lent machine's run tool takes in one command
+DEVICE_BUDGET_S = 540  # one call is at most 600 s: the install, the probe's start and the last writes take the rest
 MIB = 2 ** 20
 
 
@@ -307,3 +313,18 @@ def install_command(folder: str | Path, bench_args: str = "") -> str:
         + f" && export PYTHONPATH={SITE}:$PWD && python3 -m bench gpu"
         + (f" {bench_args}" if bench_args else "")
     )
+
+
+def device_command(folder: str | Path, budget_s: float = DEVICE_BUDGET_S) -> str:
+    """Return the one command for a lent GPU machine whose files come back from ``$OUT``: the rows recorded so far
+    are copied to ``$OUT/gpu`` (they travel with the repository), the bundle installs (:func:`install_command`)
+    and ``bench gpu`` measures what those rows lack, within ``budget_s`` seconds, writing to ``$OUT/gpu``.
+
+    Raises ValueError when the command is :data:`DEVICE_COMMAND_LIMIT` characters or more (the run tool refuses it).
+    """
+    command = ("mkdir -p $OUT && cp -r results/gpu $OUT/gpu && "
+               + install_command(folder, f"--results $OUT/gpu --budget-s {budget_s:g}"))
+    if len(command) >= DEVICE_COMMAND_LIMIT:
+        raise ValueError(f"the device command is {len(command)} characters; the run tool takes fewer than "
+                         f"{DEVICE_COMMAND_LIMIT}: shorten the bundle's folder name")
+    return command

@@ -6,8 +6,10 @@
   ``python3`` on PATH (it records pip's and the benchmark's arguments; a fake pyarrow package answers the version
   probe), it installs exactly one wheel per package, the right datasets set for pyarrow 26, 24, 23 and 21,
   and stops before pip on pyarrow 20;
-- make_bundle, with the download replaced by copying fake wheels: the manifest's sizes and sha256, and the
-  size limit refused.
+- the lent machine's one command (install, then bench gpu into $OUT/gpu from the rows recorded): valid bash, under
+  the run tool's 2,000 characters, and refused when a long folder name would push it past them;
+- make_bundle, with the download replaced by copying fake wheels: the manifest's sizes and sha256, and a bundle over
+  the size limit refused with its size, the limit and each file's size.
 """
 import base64
 import csv
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from bench import gpu_bundle
-from bench.gpu_bundle import BundleTooLarge, install_command, make_bundle, repack_bitsandbytes
+from bench.gpu_bundle import BundleTooLarge, device_command, install_command, make_bundle, repack_bitsandbytes
 
 BNB = "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
 LIBS = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda118.so", "libbitsandbytes_cuda128.so",
@@ -255,8 +257,38 @@ def test_make_bundle_writes_a_manifest_with_sizes_and_hashes(tmp_path, offline_d
     assert "MiB" in capsys.readouterr().out
 
 
-def test_make_bundle_refuses_a_bundle_over_the_limit(tmp_path, offline_download):
+def test_make_bundle_refuses_a_bundle_over_the_limit(tmp_path, offline_download, capsys):
     folder = tmp_path / "bundle"
-    with pytest.raises(BundleTooLarge, match=r"MiB, above the 0\.01 MiB limit"):
+    (folder).mkdir()
+    (folder / "stray.bin").write_bytes(b"x" * 50_000)  # whatever else is in the folder travels too: it counts
+    with pytest.raises(BundleTooLarge) as refused:
         make_bundle(folder, limit_mib=0.01)
+    total = sum(p.stat().st_size for p in folder.iterdir()) / 2 ** 20
+    assert f"is {total:.1f} MiB, above the 0.01 MiB limit" in str(refused.value)
+    assert "remove the files it does not need: stray.bin" in str(refused.value)
+    listing = capsys.readouterr().out
+    for path in folder.iterdir():  # the sizes, file by file, and the total
+        assert f"{path.stat().st_size / 2 ** 20:7.2f} MiB  {path.name}" in listing
+    assert f"{total:7.2f} MiB  in all (10 wheels, 1 other files; limit 0.01 MiB)" in listing
     assert not (folder / "MANIFEST.json").exists()
+
+
+# --- the lent machine's command --------------------------------------------------------------------------------
+
+def test_the_device_command_travels_under_the_run_tools_limit(tmp_path, monkeypatch):
+    fake_bundle(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    command = device_command(".whl")
+    assert len(command) < gpu_bundle.DEVICE_COMMAND_LIMIT == 2000 and "\n" not in command
+    assert command.startswith("mkdir -p $OUT && cp -r results/gpu $OUT/gpu && ")
+    assert command.endswith(" && python3 -m bench gpu --results $OUT/gpu --budget-s 540")
+    assert install_command(".whl", "--results $OUT/gpu --budget-s 540") in command
+    proc = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # a bundle folder with a long name would make it too long for the run tool: refused here, not there
+    deep = tmp_path / ("w" * 120) / ("x" * 120)
+    deep.mkdir(parents=True)
+    for wheel in (tmp_path / ".whl").iterdir():
+        shutil.copy(wheel, deep / wheel.name)
+    with pytest.raises(ValueError, match=r"the device command is \d+ characters; the run tool takes fewer than 2000"):
+        device_command(deep.relative_to(tmp_path))
