@@ -144,8 +144,9 @@ class MemoryEstimate:
 def hidden_state_bytes(method: str, precision: str, prepare_model_for_kbit_training: bool = False) -> int:
     """Return the bytes of one element of the hidden states (residual stream, checkpointed inputs, KV cache).
 
-    The precision's size (bf16/fp16 2, fp32 4): full, LoRA, and QLoRA as TRL 1.16 builds it (the
-    embeddings and norms stay in the training precision). 4 for QLoRA with
+    The precision's size (bf16/fp16 2, fp32 4): full, LoRA, and QLoRA as TRL 1.16 builds it with the training dtype
+    in ``model_init_kwargs``, as labkit passes it (the embeddings and norms stay in the training precision; TRL's
+    own default, float32, would load them in fp32). 4 for QLoRA with
     ``prepare_model_for_kbit_training``: PEFT turns the embeddings and norms into fp32, and a bitsandbytes
     4-bit linear layer returns its input's dtype, so the whole residual stream, what checkpointing
     keeps and the KV cache are fp32 (both checked on a real 4-bit model in the tests).
@@ -310,13 +311,16 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     - **weights** ``= P w`` (full, LoRA base); LoRA adds ``P_lora x 4`` (PEFT keeps adapters in
       fp32); QLoRA stores the ``nn.Linear`` weights in NF4, ``0.5 + 1/64 + 1/4096`` bytes each
       (4-bit codes, double-quantised absmax); every other weight (embeddings, norms) stays in the
-      training precision, as TRL 1.16 loads it. Its adapters are bf16 under bf16 (TRL's cast) and fp32
+      training precision, as TRL 1.16 loads it with that dtype in ``model_init_kwargs`` (labkit's ``build_run``
+      passes it; without one TRL loads float32, trl/trainer/utils.py 1332). Its adapters are bf16 under bf16 (TRL's cast) and fp32
       otherwise (:func:`labkit.models.match_adapter_dtype`). With ``prepare_model_for_kbit_training``
       PEFT turns every other weight into fp32 (4 bytes) and the hidden states follow in every precision
       (:func:`hidden_state_bytes`): the checkpointed inputs, the SwiGLU tensors, the LM head's input and
       the KV cache below then count 4 bytes an element.
     - **reference** ``= P w`` when ``beta > 0`` and ``method == "full"``; 0 with ``beta = 0`` (TRL's
-      default: no reference model) and with PEFT (the reference is the base with adapters disabled).
+      default: no reference model) and with PEFT: handed a ``peft_config`` TRL takes the reference with the adapters
+      disabled; handed a ``PeftModel`` (:func:`labkit.models.load_policy`'s) it adds a frozen copy of the adapter,
+      ``"ref"`` (trl/trainer/grpo_trainer.py 478-506): the adapters' bytes again, not counted here.
     - **gradients** ``= P_t x (bytes of a trainable weight)``.
     - **optimizer**: ``adamw``: torch's AdamW keeps two moments *in the parameter's dtype*
       (``2 P_t w``; 8 bytes a parameter for fp32 parameters, 4 for a model loaded in bf16) plus a
