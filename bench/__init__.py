@@ -25,8 +25,9 @@ BENCHMARKS = {
     "rewards": ("rewards", "worst-case reward time on adversarial inputs -> results/"),
     "dashboard": ("dashboard", "dashboard overhead per training step -> results/"),
     "preset": ("preset", "GRPO steps of a preset (random weights, full-length completions) under a GPU memory cap -> results/"),
-    "gpu": ("gpu", "the GPU half measured on a CUDA card: presets per phase (+ dashboard), estimator grid, generation "
-                   "speed -> results/gpu/ (--tiny: the CPU rehearsal of the command; --bundle DIR: offline wheels)"),
+    "gpu": ("gpu", "the GPU half measured on a CUDA card in one run: presets per phase (+ dashboard, forced tool rounds), "
+                   "QLoRA, the OOM doctor, estimator grid side by side, then generation speed -> results/gpu/ (--plan: "
+                   "the plan on any machine; --tiny: the CPU rehearsal of the command; --bundle DIR: offline wheels)"),
     "unsloth": ("unsloth", "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
     "demo": ("demo", "the main job over several seeds -> results/"),
     "rehearse": ("rehearse", "one preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase, "
