@@ -1,9 +1,9 @@
 """The views a running dashboard draws: :class:`NotebookView` (card + SVG charts) and :class:`TextView` (a terminal bar).
 
 Both read everything (step, clock, numbers, status) from one :class:`RunRecord`. Where the process
-runs decides which one is used (:func:`detect_frontend`): ipywidgets 8 in JupyterLab and VS Code
-(updated in place), a display handle updated in place in Colab or without ipywidgets, and a tqdm
-bar in a terminal. While a run is live, the notebook view's card is redrawn every
+runs decides which one is used (:func:`detect_frontend`): a display handle updated in place in JupyterLab 4.6
+and Colab (any kernel that offers subshells, or no ipywidgets), ipywidgets 8 (updated in place) in a kernel
+without subshells, and a tqdm bar in a terminal. While a run is live, the notebook view's card is redrawn every
 ``tick_s`` seconds by a small thread, so the clock moves during a long step; the charts follow the
 throttle (:class:`Throttle`) so that drawing stays under ``max_overhead`` of the wall time; between
 cells the clock waits. At :meth:`NotebookView.close` the live view is replaced by the saved picture (a
@@ -32,15 +32,19 @@ FRONTENDS = ("auto", "widgets", "html", "text", "none")
 def detect_frontend() -> str:
     """Return how this process can show a live dashboard: ``"widgets"``, ``"html"`` or ``"text"``.
 
-    ``"widgets"``: an IPython kernel with ipywidgets 8 (JupyterLab, Notebook 7, VS Code); ``"html"``:
-    Colab (which draws ipywidgets 8 only through a separate widget manager) or a kernel without
-    ipywidgets; ``"text"``: a terminal, a script, or terminal IPython.
+    ``"html"`` (a display updated in place, no widget): Colab (which draws ipywidgets 8 only through a
+    separate widget manager), a kernel without ipywidgets, and a kernel that offers subshells (ipykernel 7:
+    "kernel subshells" in its ``kernel_info``). JupyterLab 4.6 sends a widget's messages over a subshell
+    (its setting ``commsOverSubshells``, default ``perCommTarget``): the first widget opened in a cell makes it
+    ask the kernel for one on the control channel, whose busy and idle statuses the status bar then shows
+    as the kernel's, "Idle" until the cell ends (issue 46 item 9). A display opens no comm. ``"widgets"``:
+    a kernel with ipywidgets 8 and no subshells; ``"text"``: a terminal, a script, or terminal IPython.
     """
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
     if shell is None or getattr(shell, "kernel", None) is None:
         return "text"
-    if "google.colab" in sys.modules:
+    if "google.colab" in sys.modules or "kernel subshells" in _kernel_features(shell.kernel):
         return "html"
     try:
         import ipywidgets
@@ -49,6 +53,14 @@ def detect_frontend() -> str:
             raise
         return "html"
     return "widgets" if int(ipywidgets.__version__.split(".")[0]) >= 8 else "html"
+
+
+def _kernel_features(kernel) -> list:
+    """Return the ``supported_features`` of a kernel's ``kernel_info`` (ipykernel 7), or ``[]``."""
+    try:
+        return list(kernel.kernel_info.get("supported_features", []))
+    except Exception:  # noqa: BLE001 - an older or foreign kernel object: no features to go by
+        return []
 
 
 def progress_bar(iterable=None, *, desc: str = "", total: int | None = None, enabled: bool = True, **kwargs):
@@ -229,7 +241,8 @@ class NotebookView:
                 if plot:
                     self.widgets["plot"].value = self._charts
             else:
-                self.payload = f'<div class="labkit-dashboard">{html}{self._charts}</div>'
+                self.payload = (f'<div class="labkit-dashboard">{html}<div class="labkit-dashboard-plot">'
+                                f'{self._charts}</div></div>')
                 if self.handle is not None:
                     from IPython.display import HTML
 
