@@ -178,7 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
 
     Exit codes: 0 both measured, 1 a run failed, 2 Unsloth cannot run here (the reason is printed).
+    ``--bundle DIR`` makes the offline GPU machine's Unsloth wheels instead (:mod:`bench.unsloth_bundle`).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(arg == "--bundle" or arg.startswith("--bundle=") for arg in argv):
+        from bench.unsloth_bundle import main as bundle_main
+
+        return bundle_main(argv)
     parser = argparse.ArgumentParser(prog="python -m bench unsloth", description=main.__doc__)
     parser.add_argument("--preset", default="colab-t4", help="a labkit.presets name (default colab-t4)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -189,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-limit", type=int, default=200, help="GSM8K test questions to score after training")
     parser.add_argument("--fast-inference", action="store_true", help="Unsloth generates with vLLM (needs vllm)")
     parser.add_argument("--results", default="results")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(argv)
     if "unsloth" in args.backends:
         status = unsloth_status()
         if not status.available:

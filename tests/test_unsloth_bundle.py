@@ -1,0 +1,264 @@
+"""The offline Unsloth bundle (bench.unsloth_bundle), offline and without torch: small fake wheels, no download.
+
+- the cut of unsloth's wheel: studio/ and unsloth_cli/ leave, with their RECORD lines; pip installs what is left;
+  a prefix that matches nothing, one that would cut the metadata, or a broken RECORD is refused, wheel untouched;
+- make_bundle with the download replaced by copying fake wheels from a local folder: every wheel of WHEELS once
+  (unsloth cut, bitsandbytes repacked), the manifest's sizes and sha256, and the 64 MiB limit counted with the
+  repository's files: refused with the sizes, no manifest;
+- the install command: valid bash, under the run tool's 2,000 characters, and run against fake wheels with a stub
+  ``python3`` (pip's and the benchmark's arguments recorded): one wheel per package into its own site, the site and
+  the repository first on PYTHONPATH, and a one-line stop before pip when pyarrow is too old.
+"""
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bench import unsloth_bundle
+from bench.gpu_bundle import DEVICE_COMMAND_LIMIT
+from bench.unsloth_bundle import (LIMIT_MIB, SITE, WHEELS, BundleTooLarge, device_command, drop_from_wheel,
+                                  install_command, make_bundle, travelling_bytes)
+
+MIB = 2 ** 20
+UNSLOTH = "unsloth-2026.10.9-py3-none-any.whl"
+BNB = "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
+FILES = {UNSLOTH, "unsloth_zoo-2026.10.9-py3-none-any.whl", "trl-1.15.0-py3-none-any.whl",
+         "peft-0.21.2-py3-none-any.whl", BNB, "datasets-4.7.0-py3-none-any.whl", "dill-0.4.0-py3-none-any.whl",
+         "multiprocess-0.70.18-py312-none-any.whl"}
+
+
+def make_wheel(path: Path, files: dict[str, bytes], extra_record: str = "") -> Path:
+    """A small wheel: ``files`` plus a dist-info (METADATA, WHEEL) and a RECORD that lists them all."""
+    name, version = path.name.split("-")[:2]
+    dist = f"{name}-{version}.dist-info"
+    files = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.4\nName: {name}\nVersion: {version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    lines = []
+    for file, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{file},sha256={digest},{len(data)}\n")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for file, data in files.items():
+            zf.writestr(file, data)
+        zf.writestr(f"{dist}/RECORD", "".join(lines) + extra_record + f"{dist}/RECORD,,\n")
+    return path
+
+
+def unsloth_like(path: Path, **kwargs) -> Path:
+    return make_wheel(path, {"unsloth/__init__.py": b"__version__ = '2026.10.9'\n",
+                             "unsloth/models/loader.py": b"# the loader\n",
+                             "studio/frontend/app.js": b"x" * 50_000, "studio/backend/main.py": b"import studio\n",
+                             "unsloth_cli/__init__.py": b"import studio\n"}, **kwargs)
+
+
+def names_in(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return set(zf.namelist())
+
+
+def record_of(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        return {row[0] for row in csv.reader(io.StringIO(zf.read(record).decode())) if row}
+
+
+# --- the cut ------------------------------------------------------------------------------------------------
+
+def test_the_cut_drops_studio_and_the_cli_and_their_record_lines(tmp_path):
+    wheel = unsloth_like(tmp_path / UNSLOTH)
+    before = wheel.stat().st_size
+    assert drop_from_wheel(wheel, unsloth_bundle.DROP["unsloth"]) == wheel  # same name: pip takes it as 2026.10.9
+    kept = names_in(wheel)
+    assert not any(n.startswith(("studio/", "unsloth_cli/")) for n in kept)
+    assert {"unsloth/__init__.py", "unsloth/models/loader.py"} <= kept
+    assert record_of(wheel) == kept  # RECORD lists exactly what is left, itself included
+    assert wheel.stat().st_size < before
+    assert not list(tmp_path.glob("*.repacking"))
+
+
+def test_pip_installs_the_cut_wheel(tmp_path):
+    wheel = drop_from_wheel(unsloth_like(tmp_path / UNSLOTH), ("studio/", "unsloth_cli/"))
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                           "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (target / "unsloth" / "models" / "loader.py").exists() and not (target / "studio").exists()
+
+
+@pytest.mark.parametrize("prefixes, message", [
+    (("studio/", "notebooks/"), "nothing under notebooks/"),
+    (("unsloth-2026.10.9.dist-info/",), "cut its metadata"),
+])
+def test_the_cut_refuses_what_it_was_not_made_for(tmp_path, prefixes, message):
+    wheel = unsloth_like(tmp_path / UNSLOTH)
+    original = wheel.read_bytes()
+    with pytest.raises(ValueError, match=message):
+        drop_from_wheel(wheel, prefixes)
+    assert wheel.read_bytes() == original and not list(tmp_path.glob("*.repacking"))
+
+
+def test_the_cut_refuses_a_record_that_does_not_match_the_files(tmp_path):
+    wheel = unsloth_like(tmp_path / UNSLOTH, extra_record="unsloth/ghost.py,sha256=abc,3\n")
+    with pytest.raises(ValueError, match="ghost.py"):
+        drop_from_wheel(wheel, ("studio/",))
+
+
+# --- make_bundle, offline ----------------------------------------------------------------------------------
+
+@pytest.fixture()
+def offline_index(tmp_path, monkeypatch):
+    """Replace pip download by copying fake wheels (unsloth- and bitsandbytes-shaped ones) from a local folder."""
+    index = tmp_path / "index"
+    index.mkdir()
+    for file in FILES:
+        if file == UNSLOTH:
+            unsloth_like(index / file)
+        elif file == BNB:
+            make_wheel(index / file, {"bitsandbytes/__init__.py": b"",
+                                      **{f"bitsandbytes/libbitsandbytes_{lib}.so": lib.encode() * 5000
+                                         for lib in ("cpu", "cuda118", "cuda126", "cuda130", "rocm72")}})
+        else:
+            (index / file).write_bytes(file.encode() * 100)
+    asked = []
+
+    def fake_pip_download(specs, dest):
+        asked.append(list(specs))
+        for spec in specs:
+            name, version = spec.split("==")
+            for wheel in index.glob(f"{name}-{version}-*.whl"):
+                shutil.copyfile(wheel, Path(dest) / wheel.name)
+
+    monkeypatch.setattr(unsloth_bundle, "_pip_download", fake_pip_download)
+    return asked
+
+
+def test_make_bundle_writes_every_wheel_once_with_sizes_and_hashes(tmp_path, offline_index, capsys):
+    folder = tmp_path / ".whl-unsloth"
+    manifest = make_bundle(folder, repo_bytes=9 * MIB)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*FILES, "MANIFEST.json"])  # no original left over
+    assert json.loads((folder / "MANIFEST.json").read_text()) == manifest
+    assert sorted(w["name"] for w in manifest["wheels"]) == sorted(n for n, _ in WHEELS)
+    for entry in manifest["wheels"]:
+        data = (folder / entry["file"]).read_bytes()
+        assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    assert manifest["total_bytes"] == sum(w["bytes"] for w in manifest["wheels"])
+    assert manifest["repository_bytes"] == 9 * MIB and manifest["limit_mib"] == LIMIT_MIB == 64
+    assert not any(n.startswith("studio/") for n in names_in(folder / UNSLOTH))  # the bundle holds the cut unsloth
+    libraries = {n for n in names_in(folder / BNB) if n.endswith(".so")}
+    assert libraries == {"bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda130.so"}
+    repacked = {w["name"]: w["repacked"] for w in manifest["wheels"]}
+    assert "studio/" in repacked["unsloth"] and "cuda130" in repacked["bitsandbytes"] and repacked["trl"] is None
+    assert {"xformers", "torchao", "diffusers", "hf_transfer", "msgspec", "cut_cross_entropy", "tyro"} <= set(
+        manifest["left_out"])
+    assert not {n for n, _ in WHEELS} & set(manifest["left_out"])
+    out = capsys.readouterr().out
+    assert "the repository's tracked" in out and "travelling together" in out
+
+
+def test_make_bundle_refuses_a_bundle_that_does_not_fit_beside_the_repository(tmp_path, offline_index):
+    folder = tmp_path / ".whl-unsloth"
+    with pytest.raises(BundleTooLarge) as info:
+        make_bundle(folder, repo_bytes=64 * MIB)  # the repository alone fills the 64 MiB
+    message = str(info.value)
+    assert "64.0 MiB" in message and "above the 64 MiB" in message and "MiB)" in message
+    assert "pip install -r requirements-unsloth.txt" in message  # what a learner with network runs instead
+    assert not (folder / "MANIFEST.json").exists()
+    assert make_bundle(folder, repo_bytes=0)["with_repository_mib"] < 1  # the same bundle alone fits
+
+
+def test_travelling_bytes_counts_tracked_and_untracked_files_but_not_ignored_ones(tmp_path):
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("/.whl-unsloth/\n")
+    (tmp_path / "tracked.py").write_bytes(b"a" * 1000)
+    git("add", ".gitignore", "tracked.py")
+    (tmp_path / "new.py").write_bytes(b"b" * 500)  # untracked, not ignored: it travels too
+    (tmp_path / ".whl-unsloth").mkdir()
+    (tmp_path / ".whl-unsloth" / "big.whl").write_bytes(b"c" * 10_000)  # ignored: travels only when carried
+    assert travelling_bytes(tmp_path) == 1000 + 500 + len("/.whl-unsloth/\n")
+
+
+# --- the install command ------------------------------------------------------------------------------------
+
+def fake_bundle(root: Path) -> Path:
+    folder = root / ".whl-unsloth"
+    folder.mkdir()
+    for file in FILES:
+        (folder / file).write_bytes(b"not really a wheel")
+    return folder
+
+
+def run_install(root: Path, pyarrow_version: str, monkeypatch):
+    """Run install_command() in ``root`` with a stub python3: pip and the benchmark are recorded, not run."""
+    fake_bundle(root)
+    monkeypatch.chdir(root)
+    fake = root / "fakepyarrow" / "pyarrow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"__version__ = {pyarrow_version!r}\n")
+    stub_dir = root / "bin"
+    stub_dir.mkdir()
+    stub = stub_dir / "python3"
+    stub.write_text(f"""#!/bin/bash
+if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip $*" >> {root}/calls.txt; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = bench ]; then echo "bench $* PYTHONPATH=$PYTHONPATH HF_HUB_OFFLINE=$HF_HUB_OFFLINE" >> {root}/calls.txt; exit 0; fi
+exec {sys.executable} "$@"
+""")
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(fake.parent)}
+    proc = subprocess.run(["bash", "-c", install_command()], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=60)
+    calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").exists() else []
+    return proc, calls
+
+
+def test_the_commands_are_valid_bash_and_fit_the_run_tool(tmp_path, monkeypatch):
+    fake_bundle(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for command in (install_command(), device_command()):
+        assert "\n" not in command
+        proc = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    command = device_command()
+    assert len(command) < DEVICE_COMMAND_LIMIT == 2000
+    assert command.startswith("mkdir -p $OUT/gpu && ") and command.endswith("--results $OUT/gpu")
+    assert "python3 -m bench unsloth --random-weights --preset workshop --methods qlora lora" in command
+    with pytest.raises(ValueError, match="characters"):
+        device_command(bench_args="--steps 3 " * 200)
+
+
+@pytest.mark.parametrize("pyarrow", ["26.0.1", "21.0.0"])
+def test_the_install_puts_one_wheel_per_package_in_its_own_site(tmp_path, monkeypatch, pyarrow):
+    proc, calls = run_install(tmp_path, pyarrow, monkeypatch)
+    assert proc.returncode == 0, proc.stderr
+    assert len(calls) == 2 and calls[0].startswith("pip ") and calls[1].startswith("bench "), calls
+    wheels = [arg for arg in calls[0].split() if arg.endswith(".whl")]
+    assert all(w.startswith(".whl-unsloth/") for w in wheels)
+    assert sorted(Path(w).name for w in wheels) == sorted(FILES)
+    assert f"--no-index --no-deps --no-compile --no-cache-dir --upgrade --target {SITE}" in calls[0]
+    assert calls[1].startswith("bench -m bench unsloth --random-weights --preset workshop")
+    assert f"PYTHONPATH={SITE}:{tmp_path} HF_HUB_OFFLINE=1" in calls[1]  # the site, then the repository
+
+
+def test_the_install_stops_before_pip_on_a_too_old_pyarrow(tmp_path, monkeypatch):
+    proc, calls = run_install(tmp_path, "20.0.0", monkeypatch)
+    assert proc.returncode != 0 and calls == []
+    assert proc.stderr.strip() == "labkit: pyarrow 20 is older than datasets 4.7.0 needs (pyarrow>=21)"
+
+
+def test_the_install_needs_every_wheel(tmp_path, monkeypatch):
+    (fake_bundle(tmp_path) / "trl-1.15.0-py3-none-any.whl").unlink()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no wheel\(s\) of trl==1\.15\.0.*bench unsloth --bundle"):
+        install_command()
