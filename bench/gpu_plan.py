@@ -140,12 +140,13 @@ class SpeedModel:
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> "SpeedModel":
-        """Return the model fitted (least squares) on the ok rows measured alone on CUDA with every phase timed;
-        the defaults stand where the rows are too few to fit."""
+        """Return the model fitted (least squares) on the ok rows measured alone on CUDA with TRL's ``generate``
+        and every phase timed; the defaults stand where the rows are too few to fit (or a fit comes out negative)."""
         import numpy as np
 
         model = cls()
         usable = [r for r in rows if r.get("status") == "ok" and r.get("cuda") and not r.get("side_by_side")
+                  and r.get("generation", "generate") == "generate"  # continuous batching is a speed row's question
                   and r.get("settings") and r.get("wall_s") and all(r.get(f"{p}_s") is not None for p in
                                                                     ("generation", "forward", "backward"))]
         if not usable:
@@ -449,18 +450,19 @@ def build_plan(jobs: list[dict], *, rows: list[dict], device_gib: float, context
     largest = max((footprints[job["name"]] for job in pool), default=0.0)
     k, why = choose_at_once(device_gib, cores, largest, at_once)
     expected = {name: part["total"] for name, part in seconds.items()}
-    orders = {"most valuable first": pool[1:] if alone_first else pool,
-              "longest first": sorted(pool[1:] if alone_first else pool, key=lambda j: -expected[j["name"]]),
-              "largest memory x seconds first": sorted(pool[1:] if alone_first else pool,
-                                                       key=lambda j: -expected[j["name"]] * footprints[j["name"]])}
+    head = pool[:1] if alone_first else []  # the check's twin, in the first wave
+    rest = pool[len(head):]
+    orders = {"most valuable first": rest,
+              "longest first": sorted(rest, key=lambda j: -expected[j["name"]]),
+              "largest memory x seconds first": sorted(rest, key=lambda j: -expected[j["name"]] * footprints[j["name"]])}
+    last = {job["name"] for job in alone_last}  # the speed rows: only if time is left
+
     def run(order):
         result = simulate(alone_first, order, alone_last, footprints=footprints, expected=expected,
                           device_gib=device_gib, at_once=k, budget_s=budget_s, slowdown=slowdown)
-        last = {job["name"] for job in alone_last}  # the speed rows: only if time is left
         lost = [job["name"] in last for job in result["dropped"]]
         return (lost.count(False), lost.count(True), result["end"]), result
 
-    head = pool[:1] if alone_first else []
     best = None
     for label, order in orders.items():
         key, result = run(head + order)
@@ -472,9 +474,9 @@ def build_plan(jobs: list[dict], *, rows: list[dict], device_gib: float, context
         pool_names = {job["name"] for job in order}
         moved = None
         for job in [j for j in result["dropped"] if j["name"] in pool_names]:
-            rest = [j for j in order if j["name"] != job["name"]]
-            for place in range(len(head), len(rest)):
-                trial = rest[:place] + [job] + rest[place:]
+            without = [j for j in order if j["name"] != job["name"]]
+            for place in range(len(head), len(without)):
+                trial = without[:place] + [job] + without[place:]
                 trial_key, trial_result = run(trial)
                 if trial_key < key and (moved is None or trial_key < moved[0]):
                     moved = (trial_key, f"{label}, {job['name']} moved up", trial, trial_result)
