@@ -6,7 +6,9 @@ laptop-16gb recipe (the precision decides the card: bf16 an Ampere 16 GB card, f
 Unsloth's "GRPO in 5 GB" setting: Qwen2.5-1.5B LoRA, G = 8 completions of 512 tokens in one
 micro-batch; and the sizing rows: each preset sized to its card (laptop-16gb, colab-t4, qlora-3b) one
 step up (``per_device_train_batch_size + num_generations``), the size that no longer fits
-(:func:`labkit.cards.sizing_fits`). Writes results/rehearsal.csv (one row per configuration, with provenance). Every peak is
+(:func:`labkit.cards.sizing_fits`). A tool recipe's rows (``tools-16gb``) rehearse each of its tool rounds, a new
+``generate`` call over prompt + completion (:func:`bench.fake_tensors.generate`). Writes results/rehearsal.csv (one
+row per configuration, with provenance); ``--name`` re-rehearses only the rows named. Every peak is
 **rehearsed (fake tensors)**: no GPU ran it; ``bench memory`` measures on a real card.
 """
 from __future__ import annotations

@@ -311,12 +311,12 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     - **weights** ``= P w`` (full, LoRA base); LoRA adds ``P_lora x 4`` (PEFT keeps adapters in
       fp32); QLoRA stores the ``nn.Linear`` weights in NF4, ``0.5 + 1/64 + 1/4096`` bytes each
       (4-bit codes, double-quantised absmax); every other weight (embeddings, norms) stays in the
-      training precision, as TRL 1.16 loads it with that dtype in ``model_init_kwargs`` (labkit's ``build_run``
-      passes it; without one TRL loads float32, trl/trainer/utils.py 1332). Its adapters are bf16 under bf16 (TRL's cast) and fp32
-      otherwise (:func:`labkit.models.match_adapter_dtype`). With ``prepare_model_for_kbit_training``
-      PEFT turns every other weight into fp32 (4 bytes) and the hidden states follow in every precision
-      (:func:`hidden_state_bytes`): the checkpointed inputs, the SwiGLU tensors, the LM head's input and
-      the KV cache below then count 4 bytes an element.
+      training precision, as TRL 1.16 loads it with that dtype in ``model_init_kwargs`` (labkit's
+      ``build_run`` passes it; without one TRL loads float32, trl/trainer/utils.py 1332). Its adapters are
+      bf16 under bf16 (TRL's cast) and fp32 otherwise (:func:`labkit.models.match_adapter_dtype`). With
+      ``prepare_model_for_kbit_training`` PEFT turns every other weight into fp32 (4 bytes) and the hidden
+      states follow in every precision (:func:`hidden_state_bytes`): the checkpointed inputs, the SwiGLU
+      tensors, the LM head's input and the KV cache below then count 4 bytes an element.
     - **reference** ``= P w`` when ``beta > 0`` and ``method == "full"``; 0 with ``beta = 0`` (TRL's
       default: no reference model) and with PEFT: handed a ``peft_config`` TRL takes the reference with the adapters
       disabled; handed a ``PeftModel`` (:func:`labkit.models.load_policy`'s) it adds a frozen copy of the adapter,
