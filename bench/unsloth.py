@@ -2,11 +2,18 @@
 
 Each backend runs ``python -m bench.unsloth arm ...`` (:func:`comparison_run`) in a fresh process, one after the
 other, so neither sees the other's memory or Unsloth's patches of TRL and transformers. Notebook 06 starts it and
-reads what it recorded (:func:`labkit.unsloth_path.read_comparison`).
+reads what it recorded (:func:`labkit.unsloth_path.read_comparison`). This is the learner's comparison: the
+recipe's real model from the hub, evaluated on GSM8K after training.
+
+Two more doors, for a GPU machine without network: ``--random-weights`` (:mod:`bench.unsloth_measure`) measures both
+loaders as ``python -m bench gpu`` measures its rows (random weights saved from the architecture's config, the
+card's cap, peak memory and seconds per phase) into ``results/gpu/unsloth_vs_trl.csv``, and ``--bundle DIR``
+(:mod:`bench.unsloth_bundle`) makes the offline wheels and the command that installs them and runs it.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -55,7 +62,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
     if backend == "unsloth":
         status = require_unsloth()
-        import unsloth  # noqa: F401  (before labkit.presets imports transformers and TRL)
+        importlib.import_module("unsloth")  # before labkit.presets imports transformers and TRL
     import torch
 
     from labkit.device import detect_device
@@ -178,13 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m bench unsloth``: the same preset through plain TRL and Unsloth -> results/unsloth_vs_trl.csv.
 
     Exit codes: 0 both measured, 1 a run failed, 2 Unsloth cannot run here (the reason is printed).
-    ``--bundle DIR`` makes the offline GPU machine's Unsloth wheels instead (:mod:`bench.unsloth_bundle`).
+    ``--random-weights`` measures both loaders as ``bench gpu`` measures its rows, on the recipe's architecture with
+    random weights under its card's cap, into results/gpu/ (:mod:`bench.unsloth_measure`; no download: what the
+    offline GPU machine runs); ``--bundle DIR`` makes that machine's Unsloth wheels (:mod:`bench.unsloth_bundle`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(arg == "--bundle" or arg.startswith("--bundle=") for arg in argv):
         from bench.unsloth_bundle import main as bundle_main
 
         return bundle_main(argv)
+    if "--random-weights" in argv:
+        from bench.unsloth_measure import main as measured_main
+
+        return measured_main([arg for arg in argv if arg != "--random-weights"])
     parser = argparse.ArgumentParser(prog="python -m bench unsloth", description=main.__doc__)
     parser.add_argument("--preset", default="colab-t4", help="a labkit.presets name (default colab-t4)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -227,7 +240,7 @@ def _arm_cli(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.backend == "unsloth":
-        import unsloth  # noqa: F401  (first thing in the process: it patches transformers and TRL as it loads)
+        importlib.import_module("unsloth")  # first thing in the process: it patches transformers and TRL as it loads
     pairs = parse_pairs("--set", args.set)
     preset = get_preset(args.preset, **pairs)
     # Both arms on all seven projections (COMPARISON_TARGETS) unless --set target_modules=... says otherwise.

@@ -274,3 +274,102 @@ def test_caps_declared_under_an_extra_are_conflicts_too():
     # extras pulled in through unsloth[...]: asking for "colab" brings "huggingface"'s caps
     assert requirement_conflicts(requirements, main, extras=("colab",)) != []
     assert requirement_conflicts(requirements, main, extras=()) == []  # the old behaviour, for contrast
+
+
+# --- the measured comparison (python -m bench unsloth --random-weights): its plumbing on a CPU ----------------
+
+def test_the_rows_come_in_pairs_on_the_cards_cap_with_all_seven_projections():
+    from bench.unsloth_measure import row_specs
+    from labkit.unsloth_path import COMPARISON_TARGETS
+
+    specs = row_specs("workshop")
+    assert [s["name"] for s in specs] == ["workshop-qlora-trl", "workshop-qlora-unsloth", "workshop-lora-trl",
+                                          "workshop-lora-unsloth"]  # QLoRA's pair first: Unsloth's usual path
+    assert all(s["cap"] == "card" and not s["tiny"] and s["steps"] == 3 for s in specs)
+    assert all(s["overrides"]["target_modules"] == list(COMPARISON_TARGETS) for s in specs)
+    tiny = row_specs("workshop", ("lora",), ("trl",), steps=2, tiny=True)
+    assert len(tiny) == 1 and tiny[0]["cap"] is None and tiny[0]["overrides"]["max_completion_length"] == 8
+
+
+def test_without_cuda_the_measured_comparison_says_so_in_one_line(tmp_path, capsys):
+    from bench.unsloth import main as bench_unsloth_cli
+
+    assert bench_unsloth_cli(["--random-weights", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("no CUDA GPU here") and "--tiny" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_row_past_the_budget_never_starts(tmp_path):
+    from bench.unsloth_measure import bench_loaders, row_specs
+
+    said = []
+    assert bench_loaders(row_specs("workshop"), tmp_path, budget_s=0, say=said.append) == []
+    assert said == ["skipped (budget): workshop-qlora-trl, workshop-qlora-unsloth, workshop-lora-trl, "
+                    "workshop-lora-unsloth"]
+    assert not (tmp_path / "unsloth_vs_trl.csv").exists()
+
+
+def test_a_row_that_breaks_comes_back_as_an_error_row_with_its_reason():
+    from bench.unsloth_measure import run_row
+
+    row, output = run_row({"name": "x", "preset": "no-such-recipe", "loader": "trl", "overrides": {}, "steps": 2,
+                           "cap": None, "tiny": True}, timeout_s=300)
+    assert row["status"] == "error" and "no-such-recipe" in row["error"]
+    assert "Traceback" in output  # the log keeps where it broke; the row keeps one line
+
+
+@pytest.mark.slow
+def test_the_measured_comparison_rehearses_on_a_cpu_with_the_trl_side(tmp_path):
+    """``--tiny``: each row in a fresh process, a CSV row and a JSON record each; Unsloth skipped in one line."""
+    out = subprocess.run([sys.executable, "-m", "bench", "unsloth", "--random-weights", "--tiny", "--methods", "lora",
+                          "--steps", "2", "--results", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "skipped the Unsloth side: Unsloth's GRPO path needs a CUDA GPU" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    with open(tmp_path / "unsloth_vs_trl.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["name"], r["loader"], r["status"], r["steps_done"]) for r in rows] == [
+        ("workshop-lora-trl", "trl", "ok", "2")]
+    assert float(rows[0]["seconds_per_step"]) > 0 and rows[0]["steps_timed"] == "1"
+    assert rows[0]["peak_allocated_gib"] == "" and rows[0]["label"].startswith("CPU rehearsal")  # nothing made up
+    assert float(rows[0]["estimated_total_gib"]) > 0 and rows[0]["lora_dropout"] == "0.05"
+    records = json.loads((tmp_path / "unsloth_vs_trl.json").read_text())
+    assert len(records) == 1 and records[0]["seconds_per_step"] == float(rows[0]["seconds_per_step"])
+    assert "skipped the Unsloth side" in (tmp_path / "unsloth_runs.log").read_text()
+
+
+@pytest.mark.slow
+def test_the_unsloth_row_loads_the_random_weight_folder_through_fast_language_model(monkeypatch):
+    """The Unsloth row's code path with a stand-in loader: FastLanguageModel gets the saved folder (the config and
+    random weights), not a hub id; the trainer gets its model; the row names the loader."""
+    import os
+    import types
+
+    import labkit.unsloth_path as up
+    from bench.unsloth_measure import measure_loader, row_specs
+
+    class Loader(_FakeFastLanguageModel):
+        folders = []
+
+        @classmethod
+        def from_pretrained(cls, model_name, **kwargs):
+            cls.folders.append(sorted(os.listdir(model_name)))  # read while it exists: measure() removes it after
+            return super().from_pretrained(model_name, **kwargs)
+
+    fake = types.ModuleType("unsloth")
+    fake.FastLanguageModel = Loader
+    _FakeFastLanguageModel.calls = []
+    monkeypatch.setitem(sys.modules, "unsloth", fake)
+    monkeypatch.setattr(up, "unsloth_status", lambda device=None: up.UnslothStatus(True, "stand-in", "0+fake"))
+    monkeypatch.setattr(up, "require_unsloth", lambda: up.UnslothStatus(True, "stand-in", "0+fake"))
+
+    spec = row_specs("workshop", ("lora",), ("unsloth",), steps=2, tiny=True)[0]
+    row = measure_loader(spec)
+    assert row["status"] == "ok", row.get("error")
+    (_, folder, load), (_, peft) = _FakeFastLanguageModel.calls
+    assert "/model" in folder and {"config.json", "model.safetensors", "tokenizer.json"} <= set(Loader.folders[0])
+    assert load["use_exact_model_name"] is True and load["fast_inference"] is False and load["load_in_4bit"] is False
+    assert peft["target_modules"] == list(up.COMPARISON_TARGETS) and peft["use_gradient_checkpointing"] == "unsloth"
+    assert row["loader"] == "unsloth" and row["steps_done"] == 2 and row["lora_dropout"] == 0.0
+    assert row["seconds_per_step"] > 0 and row["fast_inference"] is False
