@@ -4,7 +4,7 @@ Reference: :class:`labkit.environments.CalculatorEnv`. The learner writes a *cla
 on instances of it as TRL 1.16's ``GRPOTrainer`` drives an ``environment_factory`` (trl/trainer/grpo_trainer.py):
 TRL keeps a pool of instances, one per rollout of a batch (lines 2352-2360), calls ``reset(**row)`` on every one of
 them with its whole dataset row (lines 2385-2398), then runs the tool calls the model wrote, rollout after rollout
-and round after round (``_tool_call_loop``, lines 1957-1993), then calls every ``get_reward()`` (lines 719-725); the
+and round after round (``_tool_call_loop``, lines 1957-1994), then calls every ``get_reward()`` (lines 719-725); the
 next batch resets the same instances. Each step of a script names its instance, so several instances live at once
 and state kept on the class is shared, as it would be under TRL.
 
@@ -175,6 +175,7 @@ class Transcript(list):
     def __init__(self):
         super().__init__()
         self.calls: list[str] = []
+        self.methods: list[str] = []  # the method each step called ("reset", "calculate", "get_reward", "tools")
 
 
 def _call(instance: int, method: str, argument, several: bool) -> str:
@@ -189,8 +190,8 @@ def play(environment_class):
 
     Instance ``k`` of a script is made the first time it is named (a constructor that raises fails the check).
     ``NotImplementedError`` (an unfilled stub) propagates; any other exception is recorded in the transcript
-    as :class:`Raised` (shown ``raised <Error>: <message>``), the way TRL records a failing tool call, and the
-    script goes on.
+    as :class:`Raised` (shown ``raised <Error>: <message>``). After a tool's exception the script goes on, as TRL
+    sends the model ``{"error": ...}``; after one in ``reset`` or ``get_reward`` it stops, as TRL's step does.
     """
     def run(script):
         instances: dict[int, object] = {}
@@ -213,6 +214,7 @@ def play(environment_class):
                 outcome = Raised(error)
             transcript.append(outcome)
             transcript.calls.append(_call(instance, method, argument, several))
+            transcript.methods.append(method)
             if isinstance(outcome, Raised) and method in _UNCAUGHT:
                 break  # TRL catches a tool's exception, not reset's or get_reward's: the training step stops there
         return transcript
@@ -230,9 +232,8 @@ def _compare(expected: Transcript, got) -> str | None:
     """Return ``None`` when the transcripts agree, else the first step whose result differs, named."""
     if not isinstance(got, list) or len(got) > len(expected):
         return f"expected the transcript {_short(expected)}, got {_short(got)}"
-    for number, (call, e, g) in enumerate(zip(expected.calls, expected, got), 1):
+    for number, (call, method, e, g) in enumerate(zip(expected.calls, expected.methods, expected, got), 1):
         if e != g:
-            method = call.split(": ")[-1].split("(")[0]
             stops = (f"; TRL does not catch an exception of {_UNCAUGHT[method]}: training stops there"
                      if isinstance(g, Raised) and method in _UNCAUGHT else "")
             return f"call {number} of {len(expected)}, {call}: labkit's returns {e!r}, yours {g!r}{stops}"
