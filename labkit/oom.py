@@ -205,7 +205,9 @@ def candidate_changes(settings: dict) -> list[Change]:
     model = s.get("model")
     if model in _SMALLER:
         add("model", {"model": _SMALLER[model]}, "a smaller model of the same family")
-    if s.get("beta"):  # with PEFT the reference is the base with its adapters off: no weights, only its pass
+    # With PEFT the reference is the base with its adapters off (TRL given a peft_config) or a frozen copy of the
+    # adapter (given a PeftModel and beta > 0: trl/trainer/grpo_trainer.py 478-506): no second base, only its pass.
+    if s.get("beta"):
         add("beta", {"beta": 0.0}, "beta = 0 drops the reference model (a second copy of the weights)"
             if method == "full" else "beta = 0 skips the reference log-probs in scoring (no KL term)")
     return out
