@@ -418,16 +418,36 @@ def plot_tools_demo(summary: dict, ax=None):
 def tools_demo_tests(summary: dict):
     """Return the recorded paired tests as a table: GRPO against the warm-up in each run, and the two runs after GRPO.
 
-    Changes and their 95 % paired bootstrap intervals in points; McNemar's exact p; problems gained and lost.
+    Changes in points, Newcombe's 95 % paired interval computed here from the per-problem verdicts the record keeps
+    (``stages/<stage>/right``, :func:`labkit.evaluate.paired_change`: never zero-width, where the percentile
+    bootstrap of older records is when every problem moved the same way), McNemar's exact p as recorded (the same
+    test), problems gained and lost. A record without the verdicts shows its own interval, named by its key.
     """
     import pandas as pd
 
-    tests = {f"{_ARMS.get(arm, arm)}: GRPO against the warm-up": figures["grpo_vs_before"]["after_grpo"]
-             for arm, figures in summary["arms"].items()}
+    from labkit.evaluate import paired_change
+
+    arms = summary["arms"]
+    tests = {f"{_ARMS.get(arm, arm)}: GRPO against the warm-up": (figures["grpo_vs_before"]["after_grpo"],
+                                                                   (arm, "before_grpo"), (arm, "after_grpo"))
+             for arm, figures in arms.items()}
     if summary.get("tool_vs_no_tool"):
-        tests["after GRPO: with the calculator against without"] = summary["tool_vs_no_tool"]["after_grpo"]
+        tests["after GRPO: with the calculator against without"] = (summary["tool_vs_no_tool"]["after_grpo"],
+                                                                     ("no_tool", "after_grpo"), ("tool", "after_grpo"))
+
+    def verdicts(arm, stage):
+        return arms.get(arm, {}).get("stages", {}).get(stage, {}).get("right")
+
+    def interval(t, before, after):
+        before, after = verdicts(*before), verdicts(*after)
+        if before is not None and after is not None:
+            paired = paired_change(before, after)
+            return "{:+.0f} to {:+.0f} points (Newcombe)".format(100 * paired.low, 100 * paired.high)
+        key = "change_ci95_paired" if "change_ci95_paired" in t else "change_ci95_paired_bootstrap"
+        label = "Newcombe, recorded" if key == "change_ci95_paired" else "bootstrap, recorded"
+        return "{:+.0f} to {:+.0f} points ({})".format(*(100 * x for x in t[key]), label)
+
     return pd.DataFrame({name: {"change": f"{t['right_answer_change_points']:+.1f} points",
-                                "95 % paired interval": "{:+.0f} to {:+.0f} points".format(
-                                    *(100 * x for x in t["change_ci95_paired_bootstrap"])),
+                                "95 % paired interval": interval(t, before, after),
                                 "gained": t["gained"], "lost": t["lost"], "McNemar p": f"{t['mcnemar_p']:.2g}"}
-                         for name, t in tests.items()}).T
+                         for name, (t, before, after) in tests.items()}).T

@@ -1,5 +1,6 @@
 """GRPO with tools through the recipe core (issue 34): the tools-16gb preset, its checks, its plan, build_run with an
 environment; the large-number word problems; the recorded comparison with and without the tool."""
+import copy
 import json
 import re
 from pathlib import Path
@@ -203,6 +204,7 @@ def test_the_tools_demo_table_and_chart_read_the_record():
     import matplotlib
 
     matplotlib.use("Agg")
+    from labkit.evaluate import paired_change
     from labkit.tools import plot_tools_demo, tools_demo_table, tools_demo_tests
 
     summary = _recorded()
@@ -210,10 +212,22 @@ def test_the_tools_demo_table_and_chart_read_the_record():
     after = summary["tool_vs_no_tool"]["after_grpo"]
     row = tests.loc["after GRPO: with the calculator against without"]
     assert row["change"] == f"{after['right_answer_change_points']:+.1f} points" and row["gained"] == after["gained"]
-    low, high = (round(100 * x) for x in summary["arms"]["tool"]["grpo_vs_before"]["after_grpo"][
-        "change_ci95_paired_bootstrap"])
+    tool = summary["arms"]["tool"]["stages"]
+    paired = paired_change(tool["before_grpo"]["right"], tool["after_grpo"]["right"])
     assert tests.loc["with the calculator: GRPO against the warm-up", "95 % paired interval"] == \
-        f"{low:+d} to {high:+d} points"
+        f"{100 * paired.low:+.0f} to {100 * paired.high:+.0f} points (Newcombe)"
+    # Newcombe's interval from the kept verdicts has width in every row, where the recorded bootstrap had none
+    # (64 of 64 gained, and nothing changed without a tool: "+100 to +100", "+0 to +0")
+    for text in tests["95 % paired interval"]:
+        low, high = (float(x) for x in re.findall(r"[-+]\d+", text))
+        assert high > low, text
+    assert tests.loc["after GRPO: with the calculator against without", "McNemar p"] == f"{after['mcnemar_p']:.2g}"
+    # a record without the verdicts shows its own figures, named for what they are
+    bare = copy.deepcopy(summary)
+    for arm in bare["arms"].values():
+        for stage in arm["stages"].values():
+            del stage["right"]
+    assert tools_demo_tests(bare)["95 % paired interval"].str.endswith("(bootstrap, recorded)").all()
     table = tools_demo_table(summary)
     assert table.loc[("with the calculator", "after GRPO"), "right answer"] == \
         summary["arms"]["tool"]["stages"]["after_grpo"]["right_answer"]
