@@ -18,6 +18,7 @@ and prompts made by :func:`tool_prompt`. This module sits with the rewards and t
 """
 from __future__ import annotations
 
+import ast
 import re
 import warnings
 from fractions import Fraction
@@ -47,7 +48,7 @@ def safe_calculate(expression) -> str:
     Accepted: integers and decimals (``2.5`` is read as the exact ``25/10``), ``+ - * /``, ``**`` with an
     exponent of at most 8, brackets, ``x`` / ``×`` for times, thousands separators (``1,200``). Refused with a
     message: a non-string, more than :data:`MAX_EXPRESSION_CHARS` characters, names, calls and attributes
-    (``__import__('os')``), division by zero, and any intermediate value beyond 10^12 (``9**9**9`` stops at
+    (``__import__('os')``), division by zero, an incomplete expression (``(1 +``), and any intermediate value beyond 10^12 (``9**9**9`` stops at
     its first power, having computed nothing big). The evaluation is
     :func:`labkit.rewards.parse.evaluate_expression`: ``ast.parse`` and a walk over whitelisted nodes.
     """
@@ -59,7 +60,8 @@ def safe_calculate(expression) -> str:
         return f"{ERROR_PREFIX}the expression is longer than {MAX_EXPRESSION_CHARS} characters"
     text = _THOUSANDS.sub("", expression.strip().rstrip("=").strip())
     text = re.sub(r"(?<=[\d)\s])[xX](?=[\s\d(])", "*", text)
-    text = _DECIMAL.sub(lambda m: f"({m.group(1)}{m.group(2)}/1{'0' * len(m.group(2))})", text)
+    # 0.25 -> (25/100): int() drops the leading zeros Python refuses in "025"
+    text = _DECIMAL.sub(lambda m: f"({int(m.group(1) + m.group(2))}/1{'0' * len(m.group(2))})", text)
     if not text:
         return f"{ERROR_PREFIX}empty expression"
     with warnings.catch_warnings():  # ast.parse warns on odd escapes ("\\F") in string literals: model text, not ours
@@ -72,7 +74,20 @@ def safe_calculate(expression) -> str:
         return f"{ERROR_PREFIX}only numbers and + - * / ** ( ) are allowed"
     if as_product is not None:  # the same with every "/" read as "*" evaluates: a division by zero
         return f"{ERROR_PREFIX}division by zero"
+    if _incomplete(text):  # "(1 + ": say what is wrong with it, not "too large"
+        return f"{ERROR_PREFIX}{expression.strip()[:40]!r} is not a complete expression (check its brackets and operators)"
     return f"{ERROR_PREFIX}cannot evaluate {expression[:40]!r} (too large, or not arithmetic)"
+
+
+def _incomplete(text: str) -> bool:
+    """Return whether ``text`` is not even a Python expression (a syntax error: an open bracket, a dangling ``+``)."""
+    try:
+        ast.parse(text.replace("×", "*").replace("÷", "/").replace("\u2212", "-"), mode="eval")
+    except (SyntaxError, ValueError):
+        return True
+    except (RecursionError, MemoryError):
+        return False
+    return False
 
 
 class CalculatorEnv:

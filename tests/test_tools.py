@@ -15,7 +15,8 @@ from labkit.tools import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, Calcula
 
 @pytest.mark.parametrize("expression, value", [("7 * 8", "56"), ("(12 + 30) / 4", "10.5"), ("2.5 * 4", "10"),
                                                ("1,200 - 13", "1187"), ("3 x 4", "12"), ("2**8", "256"),
-                                               ("-3 + 1", "-2"), ("10 / 4", "2.5"), ("7 * 8 =", "56")])
+                                               ("-3 + 1", "-2"), ("10 / 4", "2.5"), ("7 * 8 =", "56"),
+                                               ("0.5 + 1", "1.5"), ("0.25 * 4", "1"), ("1.05 * 2", "2.1")])
 def test_the_calculator_computes(expression, value):
     assert safe_calculate(expression) == value
 
@@ -23,12 +24,17 @@ def test_the_calculator_computes(expression, value):
 @pytest.mark.parametrize("expression, says", [
     ("10 / 0", "division by zero"), ("__import__('os').getpid()", "only numbers"),
     ("9**9**9", "cannot evaluate"), ("10**13", "cannot evaluate"), ("1" * (MAX_EXPRESSION_CHARS + 1), "longer than"),
-    (56, "must be a string"), (None, "must be a string"), ("", "empty"), ("(1 + ", "cannot evaluate"),
+    (56, "must be a string"), (None, "must be a string"), ("", "empty"),
+    ("(1 + ", "is not a complete expression"), ("1 +* 2", "is not a complete expression"),
     ("open('x').read()", "only numbers"), ("[1, 2]", "cannot evaluate"), ("2 ** 0.5", "cannot evaluate"),
 ])
 def test_bad_expressions_get_a_short_error_message(expression, says):
     answer = safe_calculate(expression)
     assert answer.startswith(ERROR_PREFIX) and says in answer and len(answer) < 120
+
+
+def test_an_incomplete_expression_is_not_called_too_large():
+    assert "too large" not in safe_calculate("(1 + ") and "too large" in safe_calculate("9**9**9")
 
 
 def test_huge_powers_are_refused_before_anything_big_is_computed():
