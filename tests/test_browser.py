@@ -2,12 +2,15 @@
 
 Starts JupyterLab on 127.0.0.1 (free port, random token) in a temporary folder holding two notebooks, whose
 metadata is scripts.nbcheck's (the test checks that JupyterLab opens them unmodified). The first feeds a
-LiveDashboard a simulated run and checks in the DOM that the widgets render (the card, the gauge, the eight
-SVG charts), that they update while the cell runs, and that closing the dashboard leaves a picture; then
+LiveDashboard a simulated run and checks in the DOM that the live view renders (the card, the gauge, the eight
+SVG charts), that it updates while the cell runs, that JupyterLab's status bar says "Busy" all the while (issue
+46 item 9: a widget opened mid-cell made it read "Idle"), and that closing the dashboard leaves a picture; then
 notebook 03's nano GRPO loop and notebook 04's path (TRL's GRPOTrainer with the dashboard made before the
 trainer) on the tiny CPU model. Throughout: one step counter and one clock in the card, no second progress
 display (transformers' bar and "Step | Training Loss" table, tqdm text bars), the dashboard on screen
-before the first step ends, picture text at least 9 px as rendered. It saves the notebook, checks that each
+before the first step ends, picture text at least 9 px as rendered. Last, a finished one-step run (notebook 08's
+CPU run): its live view draws every series' point with its value, the tool metrics included, and nowhere says
+"waiting" (issue 46 item 3). It saves the notebook, checks that each
 saved picture's caption and the printed summary read the same final time, shuts the kernel down, reopens
 it (the learner coming back the next day) and checks that the pictures are still there and that no "Error
 displaying widget" appears. The second notebook is built from notebook 05's own cells up to the estimator
@@ -101,6 +104,21 @@ trainer.train()
 print(trl_board.summary())
 print("LABKIT_TRL_DONE", trainer.state.global_step)
 """
+# A run of one step that has finished, as notebook 08's CPU run ends (1 / 1 steps, TRL's tool metrics logged), left
+# live for the test to read; the next cell closes it into its picture.
+ONE_STEP_CELL = """\
+one = LiveDashboard(title="one step", total_steps=1, min_interval_s=0, max_overhead=1, tick_s=None)
+one.log(1, {"loss": 0.0526, "reward": 0.375, "reward_std": 0.48, "frac_reward_zero_std": 0.5,
+            "rewards/right_answer_reward/mean": 0.375, "tools/call_frequency": 0.25, "tools/failure_frequency": 0.0,
+            "entropy": 0.61, "completions/mean_length": 38.5, "clip_ratio/region_mean": 0.0})
+one.record.finish()
+one.render()
+print("LABKIT_ONE_STEP_LIVE")
+"""
+ONE_STEP_CLOSE_CELL = """\
+one.close()
+print("LABKIT_ONE_STEP_DONE")
+"""
 
 
 def _missing() -> str | None:
@@ -164,7 +182,8 @@ def jupyterlab(tmp_path):
         "@jupyterlab/apputils-extension:announcements": True, "@jupyterlab/extensionmanager-extension": True}}))
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    _write_notebook(notebooks / "dashboard.ipynb", [MIDRUN_CELL, FINISH_CELL, NANO_CELL, TRL_CELL])
+    _write_notebook(notebooks / "dashboard.ipynb", [MIDRUN_CELL, FINISH_CELL, NANO_CELL, TRL_CELL, ONE_STEP_CELL,
+                                                    ONE_STEP_CLOSE_CELL])
     _write_notebook(notebooks / "estimator.ipynb", _estimator_cells())
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
@@ -248,6 +267,9 @@ def _dashboard_state(page) -> dict:
             rewardPoints: reward ? Number(reward.dataset.points) : 0,
             rewardDrawn: reward ? reward.getAttribute('points').trim().split(/\s+/).length : 0,
             tiles: document.querySelectorAll('.labkit-dashboard .labkit-tile').length,
+            // JupyterLab's kernel status in the status bar: "Python 3 (ipykernel) | Busy"
+            kernel: (document.body.innerText.match(/\|\s*(Idle|Busy)\b/) || [null, null])[1],
+            outputs: Array.from(document.querySelectorAll('.jp-OutputArea-output')).map(e => e.innerText).join('\n'),
         };
     }""")
 
@@ -337,18 +359,25 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
             assert page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").count() == 0, "opened as modified"
             page.keyboard.press("Shift+Enter")  # run the first cell, move to the second
 
-            seen_progress, seen_points = set(), set()
+            seen_progress, seen_points, kernel_states = set(), set(), []
 
             def watch():
                 state = _dashboard_state(page)
                 if state["progress"]:
                     seen_progress.add(state["progress"])  # "... · N / 60 steps done · S s · ..."
                 seen_points.add(state["rewardPoints"])
+                if "LABKIT_MIDRUN" not in state["outputs"]:  # read after the status: the cell was still running
+                    kernel_states.append(state["kernel"])
 
             _wait_for_output(page, "LABKIT_MIDRUN", CELL_TIMEOUT_MS, on_poll=watch)
             page.wait_for_timeout(500)  # let the last update reach the DOM
             state = _dashboard_state(page)
-            assert "LABKIT_MIDRUN widgets" in _output_text(page), "the kernel did not pick the widgets front end"
+            # ipykernel 7 offers subshells: the dashboard draws into a display, which opens no widget comm, so
+            # JupyterLab never asks for a subshell mid-cell and its status bar keeps saying "Busy" (issue 46 item 9)
+            assert "LABKIT_MIDRUN html" in _output_text(page), "the kernel did not pick the display front end"
+            busy_from = kernel_states.index("Busy") if "Busy" in kernel_states else None
+            assert busy_from is not None and len(kernel_states) - busy_from >= 5, kernel_states
+            assert set(kernel_states[busy_from:]) == {"Busy"}, f"the status bar left 'Busy' mid-cell: {kernel_states}"
             assert _one_counter_one_clock(state["progress"])[0] == 36 and "left" in state["progress"]
             assert state["tiles"] == 8
             assert state["level"] in ("green", "amber", "red")
@@ -426,9 +455,33 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
             assert summary, _output_text(page)[-1500:]
             page.screenshot(path=str(artifacts / "jupyterlab_trl_done.png"))
 
+            # the fifth cell: a finished run of one step, still live. Every series is a dot with its value (the tool
+            # metrics included), and no panel waits for a step that will never come (issue 46 item 3)
+            page.keyboard.press("Shift+Enter")
+            _wait_for_output(page, "LABKIT_ONE_STEP_LIVE", CELL_TIMEOUT_MS)
+            page.wait_for_timeout(500)
+            live = page.locator(".jp-Cell").nth(4).locator(".labkit-dashboard")
+            assert live.count() == 1
+            text = live.inner_text()
+            assert "1 / 1 steps done" in text and "finished" in text and "waiting" not in text, text[-1500:]
+            assert live.locator("svg.labkit-panel").count() == 8
+            from labkit.charts import short_label
+
+            for label in (f"{short_label('tools/call_frequency')} 0.25", f"{short_label('tools/failure_frequency')} 0",
+                          "right_answer_reward 0.375", "loss 0.0526"):
+                assert label in text, (label, text[-1500:])
+            dots = live.locator("circle.labkit-point").evaluate_all("cs => cs.map(c => c.dataset.series)")
+            assert {"reward", "tools/call_frequency", "tools/failure_frequency", "loss"} <= set(dots), dots
+            live.screenshot(path=str(artifacts / "dashboard_one_step.png"))
+            page.keyboard.press("Shift+Enter")  # the sixth cell closes it: the picture
+            _wait_for_output(page, "LABKIT_ONE_STEP_DONE", CELL_TIMEOUT_MS)
+            page.wait_for_timeout(500)
+            assert page.locator(".jp-Cell").nth(4).locator(".jp-OutputArea-output img").count() == 1
+            assert _picture_text_px(page, 4) >= MIN_FONT_PX
+
             # save, stop the kernel (widget models die with it), reopen: what a learner finds the next day
             page.keyboard.press("Control+s")
-            saved = _wait_saved(jupyterlab, 4)
+            saved = _wait_saved(jupyterlab, 6)
             for index in (2, 3):  # the saved picture's caption and the printed summary read the same clock
                 bundle = next(o["data"] for o in saved["cells"][index]["outputs"] if o["output_type"] == "display_data")
                 text = "".join(bundle["text/plain"])
@@ -441,8 +494,8 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
             page.wait_for_selector(".jp-Notebook .jp-Cell .jp-OutputArea-output", timeout=45_000)
             page.wait_for_timeout(3000)  # give the widget manager time to fail, if it is going to
             images = page.locator(".jp-OutputArea-output img")
-            assert images.count() == 3, f"expected the three dashboards' pictures, found {images.count()} images"
-            for i in range(3):
+            assert images.count() == 4, f"expected the four dashboards' pictures, found {images.count()} images"
+            for i in range(4):
                 assert images.nth(i).evaluate("img => img.naturalWidth") > 600
             assert "Error displaying widget" not in page.content()
             _no_second_progress_display(page)
