@@ -64,28 +64,56 @@ def row_specs(preset: str = "workshop", methods=METHODS, loaders=LOADERS, *, ste
 @contextlib.contextmanager
 def _loaded_by(loader: str, recorder, seen: dict):
     """Within the block, :func:`labkit.run.build_run` (which :func:`bench.gpu_measure.measure` calls) also records
-    each step's time and, for ``loader="unsloth"``, hands the trainer the policy Unsloth loaded from the same folder."""
+    each step's time, shows the loaders the capped card's free memory (:func:`_free_memory_of_the_card`) and, for
+    ``loader="unsloth"``, hands the trainer the policy Unsloth loaded from the same folder."""
     import labkit.run
 
     original = labkit.run.build_run
+    with contextlib.ExitStack() as restore:
 
-    def build_run(preset, output_dir, **kwargs):
-        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), recorder]
-        if loader == "unsloth":
-            from labkit.unsloth_path import load_unsloth_policy
+        def build_run(preset, output_dir, **kwargs):
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), recorder]
+            seen["loaders_see"] = _free_memory_of_the_card(restore)  # measure() has set the card's cap by now
+            if loader == "unsloth":
+                from labkit.unsloth_path import load_unsloth_policy
 
-            model, tokenizer = load_unsloth_policy(preset, fast_inference=False, seed=preset.seed)
-            # Unsloth's checkpointing (inputs offloaded to CPU RAM) is on the model; the trainer's would replace it.
-            kwargs.update(model=model, tokenizer=tokenizer, activation_checkpointing=False)
-        run = original(preset, output_dir, **kwargs)
-        seen["lora_dropout"] = getattr(getattr(run.model, "peft_config", {}).get("default"), "lora_dropout", None)
-        return run
+                model, tokenizer = load_unsloth_policy(preset, fast_inference=False, seed=preset.seed)
+                # Unsloth's checkpointing (inputs offloaded to CPU RAM) is on the model; the trainer's would replace it.
+                kwargs.update(model=model, tokenizer=tokenizer, activation_checkpointing=False)
+            run = original(preset, output_dir, **kwargs)
+            seen["lora_dropout"] = getattr(getattr(run.model, "peft_config", {}).get("default"), "lora_dropout", None)
+            return run
 
-    labkit.run.build_run = build_run
-    try:
+        labkit.run.build_run = build_run
+        restore.callback(setattr, labkit.run, "build_run", original)
         yield
-    finally:
-        labkit.run.build_run = original
+
+
+def _free_memory_of_the_card(stack: contextlib.ExitStack) -> str:
+    """Return what ``torch.cuda.mem_get_info`` tells the loaders from now until ``stack`` closes: under a
+    per-process cap, the capped card's free memory (the cap less PyTorch's reserved), as a card of that size would.
+
+    The cap limits PyTorch's allocator, not what the driver reports: on an 80 GB card ``mem_get_info`` would say
+    some 78 GiB are free, and Unsloth sizes its GRPO loss's chunks from it (``unsloth_zoo/rl_replacements.py``,
+    ``autotune_batch_and_chunks``), as do its checkpoints' double buffer and transformers' allocator warm-up.
+    """
+    import torch
+
+    fraction_of = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if not torch.cuda.is_available():
+        return "no CUDA"
+    if fraction_of is None or fraction_of() >= 1.0:
+        return "the device's free memory"
+    original = torch.cuda.mem_get_info
+
+    def mem_get_info(device=None):
+        free, total = original(device)
+        cap = int(fraction_of(device) * total)
+        return max(0, min(free, cap - torch.cuda.memory_reserved(device))), cap
+
+    torch.cuda.mem_get_info = mem_get_info
+    stack.callback(setattr, torch.cuda, "mem_get_info", original)
+    return "the capped card's free memory"
 
 
 def measure_loader(spec: dict) -> dict:
@@ -117,6 +145,7 @@ def measure_loader(spec: dict) -> dict:
     times = [t for t in recorder.values["step_time"] if t == t]
     timed = times[1:] if len(times) > 1 else times  # the first step warms up (kernels compile, caches fill)
     row.update(preset=spec["preset"], loader=loader, fast_inference=False, lora_dropout=seen.get("lora_dropout"),
+               loaders_see=seen.get("loaders_see"),
                target_modules=",".join(spec["overrides"].get("target_modules", ())),
                seconds_per_step=round(sum(timed) / len(timed), 3) if timed else None, steps_timed=len(timed))
     for name in _VERSIONS:
@@ -154,7 +183,7 @@ def row_columns() -> list[str]:
     return ["date", "name", "preset", "loader", "label", "status", "model", "method", "precision", "card", "cap_gib",
             "context_gib", "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
             "num_generations", "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing",
-            "target_modules", "lora_dropout", "fast_inference", "weights_4bit", "embedding_dtype", "steps_done",
+            "target_modules", "lora_dropout", "fast_inference", "loaders_see", "weights_4bit", "embedding_dtype", "steps_done",
             "steps_timed", "seconds_per_step", "completion_mean_length", "peak_allocated_gib", "peak_reserved_gib",
             "peak_with_context_gib", "fits", *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib",
                                                                                          "reserved_gib")],

@@ -374,4 +374,29 @@ def test_the_unsloth_row_loads_the_random_weight_folder_through_fast_language_mo
     assert load["use_exact_model_name"] is True and load["fast_inference"] is False and load["load_in_4bit"] is False
     assert peft["target_modules"] == list(up.COMPARISON_TARGETS) and peft["use_gradient_checkpointing"] == "unsloth"
     assert row["loader"] == "unsloth" and row["steps_done"] == 2 and row["lora_dropout"] == 0.0
-    assert row["seconds_per_step"] > 0 and row["fast_inference"] is False
+    assert row["seconds_per_step"] > 0 and row["fast_inference"] is False and row["loaders_see"] == "no CUDA"
+
+
+def test_under_a_cap_the_loaders_see_the_capped_cards_free_memory(monkeypatch):
+    """Unsloth sizes its GRPO loss's chunks from torch.cuda.mem_get_info: under a 16 GiB cap on an 80 GiB card it must
+    see what a 16 GiB card would have free, not the 70 GiB the driver reports (a fake CUDA: no GPU here)."""
+    import contextlib
+
+    import torch
+
+    from bench.unsloth_measure import _free_memory_of_the_card
+
+    gib = 2 ** 30
+    driver = lambda device=None: (70 * gib, 80 * gib)  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", driver)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 0.2, raising=False)
+    with contextlib.ExitStack() as stack:
+        assert _free_memory_of_the_card(stack) == "the capped card's free memory"
+        assert torch.cuda.mem_get_info() == (15 * gib, 16 * gib)  # the cap (16) less PyTorch's reserved (1)
+    assert torch.cuda.mem_get_info is driver  # put back when the row ends
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)
+    with contextlib.ExitStack() as stack:
+        assert _free_memory_of_the_card(stack) == "the device's free memory"  # no cap: nothing to change
+        assert torch.cuda.mem_get_info is driver
