@@ -311,14 +311,19 @@ def simulate(alone_first: list[dict], pool: list[dict], alone_last: list[dict], 
              device_gib: float, at_once: int, budget_s: float, slowdown: float = SIDE_BY_SIDE_SLOWDOWN) -> dict:
     """Return the plan on a clock of expected seconds: ``entries`` (name, start, end, at once, footprint, seconds),
     ``dropped`` (rows past the budget), ``end`` (seconds in all) and ``at_once`` (the most rows at once)."""
-    now, entries, dropped = PROBE_S, [], []
-    for job in alone_first:
-        if now + expected[job["name"]] > budget_s:
-            dropped.append(job)
-            continue
-        entries.append(dict(name=job["name"], start=now, end=now + expected[job["name"]], at_once=1, alone=True,
-                            footprint=footprints[job["name"]], seconds=expected[job["name"]]))
-        now = entries[-1]["end"]
+    entries, dropped = [], []
+
+    def one_at_a_time(jobs, now: float) -> float:  # rows that run alone, before or after the pool
+        for job in jobs:
+            if now + expected[job["name"]] > budget_s:
+                dropped.append(job)
+                continue
+            entries.append(dict(name=job["name"], start=now, end=now + expected[job["name"]], at_once=1, alone=True,
+                                footprint=footprints[job["name"]], seconds=expected[job["name"]]))
+            now = entries[-1]["end"]
+        return now
+
+    now = one_at_a_time(alone_first, PROBE_S)
     scheduler = Scheduler(pool, footprints=footprints, expected=expected, device_gib=device_gib, at_once=at_once,
                           deadline=budget_s, slowdown=slowdown)
     for job in alone_first:
@@ -339,13 +344,7 @@ def simulate(alone_first: list[dict], pool: list[dict], alone_last: list[dict], 
         del running[name]
         scheduler.end(name)
     dropped += scheduler.dropped + scheduler.waiting
-    for job in alone_last:
-        if now + expected[job["name"]] > budget_s:
-            dropped.append(job)
-            continue
-        entries.append(dict(name=job["name"], start=now, end=now + expected[job["name"]], at_once=1, alone=True,
-                            footprint=footprints[job["name"]], seconds=expected[job["name"]]))
-        now = entries[-1]["end"]
+    now = one_at_a_time(alone_last, now)
     return dict(entries=entries, dropped=dropped, end=now, at_once=max(most, 1))
 
 
