@@ -225,13 +225,14 @@ def bench_loaders(specs: list[dict], results: str | os.PathLike, *, budget_s: fl
     results = Path(results)
     results.mkdir(parents=True, exist_ok=True)
     started, rows, skipped = time.monotonic(), [], []
-    cache = tempfile.mkdtemp(prefix="labkit-unsloth-compiled-")  # Unsloth's generated code: never in the repository
+    # Unsloth's generated code: shared by the run's rows, never written into the repository, removed at the end.
+    cache = tempfile.TemporaryDirectory(prefix="labkit-unsloth-compiled-")
     for spec in specs:
         left = budget_s - (time.monotonic() - started)
         if left < min_row_s:
             skipped.append(spec["name"])
             continue
-        row, output = run_row(spec, min(row_timeout_s, left), env={"UNSLOTH_COMPILE_LOCATION": cache,
+        row, output = run_row(spec, min(row_timeout_s, left), env={"UNSLOTH_COMPILE_LOCATION": cache.name,
                                                                    "TOKENIZERS_PARALLELISM": "false"})
         if row.get("status") == "skipped":
             say(f"{spec['name']:<24} skipped: {row['error']}")
@@ -241,6 +242,7 @@ def bench_loaders(specs: list[dict], results: str | os.PathLike, *, budget_s: fl
         say(_summary(row))
         if row.get("status") == "error":
             say("  its output ended with:\n" + "\n".join("  | " + line for line in output.splitlines()[-25:]))
+    cache.cleanup()
     if skipped:
         say(f"skipped (budget): {', '.join(skipped)}")
     return rows
