@@ -288,8 +288,9 @@ class OOMReport:
             lines.append("  Reserved >> allocated (fragmentation): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
                          "before Python starts.")
         if self.checkpoint:
-            lines.append(f"Kept: {self.checkpoint}. Re-run the same command or cell to resume from it. Only "
-                         "gradient_checkpointing may change on resume; any other change needs a new output_dir.")
+            lines.append(f"Kept: {self.checkpoint}. Re-run the same command or cell to resume from it with the same "
+                         "recipe: only the fields labkit.run.RESUMABLE_CHANGES lists (gradient_checkpointing among them) "
+                         "may change on resume; any other change needs a new output_dir.")
         else:
             lines.append("No checkpoint was written before the error: the run starts again from step 0.")
         lines.append("Restart the Python process (the kernel) before retrying: memory is fragmented after an OOM.")
