@@ -28,7 +28,9 @@ BENCHMARKS = {
     "gpu": ("gpu", "the GPU half measured on a CUDA card in one run: presets per phase (+ dashboard, forced tool rounds), "
                    "QLoRA, the OOM doctor, estimator grid side by side, then generation speed -> results/gpu/ (--plan: "
                    "the plan on any machine; --tiny: the CPU rehearsal of the command; --bundle DIR: offline wheels)"),
-    "unsloth": ("unsloth", "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv"),
+    "unsloth": ("unsloth", "plain TRL vs Unsloth on one preset (GPU, Unsloth environment) -> results/unsloth_vs_trl.csv; "
+                           "--random-weights: memory per phase under the card's cap -> results/gpu/unsloth_vs_trl.csv; "
+                           "--bundle DIR: the offline wheels"),
     "demo": ("demo", "the main job over several seeds -> results/"),
     "rehearse": ("rehearse", "one preset's GRPO step at full scale on fake tensors (no GPU needed): peak per phase, "
                              "beside the estimate (prints; writes nothing)"),

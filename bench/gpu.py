@@ -71,7 +71,7 @@ TINY_TOOL_COMPLETION = 300
 # Most valuable first: the presets (and the dashboard), then QLoRA both ways (one row that says which loader a
 # 16 GB card should trust), the estimator grid, the generation speeds.
 PARTS = ("presets", "qlora", "doctor", "grid", "speed")
-PENDING = {"unsloth": "needs Unsloth's own environment (python -m bench unsloth)"}
+PENDING = {"unsloth": "needs Unsloth's own environment and bundle (python -m bench unsloth --random-weights, docs/unsloth.md)"}
 # What one run writes in its results folder: the lent GPU machine sends back at most 8 files from $OUT.
 RESULT_FILES = ("measurements.csv", "measurements.json", "status.json", "runs.log", "dashboard_laptop-16gb.json",
                 "dashboard_laptop-16gb.png")
