@@ -1,7 +1,9 @@
 """The live dashboard's drawings: small SVG line charts, the card of numbers and the memory gauge, as HTML.
 
-Re-rendering eight matplotlib panels takes a few hundred milliseconds a step; building the same
-charts as SVG text takes a few (``chart_update_ms`` in ``results/dashboard_bench.json``).
+Why SVG text and not matplotlib for the live view: measured by ``python -m bench dashboard``
+(``results/dashboard_bench.json``), eight matplotlib panels take about 240 ms a redraw and the same charts as SVG
+about 2.5 ms; under the dashboard's 2 % budget matplotlib could redraw once every 12 s, the SVG charts every 0.5 s.
+The saved picture, drawn once, is matplotlib's (:mod:`labkit.dashboard.picture`).
 :func:`svg_chart` draws one panel; the helpers thin long series and choose round tick values.
 :func:`card_html` and :func:`gauge_html` draw the card above the charts; :func:`mark_nonfinite` and
 :func:`reward_band` are pieces of the matplotlib figure.
