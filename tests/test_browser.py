@@ -544,6 +544,10 @@ def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
                              "steps_per_generation (generation batch = batch x this)", "max_completion_length (tokens)",
                              "beta (KL coefficient; > 0 loads a reference model)"):
                 assert expected in labels, labels
+            # every description is shown whole (issue 46: a label cut by its width, with an ellipsis)
+            cut = cell.evaluate("""c => Array.from(c.querySelectorAll('.widget-label'))
+                .filter(e => e.innerText.trim() && e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)""")
+            assert cut == [], f"labels cut by their width: {cut}"
             assert image.count() == 1  # drawn once
             before = image.get_attribute("src")
             cell.locator("select").nth(1).select_option("full")  # method: full fine-tuning
