@@ -265,7 +265,7 @@ _MISTAKE_CASES = {
     "no type hint": "the tools TRL makes of your class", "no docstring": "the tools TRL makes of your class",
     "a public helper method": "the tools TRL makes of your class", "any successful call": "a wrong call",
     "substring": "the gold number itself", "only the last result": "a right result, then another call",
-    "compares text": "the gold as the dataset holds it",
+    "compares text": "the gold as the dataset holds it", "past max_calls": "more calls than allowed",
 }
 
 
@@ -329,6 +329,9 @@ _LEARNER_MISTAKES = {
                                       "only calls that gave a result"),
     "reset without the rest of the row": ((("def reset(self, answer=None, **example):", "def reset(self, answer=None):"),),
                                           "reset takes only answer"),
+    "a cap that raises": (((
+        'return f"{ERROR_PREFIX}at most {self.max_calls} calls per question; answer now"',
+        'raise RuntimeError(f"at most {self.max_calls} calls per question")'),), "past max_calls"),
 }
 
 

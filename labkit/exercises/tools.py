@@ -276,6 +276,15 @@ class _Raises(CalculatorEnv):
         return result
 
 
+class _RaisesPastCap(CalculatorEnv):
+    def calculate(self, expression: str) -> str:
+        self.calls += 1
+        if self.calls > self.max_calls:
+            raise RuntimeError(f"at most {self.max_calls} calls")  # the rule: never raise, return the message
+        self.calls -= 1
+        return super().calculate(expression)
+
+
 class _NoCap(CalculatorEnv):
     max_calls = float("inf")  # every call is evaluated, however many a rollout makes
 
@@ -405,6 +414,9 @@ CALCULATOR_ENV = register(Exercise(
         "a bad expression raises instead of returning an 'error: ...' string: TRL would send the model "
         "{'error': ...} and count a tool failure, so the model never reads what went wrong; return "
         "safe_calculate's message": _Raises,
+        "past max_calls calculate raises an exception where it should return an 'error: ...' string: TRL would "
+        "count a tool failure and send the model the exception, where the rule is never raise; return 'error: at "
+        "most ... calls'": _RaisesPastCap,
         f"no cap on calls: call {MAX_CALLS + 1} was evaluated; count calls in self.calls and answer "
         f"'error: ...' once there are more than max_calls ({MAX_CALLS})": _NoCap,
         f"the cap refuses call {MAX_CALLS}: TRL would give the model one call fewer than max_calls ({MAX_CALLS}); "
