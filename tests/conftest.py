@@ -41,3 +41,24 @@ def tiny_nano() -> dict:
     """NanoConfig settings for a nano run of seconds: 2 warm-up steps, 2 GRPO steps of 2 prompts x 4, 4 held-out problems."""
     return dict(sft_steps=2, sft_batch_size=8, max_steps=2, num_prompts=2, num_generations=4, eval_problems=4,
                 eval_samples=2, eval_every=0)
+
+
+@pytest.fixture
+def offline_pip():
+    """Return ``make(index, asked)``: a stand-in for the bundles' ``pip download`` (``bench.gpu_bundle._pip_download``)
+    that copies ``NAME-VERSION-*.whl`` from the local folder ``index`` and records each call's specs in ``asked``:
+    the bundle tests never reach the network."""
+    import shutil
+
+    def make(index: Path, asked: list):
+        def download(specs, dest):
+            asked.append(list(specs))
+            for spec in specs:
+                name, version = spec.split("==")
+                for wheel in Path(index).glob(f"{name}-{version}-*.whl"):
+                    shutil.copyfile(wheel, Path(dest) / wheel.name)
+
+        return download
+
+    return make
+

@@ -215,7 +215,7 @@ def test_datasets_choice_rule():
 # --- make_bundle, offline -------------------------------------------------------------------------------------
 
 @pytest.fixture()
-def offline_download(tmp_path, monkeypatch):
+def offline_download(tmp_path, monkeypatch, offline_pip):
     """Replace pip download by copying fake wheels (a real bitsandbytes-shaped one) from a local 'index'."""
     index = tmp_path / "index"
     index.mkdir()
@@ -225,15 +225,7 @@ def offline_download(tmp_path, monkeypatch):
         else:
             (index / name).write_bytes(name.encode() * 100)
     asked = []
-
-    def fake_pip_download(specs, dest):
-        asked.append(list(specs))
-        for spec in specs:
-            name, version = spec.split("==")
-            for wheel in index.glob(f"{name}-{version}-*.whl"):
-                shutil.copyfile(wheel, Path(dest) / wheel.name)
-
-    monkeypatch.setattr(gpu_bundle, "_pip_download", fake_pip_download)
+    monkeypatch.setattr(gpu_bundle, "_pip_download", offline_pip(index, asked))
     return asked
 
 

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -116,7 +115,7 @@ def test_the_cut_refuses_a_record_that_does_not_match_the_files(tmp_path):
 # --- make_bundle, offline ----------------------------------------------------------------------------------
 
 @pytest.fixture()
-def offline_index(tmp_path, monkeypatch):
+def offline_index(tmp_path, monkeypatch, offline_pip):
     """Replace pip download by copying fake wheels (unsloth- and bitsandbytes-shaped ones) from a local folder."""
     index = tmp_path / "index"
     index.mkdir()
@@ -130,15 +129,7 @@ def offline_index(tmp_path, monkeypatch):
         else:
             (index / file).write_bytes(file.encode() * 100)
     asked = []
-
-    def fake_pip_download(specs, dest):
-        asked.append(list(specs))
-        for spec in specs:
-            name, version = spec.split("==")
-            for wheel in index.glob(f"{name}-{version}-*.whl"):
-                shutil.copyfile(wheel, Path(dest) / wheel.name)
-
-    monkeypatch.setattr(unsloth_bundle, "_pip_download", fake_pip_download)
+    monkeypatch.setattr(unsloth_bundle, "_pip_download", offline_pip(index, asked))
     return asked
 
 
