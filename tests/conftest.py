@@ -62,3 +62,37 @@ def offline_pip():
 
     return make
 
+
+@pytest.fixture
+def run_with_stub_python3():
+    """Return ``run(root, command, pyarrow_version, shown)``, which runs a bundle's install command (bash) in ``root``
+    with a stub ``python3`` first on PATH and returns ``(process, calls)``.
+
+    ``python3 -m pip ...`` and ``python3 -m bench ...`` are written to ``root/calls.txt`` (bench's line followed by
+    ``shown``, bash text such as ``PYTHONPATH=$PYTHONPATH``), not run; anything else (the pyarrow probe) runs in this
+    interpreter, which finds a fake pyarrow of ``pyarrow_version`` first.
+    """
+    import stat
+    import subprocess
+    import sys
+
+    def run(root: Path, command: str, pyarrow_version: str, shown: str = "PYTHONPATH=$PYTHONPATH"):
+        fake = root / "fakepyarrow" / "pyarrow"
+        fake.mkdir(parents=True)
+        (fake / "__init__.py").write_text(f"__version__ = {pyarrow_version!r}\n")
+        stub_dir = root / "bin"
+        stub_dir.mkdir()
+        stub = stub_dir / "python3"
+        stub.write_text(f"""#!/bin/bash
+if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip $*" >> {root}/calls.txt; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = bench ]; then echo "bench $* {shown}" >> {root}/calls.txt; exit 0; fi
+exec {sys.executable} "$@"
+""")
+        stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+        env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(fake.parent)}
+        proc = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").exists() else []
+        return proc, calls
+
+    return run
+

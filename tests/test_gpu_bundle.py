@@ -16,11 +16,8 @@ import csv
 import hashlib
 import io
 import json
-import os
 import shutil
-import stat
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -134,29 +131,11 @@ def fake_bundle(root: Path) -> Path:
     return folder
 
 
-def run_install(root: Path, pyarrow_version: str, monkeypatch) -> tuple[subprocess.CompletedProcess, list[str]]:
+def run_install(root: Path, pyarrow_version: str, monkeypatch, run_with_stub_python3):
     """Run install_command('.whl') in ``root`` with a stub python3: pip and the benchmark are recorded, not run."""
     fake_bundle(root)
     monkeypatch.chdir(root)  # install_command finds the wheels where the command will run
-    fake = root / "fakepyarrow" / "pyarrow"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(f"__version__ = {pyarrow_version!r}\n")
-    stub_dir = root / "bin"
-    stub_dir.mkdir()
-    stub = stub_dir / "python3"
-    # `python3 -m pip ...` and `python3 -m bench ...` are written to calls.txt (bench with its PYTHONPATH);
-    # anything else (the pyarrow probe) runs in this interpreter, which finds the fake pyarrow first.
-    stub.write_text(f"""#!/bin/bash
-if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip $*" >> {root}/calls.txt; exit 0; fi
-if [ "$1" = -m ] && [ "$2" = bench ]; then echo "bench $* PYTHONPATH=$PYTHONPATH" >> {root}/calls.txt; exit 0; fi
-exec {sys.executable} "$@"
-""")
-    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(fake.parent)}
-    proc = subprocess.run(["bash", "-c", install_command(".whl")], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=60)
-    calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").exists() else []
-    return proc, calls
+    return run_with_stub_python3(root, install_command(".whl"), pyarrow_version)
 
 
 def test_install_command_is_valid_bash(tmp_path, monkeypatch):
@@ -176,8 +155,8 @@ def test_install_command_is_valid_bash(tmp_path, monkeypatch):
     ("23.0.1", "4.7.0", "0.4.0", "0.70.18"),
     ("21.0.0", "4.7.0", "0.4.0", "0.70.18"),
 ])
-def test_install_command_installs_one_wheel_per_package(tmp_path, monkeypatch, pyarrow, datasets, dill, multiprocess):
-    proc, calls = run_install(tmp_path, pyarrow, monkeypatch)
+def test_install_command_installs_one_wheel_per_package(tmp_path, monkeypatch, pyarrow, datasets, dill, multiprocess, run_with_stub_python3):
+    proc, calls = run_install(tmp_path, pyarrow, monkeypatch, run_with_stub_python3)
     assert proc.returncode == 0, proc.stderr
     assert len(calls) == 2 and calls[0].startswith("pip ") and calls[1].startswith("bench "), calls
     wheels = [Path(arg).name for arg in calls[0].split() if arg.endswith(".whl")]
@@ -192,8 +171,8 @@ def test_install_command_installs_one_wheel_per_package(tmp_path, monkeypatch, p
     assert calls[1].endswith(f":{tmp_path}")  # the repository ($PWD) right after the bundle's site
 
 
-def test_install_command_stops_before_pip_on_a_too_old_pyarrow(tmp_path, monkeypatch):
-    proc, calls = run_install(tmp_path, "20.0.0", monkeypatch)
+def test_install_command_stops_before_pip_on_a_too_old_pyarrow(tmp_path, monkeypatch, run_with_stub_python3):
+    proc, calls = run_install(tmp_path, "20.0.0", monkeypatch, run_with_stub_python3)
     assert proc.returncode != 0
     assert calls == []
     assert "pyarrow 20 is too old" in proc.stderr and "pyarrow>=21" in proc.stderr

@@ -14,8 +14,6 @@ import csv
 import hashlib
 import io
 import json
-import os
-import stat
 import subprocess
 import sys
 import zipfile
@@ -191,27 +189,12 @@ def fake_bundle(root: Path) -> Path:
     return folder
 
 
-def run_install(root: Path, pyarrow_version: str, monkeypatch):
+def run_install(root: Path, pyarrow_version: str, monkeypatch, run_with_stub_python3):
     """Run install_command() in ``root`` with a stub python3: pip and the benchmark are recorded, not run."""
     fake_bundle(root)
     monkeypatch.chdir(root)
-    fake = root / "fakepyarrow" / "pyarrow"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(f"__version__ = {pyarrow_version!r}\n")
-    stub_dir = root / "bin"
-    stub_dir.mkdir()
-    stub = stub_dir / "python3"
-    stub.write_text(f"""#!/bin/bash
-if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip $*" >> {root}/calls.txt; exit 0; fi
-if [ "$1" = -m ] && [ "$2" = bench ]; then echo "bench $* PYTHONPATH=$PYTHONPATH HF_HUB_OFFLINE=$HF_HUB_OFFLINE" >> {root}/calls.txt; exit 0; fi
-exec {sys.executable} "$@"
-""")
-    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(fake.parent)}
-    proc = subprocess.run(["bash", "-c", install_command()], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=60)
-    calls = (root / "calls.txt").read_text().splitlines() if (root / "calls.txt").exists() else []
-    return proc, calls
+    return run_with_stub_python3(root, install_command(), pyarrow_version,
+                                 "PYTHONPATH=$PYTHONPATH HF_HUB_OFFLINE=$HF_HUB_OFFLINE")
 
 
 def test_the_commands_are_valid_bash_and_fit_the_run_tool(tmp_path, monkeypatch):
@@ -230,8 +213,8 @@ def test_the_commands_are_valid_bash_and_fit_the_run_tool(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("pyarrow", ["26.0.1", "21.0.0"])
-def test_the_install_puts_one_wheel_per_package_in_its_own_site(tmp_path, monkeypatch, pyarrow):
-    proc, calls = run_install(tmp_path, pyarrow, monkeypatch)
+def test_the_install_puts_one_wheel_per_package_in_its_own_site(tmp_path, monkeypatch, pyarrow, run_with_stub_python3):
+    proc, calls = run_install(tmp_path, pyarrow, monkeypatch, run_with_stub_python3)
     assert proc.returncode == 0, proc.stderr
     assert len(calls) == 2 and calls[0].startswith("pip ") and calls[1].startswith("bench "), calls
     wheels = [arg for arg in calls[0].split() if arg.endswith(".whl")]
@@ -242,8 +225,8 @@ def test_the_install_puts_one_wheel_per_package_in_its_own_site(tmp_path, monkey
     assert f"PYTHONPATH={SITE}:{tmp_path} HF_HUB_OFFLINE=1" in calls[1]  # the site, then the repository
 
 
-def test_the_install_stops_before_pip_on_a_too_old_pyarrow(tmp_path, monkeypatch):
-    proc, calls = run_install(tmp_path, "20.0.0", monkeypatch)
+def test_the_install_stops_before_pip_on_a_too_old_pyarrow(tmp_path, monkeypatch, run_with_stub_python3):
+    proc, calls = run_install(tmp_path, "20.0.0", monkeypatch, run_with_stub_python3)
     assert proc.returncode != 0 and calls == []
     assert proc.stderr.strip() == "labkit: pyarrow 20 is older than datasets 4.7.0 needs (pyarrow>=21)"
 
