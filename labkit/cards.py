@@ -16,7 +16,10 @@ Each :class:`Card` gives the name ``torch.cuda.get_device_name()`` prints, the `
 ``torch.cuda.mem_get_info()`` reports in GiB (the smallest published figure, so a plan made for it fits
 every copy of the card), its compute capability (which decides bf16 or fp16, :mod:`labkit.device`) and
 the source of the figure (docs/references.md#t4-step-times; the laptop card's under
-docs/references.md#the-16-gb-laptop-recipe).
+docs/references.md#the-16-gb-laptop-recipe), and its memory bandwidth (GB/s, decimal, from the vendor's
+specification: docs/references.md#generation-paths), which bounds how fast a decode step can be
+(:func:`labkit.generation.decode_limit`, notebook 04's "Where a step's time goes"). The H100 and H200 are the
+cards the lab's GPU figures are measured on (``results/gpu/``), not cards a recipe is made for.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ class Card:
     gib: float  # torch.cuda.mem_get_info()[1] / 2**30: the total memory PyTorch can use
     compute_capability: tuple[int, int]  # (7, 5) Turing: fp16 only; (8, 0) and later: bf16
     source: str  # where the figure comes from
+    # Memory bandwidth in GB/s, decimal (10^9 bytes a second) as every vendor publishes it: what bounds a decode
+    # step, which reads every weight and the KV cache once (labkit.generation.decode_limit)
+    bandwidth_gb_s: float = 0.0
+    bandwidth_source: str = ""
 
     @property
     def bf16(self) -> bool:
@@ -59,20 +66,33 @@ CARDS: dict[str, Card] = {
         Card("t4", "Tesla T4", "16 GB, ECC on", 14.74, (7, 5),
              "Colab's T4 with ECC on: 15,095-15,102 MiB (14.74-14.75 GiB) by driver; TRL's T4 notebook prints "
              "14.74 (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb). T4s on other clouds' newer "
-             "drivers report 14.56-14.58 GiB (Zheng-Chong/CatVTON issue 133, QwenLM/Qwen3-VL issue 1046)"),
+             "drivers report 14.56-14.58 GiB (Zheng-Chong/CatVTON issue 133, QwenLM/Qwen3-VL issue 1046)",
+             bandwidth_gb_s=320, bandwidth_source="NVIDIA T4 datasheet: 320+ GB/s (GDDR6, 256-bit)"),
         Card("rtx3080-laptop-16gb", "NVIDIA GeForce RTX 3080 Laptop GPU", "16 GB", 15.7, (8, 6),
              "Oxen.ai's 16 GB RTX 3080 laptop: \"GPU 0 has a total capacity of 15.73 GiB\" (the OOM message in "
              "ghost.oxen.ai/grpo-vram-requirements-for-the-gpu-poor; docs/references.md#the-16-gb-laptop-recipe), "
              "rounded down; 16 GB cards report 15.7-15.99 GiB (an RTX 4080 16 GB \"15.99 GiB total capacity\", "
-             "aigc-apps/sd-webui-EasyPhoto issue 281)"),
+             "aigc-apps/sd-webui-EasyPhoto issue 281)",
+             bandwidth_gb_s=448, bandwidth_source="NVIDIA's RTX 3080 Laptop GPU: 16 GB GDDR6, 256-bit, 14 Gbps = 448 GB/s "
+                                            "(the fastest laptop configuration; makers may clock it lower)"),
         Card("rtx4080-16gb", "NVIDIA GeForce RTX 4080", "16 GB", 15.99, (8, 9),
-             "\"15.99 GiB total capacity\" (aigc-apps/sd-webui-EasyPhoto issue 281)"),
+             "\"15.99 GiB total capacity\" (aigc-apps/sd-webui-EasyPhoto issue 281)",
+             bandwidth_gb_s=716.8, bandwidth_source="NVIDIA RTX 4080 specifications: 22.4 Gbps GDDR6X, 256-bit = 716.8 GB/s"),
         Card("rtx3080-10gb", "NVIDIA GeForce RTX 3080", "10 GB", 10.0, (8, 6),
-             "\"10.00 GiB total capacity\" (victordibia/peacasso issue 3)"),
+             "\"10.00 GiB total capacity\" (victordibia/peacasso issue 3)",
+             bandwidth_gb_s=760, bandwidth_source="NVIDIA RTX 3080 specifications: 19 Gbps GDDR6X, 320-bit = 760 GB/s"),
         Card("rtx4090-24gb", "NVIDIA GeForce RTX 4090", "24 GB", 23.64, (8, 9),
-             "\"23.64 GiB total capacity\" (ali-vilab/VGen issue 104)"),
+             "\"23.64 GiB total capacity\" (ali-vilab/VGen issue 104)",
+             bandwidth_gb_s=1008, bandwidth_source="NVIDIA RTX 4090 specifications: 21 Gbps GDDR6X, 384-bit = 1,008 GB/s"),
         Card("a100-80gb", "NVIDIA A100-SXM4-80GB", "80 GB", 79.25, (8, 0),
-             "\"79.25 GiB total capacity\" (levihsu/OOTDiffusion issue 235)"),
+             "\"79.25 GiB total capacity\" (levihsu/OOTDiffusion issue 235)",
+             bandwidth_gb_s=2039, bandwidth_source="NVIDIA A100 datasheet: 2,039 GB/s (SXM4 80GB)"),
+        Card("h100-80gb", "NVIDIA H100 80GB HBM3", "80 GB", 79.1, (9, 0),
+             "the lent H100 of 2026-11-26: torch.cuda.mem_get_info's total, 79.1 GiB (docs/gpu.md)",
+             bandwidth_gb_s=3350, bandwidth_source="NVIDIA H100 datasheet: 3.35 TB/s (SXM5, HBM3)"),
+        Card("h200", "NVIDIA H200", "141 GB", 139.0, (9, 0),
+             "the lent H200: about 139 GiB to PyTorch (the device tool's description), rounded down",
+             bandwidth_gb_s=4800, bandwidth_source="NVIDIA H200 datasheet: 4.8 TB/s (HBM3e)"),
     ]
 }
 

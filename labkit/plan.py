@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
+from labkit.generation import generation_arguments
 from labkit.models import LOCAL_MODELS, adapter_dtype, quantization_settings, resolve_model
 from labkit.shapes import ModelShape, model_shape
 from labkit.presets import Preset, card_device, get_preset
@@ -146,5 +147,6 @@ def grpo_arguments(preset) -> dict:
         save_steps=preset.save_steps or 500,
         save_total_limit=preset.save_total_limit,
         **({"max_tool_calling_iterations": preset.max_tool_calling_iterations} if preset.environment else {}),
+        **generation_arguments(preset),  # the generation path's fields (labkit.generation)
         **preset.trl_options,
     )

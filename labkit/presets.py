@@ -97,6 +97,9 @@ class Preset:
     environment: str | None = None
     max_tool_calling_iterations: int | None = None
     eval_batch_size: int = 32
+    # How TRL makes the completions (labkit.generation.PATHS): "generate" (TRL's default), "static-compiled" (a static
+    # KV cache and a compiled decode step), "continuous" (transformers' continuous batching) or "vllm" (colocated).
+    generation: str = "generate"
     # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.mem_get_info()'s total),
     # None for no GPU: read from the one table of cards (labkit.cards; _PRESET_CARDS says which card each
     # GPU preset is made for). Caps and preflight use these figures.

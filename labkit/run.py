@@ -34,6 +34,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from labkit.device import detect_device
+from labkit.generation import prepare_generation
 from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
 from labkit.oom import explain_oom
 from labkit.plan import Plan, resolve_plan
@@ -368,6 +369,7 @@ class Run:
     dropped_prompts: int
     output_dir: Path
     warnings: list = field(default_factory=list)
+    generation: object = None  # labkit.generation.GenerationClock: every generation's seconds and tokens
 
     @property
     def model(self):
@@ -556,11 +558,12 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
                             environment_factory=environment)
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
     match_adapter_dtype(trainer.model, plan.precision)
+    clock = prepare_generation(trainer, preset.generation, device)  # the generation path finished, and timed (labkit.generation)
     if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)
-    return Run(preset, trainer, tokenizer, train_dataset, dropped, output_dir, warnings)
+    return Run(preset, trainer, tokenizer, train_dataset, dropped, output_dir, warnings, clock)
 
 
 class ResumeMismatchError(ValueError):

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from labkit.device import choose_precision, detect_device
+from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import _TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.presets import RECIPE_TARGETS, Preset, PresetError
@@ -59,7 +60,7 @@ _NUMBER_FIELDS = {
 }
 # Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
 _ZERO_ALLOWED = {"beta", "seed", "learning_rate"}
-_STRING_FIELDS = ("name", "model", "method", "description", "optim", "task")
+_STRING_FIELDS = ("name", "model", "method", "description", "optim", "task", "generation")
 TASKS = ("gsm8k", *WORD_PROBLEM_TASKS)  # labkit.run.task_dataset knows these
 
 # GRPOConfig fields that GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low allowed).
@@ -376,6 +377,7 @@ _SET_BY_PRESET = {
     "output_dir": "--output-dir", "max_tool_calling_iterations": "max_tool_calling_iterations",
     "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or --config "
                              "steps_per_generation=N: generation batch = per_device_train_batch_size x N)",
+    **{key: "generation (labkit.generation.PATHS)" for key in GENERATION_FIELDS},
 }
 
 
@@ -546,6 +548,9 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
                         "so an interrupted run starts again from step 0.")
     if p.method == "full" and p.lora_rank != Preset.lora_rank:
         warnings.append("lora_rank is ignored with method='full'.")
+    path_errors, path_warnings = generation_problems(p, device)
+    errors.extend(path_errors)
+    warnings.extend(path_warnings)
     if not errors:  # the estimate needs every field sound
         errors.extend(_tool_errors(p, device, procs))
     if errors:

@@ -5,7 +5,7 @@
   doctor, the trainer), ``labkit.run``; no module imports one above it, at the top of the file or inside
   a function;
 - following ``preset`` from ``labkit.run.build_run`` through the calls it is passed on to stays in at
-  most 12 functions of at most 6 modules and never climbs back to a layer above;
+  most 14 functions of at most 6 modules and never climbs back to a layer above;
 - concept modules (everything but ``labkit.cli`` and ``bench``) never import the command line
   or the benchmarks;
 - ``labkit.oom`` does not import ``labkit.presets``; ``labkit.memory`` does not import ``labkit.nano``,
@@ -205,7 +205,7 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
                                 "labkit.shapes", "labkit.phase_memory", "labkit.results", "labkit.rewards", "labkit.data",
-                                "labkit.tasks", "labkit.environments"}),
+                                "labkit.tasks", "labkit.environments", "labkit.generation"}),
     ("the recipe", {"labkit.presets"}),
     ("its validation", {"labkit.validation"}),
     ("the plan", {"labkit.plan"}),
@@ -364,7 +364,9 @@ def test_the_preset_walks_from_build_run_down_through_few_places():
     modules = sorted({m for m, _ in walk.stays})
     climbs = sorted(f"{a[0]}.{a[1]} -> {b[0]}.{b[1]}" for a, b in walk.calls if _layer(b[0]) > _layer(a[0]))
     assert {"labkit.presets.get_preset", "labkit.validation.validate", "labkit.plan.resolve_plan"} <= set(stays)
-    assert len(stays) <= 12, stays
+    # 12 until issue 43 added a recipe's generation path: checked (generation_problems), turned into GRPOConfig
+    # fields (generation_arguments)
+    assert len(stays) <= 14, stays
     assert len(modules) <= 6, modules
     assert not climbs, climbs
 

@@ -80,8 +80,9 @@ def test_build_run_resolves_the_preset_once_and_the_plan_does_not_climb_back():
     calls = _called(_function("run.py", "build_run"))
     assert calls.count("resolve_plan") == 1
     # labkit.plan sits over the recipe and under preflight, run and training (tests/test_layout.py's layers):
-    # it imports only the device, the models, the model shapes and the presets
+    # it imports only the device, the models, the model shapes, the presets and the generation paths (labkit.generation:
+    # a recipe's GRPOConfig fields for its path, importing no labkit module at its top)
     tree = ast.parse((PACKAGE / "plan.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
-    assert imported <= {"labkit.device", "labkit.models", "labkit.shapes", "labkit.presets"}, imported
+    assert imported <= {"labkit.device", "labkit.models", "labkit.shapes", "labkit.presets", "labkit.generation"}, imported

@@ -102,6 +102,7 @@ _FIELDS.update({
     "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
     "reward_weights": ["nan,1,1", "abc", "inf,1,1", "0,0,0", "1"], "name": ["1", "none"], "description": ["1"],
     "task": ["chess", "1", "none"], "environment": ["abacus", "1"],
+    "generation": ["vllm2", "1", "none", "static"],
 })
 _CONFIG = {name: _invalid_for(kind, low, high, low_allowed, True)
            for name, (kind, low, high, low_allowed) in TRL_NUMBER_RANGES.items()}
@@ -112,7 +113,7 @@ _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["
           "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["2", "none"],
           "lora_alpha": ["32", "none", "8.5"], "target_modules": ["q_proj,v_proj", "down_proj"],
           "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"],
-          "prepare_model_for_kbit_training": ["false"]}
+          "prepare_model_for_kbit_training": ["false"], "generation": ["generate", "continuous"]}
 _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
                  "top_p": ["0.9", "1"], "scale_rewards": ["none", "batch"], "mask_truncated_completions": ["true"]}
 

@@ -1,0 +1,317 @@
+"""How a GRPO step makes its completions, and what a decode step costs: a recipe's generation path and its clock.
+
+Introduced in ``04_lora_grpo_16gb.ipynb`` (section "Where a step's time goes"). Generation is most of a GRPO step
+(91-97 % of every step measured on an H100, ``results/gpu/measurements.csv``), and with TRL's default ``generate`` a
+decode step costs about the same at a generation batch of 4 or 96: the host launches one small kernel after another
+and the card waits. A recipe chooses how TRL 1.16 generates with :attr:`labkit.presets.Preset.generation`:
+
+- ``"generate"``: TRL's default: transformers' ``generate`` with a growing (dynamic) KV cache, uncompiled
+  (``GenerationConfig(..., disable_compile=True)``, trl/trainer/grpo_trainer.py 1173).
+- ``"static-compiled"``: a static KV cache (GRPOConfig ``cache_implementation="static"``), prompts padded to
+  ``max_prompt_length`` (``pad_to_multiple_of``) so every generation has the same shapes, and the decode step compiled
+  with ``torch.compile`` (CUDA graphs, ``mode="reduce-overhead"``): :func:`prepare_generation` turns compilation back
+  on in the trainer's ``generation_config`` once TRL has built it. The first generation compiles (minutes); a
+  generation slower than :data:`COMPILE_LIMIT_S` stops with :class:`GenerationTooSlow`, never a hang.
+- ``"continuous"``: transformers' continuous batching (GRPOConfig ``use_transformers_continuous_batching``), its KV
+  pages sized from the recipe (:func:`generation_arguments`), not from the device's free memory.
+- ``"vllm"``: TRL's vLLM path in colocate mode (``use_vllm=True``), for a Linux GPU machine with network; vLLM
+  0.22-0.31 is what TRL 1.16 accepts (trl/import_utils.py 101-113), and 0.31 needs transformers < 5.18.
+
+:func:`generation_problems` refuses, before any model loads, what a path cannot do. :class:`GenerationClock`
+times every generation of a run and logs, through TRL's own metrics (so the dashboard and ``LogRecorder`` see
+them): ``generation/seconds``, ``generation/tokens_per_second`` (completion tokens), ``generation/ms_per_decode_step``
+and, on a card of :data:`labkit.cards.CARDS`, ``generation/bandwidth_share``: the tokens a second against
+:func:`decode_limit`, what the card's memory bandwidth allows. docs/references.md#generation-paths cites each fact.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+__all__ = ["PATHS", "COMPILE_LIMIT_S", "GenerationTooSlow", "GenerationClock", "generation_problems",
+           "generation_arguments", "prepare_generation", "decode_limit", "kv_bytes_per_token", "card_limit"]
+
+PATHS = {
+    "generate": "TRL's default: transformers' generate, a growing KV cache, uncompiled; the host drives each kernel",
+    "static-compiled": "a static KV cache and a compiled decode step (CUDA graphs); prompts padded to "
+                       "max_prompt_length; the first generation compiles",
+    "continuous": "transformers' continuous batching (paged KV cache, finished sequences make room for others)",
+    "vllm": "vLLM inside the training process (colocate), for a Linux GPU machine with network",
+}
+COMPILE_LIMIT_S = 900.0  # the first generation of "static-compiled", compilation included, may take this long
+VLLM_VERSIONS = ("0.22.0", "0.31.0")  # what TRL 1.16 accepts (trl/import_utils.py 107)
+# Generation settings that transformers' continuous batching drops (MinNewTokens and RepetitionPenalty say
+# supports_continuous_batching = False, transformers/generation/logits_process.py 201 and 356): refused with it.
+_CONTINUOUS_DROPS = ("min_new_tokens", "min_length", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
+                     "suppress_tokens", "begin_suppress_tokens", "forced_eos_token_id", "exponential_decay_length_penalty")
+
+
+class GenerationTooSlow(RuntimeError):
+    """A generation (compilation included) ran past its limit and was stopped."""
+
+
+def generation_problems(p, device) -> tuple[list[str], list[str]]:
+    """Return ``(errors, warnings)`` for recipe ``p``'s generation path on ``device``, before any model loads."""
+    path, errors, warnings = p.generation, [], []
+    if path not in PATHS:
+        return [f"generation must be one of {', '.join(PATHS)}, not {path!r}."], []
+    cuda = getattr(device, "kind", "cpu") == "cuda"
+    if path == "static-compiled":
+        if p.method == "qlora":
+            errors.append("generation='static-compiled' cannot compile a 4-bit (QLoRA) model: transformers compiles "
+                          "only when the quantizer allows it, and bitsandbytes' does not (is_compileable is False), so "
+                          "it would decode uncompiled with a static cache, slower than the default. Set "
+                          "generation='generate' (or method='lora').")
+        if p.environment:
+            errors.append("generation='static-compiled' with tool rounds: every round generates on a longer prompt, "
+                          "a new shape to compile each time. Set generation='generate' for a tool recipe.")
+        if not cuda:
+            warnings.append(f"generation='static-compiled' on {device}: no CUDA graphs there; compiling takes minutes "
+                            "and buys little on a CPU (measured: results/generation_paths.json). 'generate' is faster.")
+    elif path == "continuous":
+        drops = sorted(k for k in _CONTINUOUS_DROPS if k in (p.trl_options.get("generation_kwargs") or {}))
+        if p.trl_options.get("repetition_penalty", 1.0) != 1.0:
+            drops.append("repetition_penalty")
+        if drops:
+            errors.append(f"generation='continuous' drops {', '.join(drops)} (transformers' continuous batching has no "
+                          "such logits processor): remove it, or set generation='generate'.")
+        if p.method == "qlora":
+            errors.append("generation='continuous' casts the model to the training precision before generating "
+                          "(trl/trainer/grpo_trainer.py 1797-1800), and transformers refuses to cast a bitsandbytes "
+                          "4-bit model. Set generation='generate' for QLoRA.")
+        if p.method == "full" and cuda:
+            errors.append("generation='continuous' casts every weight to 16 bits for each generation: with full "
+                          "fine-tuning's fp32 weights that is a second copy of the model. Set generation='generate'.")
+    elif path == "vllm":
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        if not cuda:
+            errors.append(f"generation='vllm' needs a CUDA GPU, not {device}: set generation='generate'.")
+        elif version is None:
+            errors.append(f"generation='vllm': vLLM is not installed. On a Linux GPU machine with network: pip install "
+                          f"'vllm>={VLLM_VERSIONS[0]},<={VLLM_VERSIONS[1]}' (0.31 needs transformers < 5.18); "
+                          "without it, set generation='static-compiled'.")
+        else:
+            from packaging.version import Version
+
+            if not Version(VLLM_VERSIONS[0]) <= Version(Version(version).base_version) <= Version(VLLM_VERSIONS[1]):
+                errors.append(f"generation='vllm': vLLM {version} is installed, but TRL 1.16 accepts "
+                              f"{VLLM_VERSIONS[0]}-{VLLM_VERSIONS[1]}. Install one of those, or set "
+                              "generation='static-compiled'.")
+        if p.card_gib is None and not errors:
+            errors.append("generation='vllm' sizes vLLM's share of the card from card_gib: set card_gib.")
+    return errors, warnings
+
+
+def kv_bytes_per_token(shape, dtype_bytes: int = 2) -> int:
+    """Bytes one token's keys and values take in the KV cache: ``2 x layers x kv_heads x head_dim x dtype_bytes``."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * dtype_bytes
+
+
+def decode_limit(weight_bytes: float, kv_bytes_per_token: float, batch: int, mean_context: float,
+                 bandwidth_bytes_per_s: float) -> float:
+    """Completion tokens a second at the memory-bandwidth limit.
+
+    One decode step makes one token for each of ``batch`` sequences, and reads every weight once plus each
+    sequence's KV cache (``mean_context`` tokens on average over the generation). A step cannot be faster than
+    those bytes over the bandwidth: ``batch x bandwidth / (weights + batch x mean_context x kv_bytes_per_token)``.
+    """
+    return batch * bandwidth_bytes_per_s / (weight_bytes + batch * mean_context * kv_bytes_per_token)
+
+
+def card_limit(model, card, *, batch: int, prompt_tokens: float, completion_tokens: float,
+               dtype_bytes: int = 2) -> float:
+    """:func:`decode_limit` for ``model`` (a name, config or model: :func:`labkit.shapes.model_shape`) on ``card``
+    (:class:`labkit.cards.Card`) in 16-bit weights, its context growing from the prompt through the completion."""
+    from labkit.shapes import model_shape
+
+    shape = model_shape(model)
+    return decode_limit(shape.params * dtype_bytes, kv_bytes_per_token(shape, dtype_bytes), batch,
+                        prompt_tokens + completion_tokens / 2, card.bandwidth_gb_s * 1e9)
+
+
+def generation_arguments(p) -> dict:
+    """Return the ``GRPOConfig`` fields recipe ``p``'s generation path sets (none for ``"generate"``)."""
+    if p.generation == "static-compiled":
+        # every prompt padded to max_prompt_length (the run drops longer ones): one shape, one compilation
+        return dict(cache_implementation="static", pad_to_multiple_of=p.max_prompt_length)
+    if p.generation == "continuous":
+        # Pages for every sequence of a generation batch at full length: the cache is what the recipe needs, decided
+        # here, not a share of whatever the device reports free (transformers reads torch.cuda.mem_get_info, which a
+        # per-process cap does not change: continuous_batching/utils.py 404-406).
+        tokens = p.max_prompt_length + p.max_completion_length
+        page = 256 if tokens >= 256 else 64
+        sequences = p.per_device_train_batch_size * p.steps_per_generation
+        return dict(use_transformers_continuous_batching=True, transformers_continuous_batching_config=dict(
+            page_size=page, num_blocks=sequences * math.ceil(tokens / page), seed=p.seed,
+            drop_unsupported_processors=False))
+    if p.generation == "vllm":
+        from labkit.shapes import model_shape
+        from labkit.models import resolve_model
+
+        shape = model_shape(resolve_model(p.model))
+        sequences = p.per_device_train_batch_size * p.steps_per_generation
+        need = shape.params * 2 + sequences * (p.max_prompt_length + p.max_completion_length) * kv_bytes_per_token(shape)
+        share = min(0.9, max(0.1, math.ceil(20 * 1.2 * need / (p.card_gib * 2**30)) / 20))
+        return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=share)
+    return {}
+
+
+# The GRPOConfig fields a generation path sets: a recipe changes them through its generation field only.
+GENERATION_FIELDS = ("cache_implementation", "pad_to_multiple_of", "use_transformers_continuous_batching",
+                     "transformers_continuous_batching_config", "use_vllm", "vllm_mode", "vllm_enable_sleep_mode",
+                     "vllm_gpu_memory_utilization")
+
+
+def prepare_generation(trainer, path: str = "generate", device=None, *,
+                       compile_limit_s: float | None = COMPILE_LIMIT_S) -> "GenerationClock":
+    """Finish generation ``path`` (a recipe's ``generation``) on a built ``trainer``; return the clock that times it.
+
+    ``"static-compiled"``: TRL builds its ``GenerationConfig`` with ``disable_compile=True``; this turns compilation
+    back on with a ``CompileConfig`` (static shapes; CUDA graphs on a GPU, inductor's default mode on a CPU).
+    """
+    kind = getattr(device, "kind", None) or trainer.args.device.type
+    if path == "static-compiled":
+        from transformers import CompileConfig
+
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="reduce-overhead" if kind == "cuda" else "default")
+        if kind != "cuda":  # transformers compiles on CUDA-like devices only unless told (configuration_utils.py 1676)
+            config._compile_all_devices = True
+        trainer.generation_config.disable_compile = False
+        trainer.generation_config.compile_config = config
+    bandwidth = None
+    if kind == "cuda":
+        import torch
+
+        from labkit.cards import CARDS
+
+        name = torch.cuda.get_device_name()
+        bandwidth = next((c.bandwidth_gb_s for c in CARDS.values() if c.name == name), None)
+    return GenerationClock(trainer, path, bandwidth_gb_s=bandwidth,
+                           compile_limit_s=compile_limit_s if path == "static-compiled" else None)
+
+
+class _Watchdog:
+    """Interrupts the main thread after ``seconds`` (``_thread.interrupt_main``: a KeyboardInterrupt there)."""
+
+    def __init__(self, seconds: float):
+        import _thread
+
+        self.fired = False
+
+        def fire():
+            self.fired = True
+            _thread.interrupt_main()
+
+        self.timer = threading.Timer(seconds, fire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+
+
+class GenerationClock:
+    """Times each of a trainer's generations and logs what it made, through TRL's metrics.
+
+    It stands in for ``trainer._generate_single_turn`` (what TRL 1.16 calls for every generation, tool rounds
+    included) and calls the original. ``calls`` keeps one dict per generation: ``seconds``, ``sequences``,
+    ``tokens`` (completion tokens), ``decode_steps`` (the longest completion: one token per unfinished sequence each
+    step), ``prompt_tokens`` (their mean) and ``first`` (the first of its shape: it compiles on "static-compiled").
+    For ``"continuous"``, which casts the model to 16 bits to generate (grpo_trainer.py 1797-1800), every parameter
+    the cast changed gets its own tensor back afterwards: fp32 LoRA adapters stay fp32, bit for bit.
+    """
+
+    def __init__(self, trainer, path: str = "generate", *, bandwidth_gb_s: float | None = None,
+                 compile_limit_s: float | None = None, clock=time.perf_counter):
+        self.trainer, self.path, self.clock = trainer, path, clock
+        self.bandwidth_gb_s, self.compile_limit_s = bandwidth_gb_s, compile_limit_s
+        self.calls: list[dict] = []
+        self._inner = trainer._generate_single_turn
+        self._shapes: set = set()
+        model = trainer.model
+        seen, weight_bytes = set(), 0
+        for param in model.parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                weight_bytes += param.numel() * param.element_size()
+        self.weight_bytes = weight_bytes
+        from labkit.shapes import model_shape
+
+        embedding = model.get_input_embeddings().weight
+        self.kv_bytes_per_token = kv_bytes_per_token(model_shape(model.config), embedding.element_size())
+        trainer._generate_single_turn = self
+
+    def __call__(self, prompt_ids, *args, **kwargs):
+        shape = (len(prompt_ids), max(map(len, prompt_ids), default=0))
+        first = shape not in self._shapes
+        self._shapes.add(shape)
+        watchdog = None
+        if self.compile_limit_s and first and threading.current_thread() is threading.main_thread():
+            watchdog = _Watchdog(self.compile_limit_s)
+        kept = [(p, p.data) for p in self.trainer.model.parameters()] if self.path == "continuous" else []
+        start = self.clock()
+        try:
+            result = self._inner(prompt_ids, *args, **kwargs)
+            _synchronize()
+        except KeyboardInterrupt:
+            if watchdog is not None and watchdog.fired:
+                raise GenerationTooSlow(
+                    f"the first generation with generation='{self.path}' (compilation included) ran past its "
+                    f"{self.compile_limit_s:.0f} s limit and was stopped. Set generation='generate', or raise the "
+                    "limit (labkit.generation.COMPILE_LIMIT_S) if this card compiles slowly.") from None
+            raise
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            for param, data in kept:
+                if param.data.dtype != data.dtype:
+                    param.data = data
+        seconds = self.clock() - start
+        lengths = [len(c) for c in result[0]]
+        call = dict(seconds=seconds, sequences=len(lengths), tokens=sum(lengths), decode_steps=max(lengths, default=0),
+                    prompt_tokens=sum(map(len, prompt_ids)) / max(1, len(prompt_ids)), first=first)
+        self.calls.append(call)
+        metrics = self.trainer._metrics["train" if self.trainer.model.training else "eval"]
+        for key, value in self.figures(call).items():
+            metrics[f"generation/{key}"].append(value)
+        return result
+
+    def figures(self, call: dict) -> dict:
+        """``seconds``, ``tokens_per_second``, ``ms_per_decode_step`` and (a known card) ``bandwidth_share`` of a call."""
+        seconds = max(call["seconds"], 1e-9)
+        out = dict(seconds=seconds, tokens_per_second=call["tokens"] / seconds,
+                   ms_per_decode_step=1000 * seconds / max(1, call["decode_steps"]))
+        if self.bandwidth_gb_s:
+            out["bandwidth_share"] = out["tokens_per_second"] / self.limit(call, self.bandwidth_gb_s)
+        return out
+
+    def limit(self, call: dict, bandwidth_gb_s: float) -> float:
+        """:func:`decode_limit` of ``call``'s batch and context for a card of ``bandwidth_gb_s`` GB/s."""
+        return decode_limit(self.weight_bytes, self.kv_bytes_per_token, call["sequences"],
+                            call["prompt_tokens"] + call["decode_steps"] / 2, bandwidth_gb_s * 1e9)
+
+    def summary(self) -> dict:
+        """The run's generations in one dict: calls, seconds, tokens a second, ms per decode step, and the first
+        generation's extra seconds over the others' median (its compilation, on "static-compiled")."""
+        if not self.calls:
+            return {"path": self.path, "calls": 0}
+        steady = [c for c in self.calls if not c["first"]] or self.calls
+        seconds, tokens, steps = (sum(c[k] for c in steady) for k in ("seconds", "tokens", "decode_steps"))
+        median = sorted(c["seconds"] for c in steady)[len(steady) // 2]
+        return {"path": self.path, "calls": len(self.calls), "shapes": sum(c["first"] for c in self.calls),
+                "seconds": sum(c["seconds"] for c in self.calls), "tokens_per_second": tokens / max(seconds, 1e-9),
+                "ms_per_decode_step": 1000 * seconds / max(1, steps),
+                "first_extra_s": max(0.0, self.calls[0]["seconds"] - median) if len(self.calls) > 1 else None}
+
+
+def _synchronize() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
