@@ -263,7 +263,7 @@ class GenerationClock:
             if watchdog is not None and watchdog.fired:
                 raise GenerationTooSlow(
                     f"the first generation with generation='{self.path}' (compilation included) ran past its "
-                    f"{self.compile_limit_s:.0f} s limit and was stopped. Set generation='generate', or raise the "
+                    f"{self.compile_limit_s:g} s limit and was stopped. Set generation='generate', or raise the "
                     "limit (labkit.generation.COMPILE_LIMIT_S) if this card compiles slowly.") from None
             raise
         finally:

@@ -1,0 +1,222 @@
+"""A recipe's generation path (labkit.generation): the same tokens, refused before any model loads, timed honestly.
+
+- **The same tokens**: greedy completions of SmolLM2-135M-Instruct's first layers are the same, token for token,
+  through TRL's trainer with "static-compiled" (compiled on the CPU with inductor) and "continuous" as with TRL's
+  default "generate". The whole model is compared by ``python -m bench generation-paths``
+  (results/generation_paths.json), with a learning run.
+- **Refused first**: every path a recipe, the card or the installed libraries cannot run raises PresetError in
+  ``validate``, naming what to choose instead.
+- **The clock**: what it logs through TRL's metrics, the continuous path's dtype cast undone bit for bit, and a
+  generation past its limit stopped with a clear message instead of a hang.
+- **The limit**: the memory-bandwidth arithmetic against the figures of issue 43.
+"""
+import time
+
+import pytest
+import torch
+
+from labkit.cards import CARDS
+from labkit.generation import (PATHS, GenerationClock, GenerationTooSlow, card_limit, decode_limit,
+                               generation_arguments, kv_bytes_per_token)
+from labkit.presets import PresetError, get_preset
+from labkit.validation import validate
+
+CUDA = CARDS["rtx3080-laptop-16gb"].device()
+
+
+def _greedy(path: str, tmp_path, layers: int = 4) -> list[list[int]]:
+    """Greedy completions of 8 training prompts through TRL's trainer on ``path``: SmolLM2-135M-Instruct's first
+    ``layers`` layers (real weights write varied tokens; random tiny models tie and flip between kernels; 4 of its
+    30 layers keep the CPU compilation of "static-compiled" to about 20 s)."""
+    from labkit.run import build_run
+
+    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_steps=None, generation=path, max_completion_length=16)
+    run = build_run(preset, tmp_path / path, print_logs=False, generation_kwargs={"do_sample": False})
+    base = run.trainer.model.get_base_model()
+    base.model.layers = base.model.layers[:layers]
+    base.config.num_hidden_layers = layers  # the static cache is sized from the config
+    if getattr(base.config, "layer_types", None):
+        base.config.layer_types = base.config.layer_types[:layers]
+    prompts = [run.tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+               for row in run.train_dataset.select(range(8))]
+    prompts = [p["input_ids"] if hasattr(p, "keys") else p for p in prompts]
+    completions, _ = run.trainer._generate_single_turn(prompts, None, {}, 1)
+    assert run.generation.calls and run.generation.calls[-1]["sequences"] == 8
+    return [list(map(int, c)) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def default_tokens(tmp_path_factory):
+    tokens = _greedy("generate", tmp_path_factory.mktemp("generate"))
+    assert len({t for c in tokens for t in c}) > 5, "the comparison needs varied tokens"
+    return tokens
+
+
+@pytest.mark.parametrize("path", ["continuous", "static-compiled"])
+def test_each_path_writes_the_default_paths_greedy_tokens(path, default_tokens, tmp_path):
+    assert _greedy(path, tmp_path) == default_tokens
+
+
+def test_the_comparison_sees_a_different_model(default_tokens, tmp_path):  # the test above can fail
+    assert _greedy("generate", tmp_path, layers=3) != default_tokens
+
+
+# --------------------------------------------------------------------------- refused before any model loads
+
+
+@pytest.mark.parametrize("changes, device, expected", [
+    (dict(generation="static"), None, "generation must be one of generate, static-compiled, continuous, vllm"),
+    (dict(generation="static-compiled"), "qlora", "cannot compile a 4-bit (QLoRA) model"),
+    (dict(generation="static-compiled"), "tools", "a new shape to compile each time"),
+    (dict(generation="continuous", trl_options={"generation_kwargs": {"min_new_tokens": 8}}), None,
+     "drops min_new_tokens"),
+    (dict(generation="continuous", trl_options={"repetition_penalty": 1.1}), None, "drops repetition_penalty"),
+    (dict(generation="continuous"), "qlora", "refuses to cast a bitsandbytes"),
+    (dict(generation="continuous", method="full", optim="adamw_torch"), "cuda", "a second copy of the model"),
+    (dict(generation="vllm"), None, "needs a CUDA GPU"),
+    (dict(generation="vllm"), "cuda", "vLLM is not installed"),
+])
+def test_a_path_that_cannot_run_is_refused_before_any_model_loads(changes, device, expected, monkeypatch):
+    import labkit.models
+
+    monkeypatch.setattr(labkit.models, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+    base = {"qlora": "qlora-3b", "tools": "tools-16gb"}.get(device, "laptop-16gb" if device == "cuda" else "cpu-tiny")
+    preset = get_preset(base).replace(**changes)
+    with pytest.raises(PresetError) as error:
+        validate(preset, CUDA if device in ("cuda", "qlora", "tools") else None)
+    assert expected in str(error.value)
+    assert "generation='generate'" in str(error.value) or "one of" in str(error.value) \
+        or "static-compiled" in str(error.value)  # every refusal names what to choose instead
+
+
+def test_the_paths_that_can_run_pass_and_static_compiled_on_a_cpu_warns():
+    assert validate(get_preset("laptop-16gb").replace(generation="static-compiled"), CUDA) == \
+        validate(get_preset("laptop-16gb"), CUDA)
+    assert validate(get_preset("laptop-16gb").replace(generation="continuous"), CUDA) is not None
+    warnings = validate(get_preset("cpu-tiny").replace(generation="static-compiled"))
+    assert any("buys little on a CPU" in w for w in warnings)
+    assert set(PATHS) == {"generate", "static-compiled", "continuous", "vllm"}
+
+
+def test_trl_options_may_not_set_a_paths_fields():
+    preset = get_preset("cpu-tiny").replace(trl_options={"use_transformers_continuous_batching": True})
+    with pytest.raises(PresetError, match="the preset sets it from generation"):
+        validate(preset)
+
+
+def test_each_path_sets_its_grpo_config_fields():
+    p = get_preset("laptop-16gb")
+    assert generation_arguments(p) == {}
+    assert generation_arguments(p.replace(generation="static-compiled")) == dict(
+        cache_implementation="static", pad_to_multiple_of=p.max_prompt_length)  # one prompt shape: one compilation
+    cb = generation_arguments(p.replace(generation="continuous"))
+    config = cb["transformers_continuous_batching_config"]
+    assert cb["use_transformers_continuous_batching"] is True and config["seed"] == p.seed
+    # pages for every sequence of the generation batch at full length, sized from the recipe
+    assert config["num_blocks"] * config["page_size"] >= p.generation_batch_size * (
+        p.max_prompt_length + p.max_completion_length)
+    assert config["drop_unsupported_processors"] is False  # a setting it cannot honour fails instead of vanishing
+
+
+# --------------------------------------------------------------------------- the clock
+
+
+class _Trainer:
+    """What GenerationClock reads from a GRPOTrainer: a model, its metrics, _generate_single_turn."""
+
+    def __init__(self, inner):
+        from collections import defaultdict
+
+        from transformers import AutoModelForCausalLM
+
+        from labkit.models import resolve_model
+
+        self.model = AutoModelForCausalLM.from_pretrained(resolve_model("tiny:qwen2")).train()  # TRL trains
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+        self._generate_single_turn = inner
+
+
+def test_the_clock_logs_seconds_tokens_and_decode_steps_through_trls_metrics():
+    ticks = iter([0.0, 2.0, 10.0, 11.0])
+    trainer = _Trainer(lambda prompts, *a, **k: ([[1] * 10, [2] * 30], None))
+    clock = GenerationClock(trainer, bandwidth_gb_s=448, clock=lambda: next(ticks))
+    trainer._generate_single_turn([[5, 6], [7, 8, 9, 10]], None, {}, 1)
+    trainer._generate_single_turn([[5, 6], [7, 8, 9, 10]], None, {}, 1)
+    metrics = trainer._metrics["train"]
+    assert metrics["generation/seconds"] == [2.0, 1.0]
+    assert metrics["generation/tokens_per_second"] == [20.0, 40.0]  # 40 completion tokens
+    assert metrics["generation/ms_per_decode_step"] == [2000 / 30, 1000 / 30]  # the longest completion: 30 steps
+    call = clock.calls[0]
+    assert call["prompt_tokens"] == 3 and call["first"] and not clock.calls[1]["first"]
+    limit = decode_limit(clock.weight_bytes, clock.kv_bytes_per_token, 2, 3 + 15, 448e9)
+    assert metrics["generation/bandwidth_share"][0] == pytest.approx(20.0 / limit)
+    summary = clock.summary()
+    assert summary["first_extra_s"] == 1.0 and summary["tokens_per_second"] == 40.0
+
+
+def test_the_continuous_paths_cast_is_undone_bit_for_bit():
+    def casting_generate(prompts, *a, **k):  # what TRL's continuous path does before generate_batch (bf16 runs)
+        trainer.model.to(torch.bfloat16)
+        return [[1, 2]], None
+
+    trainer = _Trainer(casting_generate)
+    before = {n: (p.data_ptr(), p.dtype) for n, p in trainer.model.named_parameters()}
+    values = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    GenerationClock(trainer, "continuous")
+    trainer._generate_single_turn([[1]], None, {}, 1)
+    after = {n: (p.data_ptr(), p.dtype) for n, p in trainer.model.named_parameters()}
+    assert after == before
+    assert all(torch.equal(p, values[n]) for n, p in trainer.model.named_parameters())
+    trainer = _Trainer(casting_generate)  # without the path's restore, the cast would stay: the check can fail
+    GenerationClock(trainer, "generate")
+    trainer._generate_single_turn([[1]], None, {}, 1)
+    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+
+
+def test_a_generation_past_its_limit_stops_with_a_clear_message():
+    def never_ends(prompts, *a, **k):
+        while True:
+            time.sleep(0.02)
+
+    trainer = _Trainer(never_ends)
+    GenerationClock(trainer, "static-compiled", compile_limit_s=0.3)
+    start = time.perf_counter()
+    with pytest.raises(GenerationTooSlow, match="ran past its 0.3 s limit and was stopped. Set generation='generate'"):
+        trainer._generate_single_turn([[1]], None, {}, 1)
+    assert time.perf_counter() - start < 5
+
+
+def test_a_later_generation_of_a_known_shape_is_not_limited():
+    trainer = _Trainer(lambda prompts, *a, **k: (time.sleep(0.5), ([[1]], None))[1])
+    clock = GenerationClock(trainer, "static-compiled", compile_limit_s=0.3)
+    with pytest.raises(GenerationTooSlow):
+        trainer._generate_single_turn([[1]], None, {}, 1)
+    trainer._generate_single_turn([[1]], None, {}, 1)  # the same shape again: compiled already, no watchdog
+    assert clock.calls[-1]["seconds"] >= 0.5
+    with pytest.raises(GenerationTooSlow):  # a new shape (a longer prompt) is watched again
+        trainer._generate_single_turn([[1, 2]], None, {}, 1)
+
+
+# --------------------------------------------------------------------------- the limit
+
+
+def test_the_bandwidth_limit_gives_issue_43s_figures():
+    # Qwen2.5-1.5B in bf16 at a generation batch of 96, prompts of up to 256 tokens, completions of 786: the weights
+    # (3.09 GB) and the KV cache over the generation (about 1.8 GB) per decode step
+    shape_kw = dict(batch=96, prompt_tokens=256, completion_tokens=786)
+    h100 = card_limit("Qwen/Qwen2.5-1.5B-Instruct", CARDS["h100-80gb"], **shape_kw)
+    laptop = card_limit("Qwen/Qwen2.5-1.5B-Instruct", CARDS["rtx3080-laptop-16gb"], **shape_kw)
+    assert 60_000 < h100 < 72_000  # issue 43: "about 66,000 tokens a second on an H100"
+    assert 8_000 < laptop < 9_600  # "about 8,800 on an RTX 3080 Laptop GPU"
+    # by hand: 28 layers x 2 KV heads x 128 x 2 (K and V) x 2 bytes
+    from labkit.shapes import model_shape
+
+    assert kv_bytes_per_token(model_shape("Qwen/Qwen2.5-1.5B-Instruct")) == 28 * 2 * 128 * 2 * 2
+    # at batch 4 the weights dominate: the limit is nearly 24x lower, the lesson of notebook 04
+    assert card_limit("Qwen/Qwen2.5-1.5B-Instruct", CARDS["h100-80gb"], batch=4, prompt_tokens=256,
+                      completion_tokens=786) < h100 / 15
+
+
+def test_every_card_states_its_bandwidth_and_where_it_comes_from():
+    for card in CARDS.values():
+        assert card.bandwidth_gb_s > 0 and card.bandwidth_source, card.key
