@@ -220,3 +220,19 @@ def test_the_bandwidth_limit_gives_issue_43s_figures():
 def test_every_card_states_its_bandwidth_and_where_it_comes_from():
     for card in CARDS.values():
         assert card.bandwidth_gb_s > 0 and card.bandwidth_source, card.key
+
+
+def test_the_dashboard_shows_the_generation_figures_once_logged():
+    from labkit.dashboard import RunRecord
+    from labkit.dashboard.live import text_line
+    from labkit.dashboard.panels import tiles
+
+    record = RunRecord("run", total_steps=2, device="cpu")
+    record.add(1, {"reward": 0.5})
+    assert not [t for t in tiles(record) if t[1].startswith("generation/")]  # a CPU run without the clock: no dashes
+    record.add(2, {"reward": 0.6, "generation/tokens_per_second": 1143.2, "generation/ms_per_decode_step": 81.7,
+                   "generation/bandwidth_share": 0.0174})
+    shown = {label: text for label, _, text, _ in tiles(record)}
+    assert shown["generation tok/s"] == "1,143" and shown["ms / decode step"] == "82"
+    assert shown["of card's limit"] == "1.7%"
+    assert "generation tok/s=1,143" in text_line(record)

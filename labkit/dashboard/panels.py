@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from labkit.charts import MAIN_SERIES, describe_number
 
-__all__ = ["Panel", "PANELS", "TILES", "panel_series", "panel_note", "one_point", "series_label", "overlap_note", "tiles",
+__all__ = ["Panel", "PANELS", "TILES", "OPTIONAL_TILES", "panel_series", "panel_note", "one_point", "series_label", "overlap_note", "tiles",
            "format_value"]
 
 
@@ -51,7 +51,15 @@ TILES = (
     ("entropy", "entropy", "{:.3f}"),
     ("length", "completions/mean_length", "{:.0f}"),
     ("loss", "loss", "{:.4f}"),
+    # where a step's time goes (labkit.generation.GenerationClock, notebook 04): completion tokens a second, the
+    # milliseconds of one decode step, and that speed as a share of the card's memory-bandwidth limit
+    ("generation tok/s", "generation/tokens_per_second", "{:,.0f}"),
+    ("ms / decode step", "generation/ms_per_decode_step", "{:.0f}"),
+    ("of card's limit", "generation/bandwidth_share", "{:.1%}"),
 )
+# Tiles shown only once their key has been logged: a run on a CPU, or without labkit's clock, has no such figure,
+# and a dash forever would read as a figure still to come.
+OPTIONAL_TILES = {"generation/tokens_per_second", "generation/ms_per_decode_step", "generation/bandwidth_share"}
 
 
 def format_value(fmt: str, value: float) -> str:
@@ -117,6 +125,8 @@ def tiles(record) -> list[tuple]:
     """Return the card's tiles as ``(label, key, shown text or None, finite)``."""
     out = []
     for label, key, fmt in TILES:
+        if key in OPTIONAL_TILES and key not in record.history:
+            continue
         value = record.latest(key)
         out.append((label, key, None if value is None else format_value(fmt, value),
                     value is None or math.isfinite(value)))
