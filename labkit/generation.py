@@ -30,7 +30,8 @@ import threading
 import time
 
 __all__ = ["PATHS", "COMPILE_LIMIT_S", "GenerationTooSlow", "GenerationClock", "generation_problems",
-           "generation_arguments", "prepare_generation", "decode_limit", "kv_bytes_per_token", "card_limit"]
+           "generation_arguments", "prepare_generation", "decode_limit", "kv_bytes_per_token", "card_limit",
+           "paths_table", "GENERATION_FIELDS"]
 
 PATHS = {
     "generate": "TRL's default: transformers' generate, a growing KV cache, uncompiled; the host drives each kernel",
@@ -160,6 +161,24 @@ def generation_arguments(p) -> dict:
         share = min(0.9, max(0.1, math.ceil(20 * 1.2 * need / (p.card_gib * 2**30)) / 20))
         return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=share)
     return {}
+
+
+def paths_table(p, device) -> list[dict]:
+    """Return one row per path for recipe ``p`` on ``device``: what it is, the ``GRPOConfig`` fields it sets (what
+    to type in plain TRL), and whether it runs here: "yes", a warning, or the refusal (notebook 04's table)."""
+    rows = []
+    for path, what in PATHS.items():
+        q = p.replace(generation=path)
+        errors, warnings = generation_problems(q, device)
+        fields = generation_arguments(q) if not errors else {}
+        shown = {k: v for k, v in fields.items() if k != "transformers_continuous_batching_config"}
+        if "transformers_continuous_batching_config" in fields:
+            config = fields["transformers_continuous_batching_config"]
+            shown["transformers_continuous_batching_config"] = {k: config[k] for k in ("num_blocks", "page_size")}
+        rows.append({"generation": path, "what it is": what,
+                     "GRPOConfig fields": ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "(TRL's defaults)",
+                     "runs here?": errors[0] if errors else warnings[0] if warnings else "yes"})
+    return rows
 
 
 # The GRPOConfig fields a generation path sets: a recipe changes them through its generation field only.

@@ -7,10 +7,12 @@
   one optimiser step, predicted from its parameters, checked against what PyTorch allocates
   (:func:`labkit.memory.state_bytes` after a real ``torch.optim.AdamW`` step), full and LoRA, fp32 and bf16;
 - ``kv_cache_bytes`` (05): the KV cache of a batch, checked against the keys and values transformers'
-  ``DynamicCache`` holds after a forward pass of the architecture (on the meta device: shapes, no memory).
+  ``DynamicCache`` holds after a forward pass of the architecture (on the meta device: shapes, no memory);
+- ``decode_limit`` (04): the completion tokens a second a card's memory bandwidth allows, checked against
+  :func:`labkit.generation.decode_limit` (arithmetic: no library counts it).
 
-The references are the libraries' own numbers, not a formula of ours: a learner's formula passes
-only if it counts what PyTorch, PEFT and transformers hold.
+The references of the first three are the libraries' own numbers, not a formula of ours: a learner's formula
+passes only if it counts what PyTorch, PEFT and transformers hold.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 
 from labkit.exercises import Case, Exercise, register
 
-__all__ = ["LORA_PARAM_COUNT", "TRAINING_STATE_BYTES", "KV_CACHE_BYTES"]
+__all__ = ["LORA_PARAM_COUNT", "TRAINING_STATE_BYTES", "KV_CACHE_BYTES", "DECODE_LIMIT"]
 
 _SOLUTIONS_04 = "docs/solutions/04_lora_grpo_16gb.md"
 _SOLUTIONS_05 = "docs/solutions/05_full_vs_lora.md"
@@ -239,4 +241,49 @@ KV_CACHE_BYTES = register(Exercise(
     hint="2 (keys and values) x num_hidden_layers x num_key_value_heads x head_dim x bytes_per_element x "
          "batch_size x seq_len; head_dim is config.head_dim when set, else hidden_size // num_attention_heads.",
     solution=f"{_SOLUTIONS_05}#exercise-kv_cache_bytes",
+))
+
+
+# ----------------------------------------------------------------------------- decode_limit (04)
+
+_GB = 1e9  # bandwidth is sold in decimal GB/s
+
+
+def _decode_cases() -> list[Case]:
+    # (weights in bytes, KV bytes per token, batch, mean context, bandwidth in bytes a second)
+    return [
+        Case("Qwen2.5-1.5B in bf16 (3.09 GB), 96 sequences, mean context 649 tokens, an H100 (3,350 GB/s)",
+             (3.087e9, 28_672, 96, 649, 3350 * _GB)),
+        Case("the same model, 4 sequences (the published 16 GB recipe), an RTX 3080 Laptop GPU (448 GB/s)",
+             (3.087e9, 28_672, 4, 649, 448 * _GB)),
+        Case("SmolLM2-135M in bf16 (0.27 GB), 32 sequences, mean context 140 tokens, a T4 (320 GB/s)",
+             (0.269e9, 92_160, 32, 140, 320 * _GB)),
+    ]
+
+
+def _decode_limit(weight_bytes, kv_bytes_per_token, batch, mean_context, bandwidth):
+    from labkit.generation import decode_limit
+
+    return decode_limit(weight_bytes, kv_bytes_per_token, batch, mean_context, bandwidth)
+
+
+DECODE_LIMIT = register(Exercise(
+    name="decode_limit",
+    reference=_decode_limit,
+    reference_name="labkit.generation.decode_limit",
+    cases=_decode_cases,
+    mistakes={
+        "this is decode steps a second: each step makes one token for every sequence of the batch, so multiply by "
+        "the batch": lambda w, kv, n, c, bw: bw / (w + n * c * kv),
+        "the KV cache is read too: every sequence's keys and values, mean_context tokens each, on every step":
+            lambda w, kv, n, c, bw: n * bw / w,
+        "each sequence has its own KV cache: the cache read per step grows with the batch":
+            lambda w, kv, n, c, bw: n * bw / (w + c * kv),
+        "the weights are read once per step for the whole batch, not once per sequence: that is what makes a "
+        "larger batch nearly free": lambda w, kv, n, c, bw: n * bw / (n * w + n * c * kv),
+    },
+    nudge="count the bytes one decode step must read, and the tokens that one step makes.",
+    hint="one step reads weight_bytes + batch x mean_context x kv_bytes_per_token bytes and makes batch tokens: "
+         "tokens a second = batch x bandwidth / those bytes.",
+    solution=f"{_SOLUTIONS_04}#exercise-decode_limit",
 ))
