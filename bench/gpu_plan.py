@@ -43,6 +43,11 @@ AGREE_PCT = 1.0  # allocated peaks alone and beside others must agree within thi
 PROBE_S = 15.0  # the parent's probe of the device (a process that creates a CUDA context), before any row
 PLANNER_CAP_FACTOR, PLANNER_CAP_PLUS_GIB = 1.3, 1.0  # a cap for a row without one: estimate x 1.3 + 1 GiB
 PROCESS_START_S = 15.0  # a fresh worker's imports, when the recorded rows do not tell
+# The generation paths other than "generate" (labkit.generation.PATHS) until a speed row measures them: guesses.
+# static-compiled: CUDA graphs take the host out of a decode step (a 1.5B model's weights and a batch of 96's KV
+# cache read in about 2 ms on an H100; kernels and sampling more); its first generation compiles (60-120 s).
+GUESS_STEP_MS = {"static-compiled": 20.0}  # continuous: timed as generate (its scheduler is Python too)
+GUESS_COMPILE_S = 90.0
 
 
 # --------------------------------------------------------------------------- the shape of a row
@@ -53,7 +58,11 @@ def job_shape(job: dict) -> dict:
     generation, generation batch, micro-batches, tokens per step, the estimate (GiB) and its card's GiB."""
     from bench.gpu_measure import bench_preset
 
-    return preset_shape(bench_preset(job), job["preset"], steps=job.get("steps", 2), precision=job.get("precision"))
+    shape = preset_shape(bench_preset(job), job["preset"], steps=job.get("steps", 2), precision=job.get("precision"))
+    speed = job.get("speed") or {}
+    if speed.get("mode") == "generation only":  # bench.gpu_speed: generations, no training step
+        shape.update(generation_only=True, generations=len(speed["generations"]))
+    return shape
 
 
 def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | None = None) -> dict:
@@ -72,6 +81,7 @@ def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | Non
     rounds = (preset.max_tool_calling_iterations or 0) if preset.environment else 0
     est = estimate(plan)
     return dict(layers=shape.num_layers, params_b=shape.params / 1e9, method=preset.method, completion=completion,
+                path=preset.generation, generation_only=False, generations=steps,
                 # forced tool rounds fill the budget, then the last round writes max_completion_length more
                 decode_steps=completion * (2 if rounds else 1), tool_rounds=rounds,
                 generation_batch=plan.generation_batch_size, micro_batches=plan.config["gradient_accumulation_steps"],
@@ -137,6 +147,9 @@ class SpeedModel:
     setup_per_b_s: float = 3.0
     start_s: float = PROCESS_START_S
     fitted_on: list = field(default_factory=list)
+    path_ms: dict = field(default_factory=lambda: dict(GUESS_STEP_MS))  # ms a decode step by path, else generate's
+    compile_s: float = GUESS_COMPILE_S  # static-compiled's first generation, over the others
+    path_from: dict = field(default_factory=dict)  # path -> the speed rows its figures come from (absent: a guess)
 
     @classmethod
     def from_rows(cls, rows: list[dict]) -> "SpeedModel":
@@ -145,8 +158,10 @@ class SpeedModel:
         import numpy as np
 
         model = cls()
+        model._path_figures(rows)
         usable = [r for r in rows if r.get("status") == "ok" and r.get("cuda") and not r.get("side_by_side")
-                  and r.get("generation", "generate") == "generate"  # continuous batching is a speed row's question
+                  and r.get("generation", "generate") == "generate"  # the other paths: _path_figures
+                  and r.get("speed_mode") != "generation only"
                   and r.get("settings") and r.get("wall_s") and all(r.get(f"{p}_s") is not None for p in
                                                                     ("generation", "forward", "backward"))]
         if not usable:
@@ -192,17 +207,48 @@ class SpeedModel:
         model.start_s = _process_start_s(usable) or PROCESS_START_S
         return model
 
+    def _path_figures(self, rows: list[dict]) -> None:
+        """Take each generation path's ms a decode step (and static-compiled's compile seconds) from the speed rows
+        measured alone on CUDA at full length (the median), where there are some; the guesses stand elsewhere."""
+        for path in ("static-compiled", "continuous"):
+            speed = [r for r in rows if r.get("part") == "speed" and r.get("generation") == path and r.get("cuda")
+                     and r.get("status") == "ok" and not r.get("side_by_side") and r.get("ms_per_decode_step")
+                     and r.get("speed_mode") == "full step"]
+            if speed:
+                self.path_ms[path] = sorted(r["ms_per_decode_step"] for r in speed)[len(speed) // 2]
+                self.path_from[path] = [r["name"] for r in speed]
+                compiles = sorted(r["compile_s"] for r in speed if r.get("compile_s") is not None)
+                if path == "static-compiled" and compiles:
+                    self.compile_s = compiles[len(compiles) // 2]
+
     def step_ms(self, shape: dict) -> float:
-        """Return the milliseconds of one decoding step of ``generate`` for a row of this shape."""
+        """Return the milliseconds of one decoding step for a row of this shape: ``generate``'s fit, or the path's
+        figure (:meth:`_path_figures`, else :data:`GUESS_STEP_MS`; ``continuous`` without one: as ``generate``)."""
+        path = shape.get("path", "generate")
+        if path != "generate" and self.path_ms.get(path):
+            return self.path_ms[path]
         kind = "qlora" if shape["method"] == "qlora" else "lora"
         return shape["layers"] * (self.per_layer_ms[kind] + self.per_seq_ms * shape["generation_batch"])
 
+    def step_ms_from(self, shape: dict) -> str:
+        """Return where :meth:`step_ms`'s figure comes from, in words (for the printed plan)."""
+        path = shape.get("path", "generate")
+        if path == "generate":
+            return "generate"
+        if path in self.path_from:
+            return f"{path}, measured"
+        return f"{path}: a guess" if self.path_ms.get(path) else f"{path}: a guess, as generate"
+
     def seconds(self, job: dict, shape: dict) -> dict:
-        """Return the expected seconds of a row measured alone, by part (``total`` their sum)."""
+        """Return the expected seconds of a row measured alone, by part (``total`` their sum): a generation-only
+        speed row generates ``generations`` times and trains none; a static-compiled one compiles once."""
         steps = shape["steps"]
-        generation = steps * (self.overhead_s + shape["decode_steps"] * self.step_ms(shape) / 1000)
-        training = steps * (self.micro_overhead_s * shape["micro_batches"]
-                            + self.token_s * shape["tokens"] * shape["params_b"])
+        generations = shape.get("generations", steps)
+        generation = generations * (self.overhead_s + shape["decode_steps"] * self.step_ms(shape) / 1000)
+        if shape.get("path") == "static-compiled":
+            generation += self.compile_s
+        training = 0.0 if shape.get("generation_only") else steps * (
+            self.micro_overhead_s * shape["micro_batches"] + self.token_s * shape["tokens"] * shape["params_b"])
         stage = (job.get("doctor") or {}).get("stage")
         target = job["doctor"]["target"] if stage == "oom" else shape.get("expected_oom")
         if target:  # it stops where it runs out of memory, in the first step
@@ -510,9 +556,18 @@ def format_plan(plan: dict, *, jobs: dict, shapes: dict, seconds: dict, speed: S
     for entry in plan["entries"]:
         name, shape, part = entry["name"], shapes[entry["name"]], seconds[entry["name"]]
         job = jobs[name]
-        how = (f"{shape['steps']} x {shape['decode_steps']} decode steps x {speed.step_ms(shape):.0f} ms "
-               f"(batch {shape['generation_batch']}) = {part['generation']:.0f} s + training {part['training']:.0f} + "
-               f"setup {part['setup']:.0f} + start {part['start']:.0f}")
+        path = shape.get("path", "generate")
+        origin = "" if path == "generate" else f", {speed.step_ms_from(shape)}"
+        compiled = ""
+        if path == "static-compiled":
+            compiled = (f" + compile {speed.compile_s:.0f} s" + ("" if path in speed.path_from else
+                                                                 " (a guess: 60-120 s)"))
+        how = (f"{shape.get('generations', shape['steps'])} x {shape['decode_steps']} decode steps x "
+               f"{speed.step_ms(shape):.0f} ms (batch {shape['generation_batch']}{origin}){compiled} = "
+               f"{part['generation']:.0f} s + training {part['training']:.0f} + setup {part['setup']:.0f} + "
+               f"start {part['start']:.0f}")
+        if shape.get("generation_only"):
+            how += "; generation only"
         if shape["tool_rounds"]:
             how += f"; {shape['tool_rounds']} forced tool rounds"
         if job.get("doctor", {}).get("stage") == "oom":
