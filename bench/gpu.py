@@ -19,8 +19,10 @@ only predict:
   before a target phase and its own (generation, backward, optimiser step), then with the report's first change
   under the same cap (:data:`DOCTOR_BASES`, :func:`doctor_cap`, :func:`doctor_verdict`).
 - **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, each beside the estimate.
-- **speed**: completion tokens a second of TRL's ``generate`` and of transformers' continuous batching
-  (``use_transformers_continuous_batching=True``) at the ``workshop`` and ``laptop-16gb`` settings.
+- **speed** (:mod:`bench.gpu_speed`): the ``laptop-16gb`` recipe's generation paths (``generate``,
+  ``static-compiled``, ``continuous``: the preset's ``generation`` field), a full GRPO step each under its 15.7 GiB
+  cap: tokens a second, ms per decode step, the share of the card's bandwidth limit, compile seconds; what PEFT's
+  unmerged adapters cost; a batch sweep (8, 32, 96). ``vllm`` is pending (:data:`PENDING`).
 
 Each row runs in a fresh process (:mod:`bench.worker`): a peak means something only in a process that measured
 nothing before, and a crash or a kill loses that row only. The memory rows run side by side, several processes
@@ -46,11 +48,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.gpu_measure import COLUMNS, LABEL, PHASE_ORDER, PhasePeaks, bench_preset, measure
+from bench.gpu_speed import PENDING as SPEED_PENDING
+from bench.gpu_speed import speed_jobs
 from labkit.memory import GIB
 
 __all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "recorded_rows", "measured_rows", "doctor_cap",
            "doctor_spec", "doctor_verdict", "check_job", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL",
-           "PARTS", "RESULT_FILES"]
+           "PARTS", "RESULT_FILES", "PENDING"]
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
 # The presets a 16 GB card or a T4 is sized by; laptop-16gb first: its row also photographs the dashboard.
@@ -71,7 +75,8 @@ TINY_TOOL_COMPLETION = 300
 # Most valuable first: the presets (and the dashboard), then QLoRA both ways (one row that says which loader a
 # 16 GB card should trust), the estimator grid, the generation speeds.
 PARTS = ("presets", "qlora", "doctor", "grid", "speed")
-PENDING = {"unsloth": "needs Unsloth's own environment and bundle (python -m bench unsloth --random-weights, docs/unsloth.md)"}
+PENDING = {"unsloth": "needs Unsloth's own environment and bundle (python -m bench unsloth --random-weights, docs/unsloth.md)",
+           **SPEED_PENDING}
 # What one run writes in its results folder: the lent GPU machine sends back at most 8 files from $OUT.
 RESULT_FILES = ("measurements.csv", "measurements.json", "status.json", "runs.log", "dashboard_laptop-16gb.json",
                 "dashboard_laptop-16gb.png")
@@ -124,13 +129,8 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
                 jobs.append(dict(part="doctor", name=f"doctor-{target}-{stage}", preset=name, steps=2,
                                  overrides={**overrides, **shrink}, doctor={"stage": stage, "target": target,
                                                                             "base": base}))
-    if "speed" in parts:
-        for name in ("workshop", "laptop-16gb"):
-            for batching in (False, True):
-                jobs.append(dict(part="speed", name=f"speed-{name}-{'continuous' if batching else 'generate'}",
-                                 preset=name, overrides=dict(shrink), steps=1, cap=None,
-                                 generation="continuous batching" if batching else "generate",
-                                 config={"use_transformers_continuous_batching": True} if batching else {}))
+    if "speed" in parts:  # bench.gpu_speed: the generation paths, what PEFT costs, the batch sweep
+        jobs += speed_jobs(shrink, tiny=tiny, steps=steps)
     for job in jobs:
         job["tiny"] = tiny
     return sorted(jobs, key=lambda job: PARTS.index(job["part"]))  # stable: each part keeps its own order
@@ -285,6 +285,13 @@ def _show(row: dict) -> str:
         return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
                f"{mem}{tools} (beside {row['side_by_side']} other rows: memory only)"
     speed = f", {row['generation_tokens_per_s']:.0f} completion tok/s" if row.get("generation_tokens_per_s") else ""
+    if row.get("ms_per_decode_step"):  # a speed row (bench.gpu_speed): steady state, and the first generation apart
+        speed += (f" ({row.get('generation')}, {row['ms_per_decode_step']:.1f} ms a decode step"
+                  + (f", {row['bandwidth_share']:.1%} of the card's bandwidth limit" if row.get("bandwidth_share") else "")
+                  + (f"; compiled in {row['compile_s']:.0f} s" if row.get("compile_s") is not None else "")
+                  + (f"; merged adapters {row['merged_tokens_per_s']:.0f} tok/s" if row.get("merged_tokens_per_s") else "")
+                  + (f"; laptop limit {row['laptop_limit_tokens_per_s']:.0f} tok/s, an estimate"
+                     if row.get("laptop_limit_tokens_per_s") else "") + ")")
     return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
            f"{mem}{tools}{speed}, {row['wall_s']} s"
 
@@ -334,8 +341,15 @@ def _print_plan(args, results: Path) -> int:
                       cores=args.cores or DEFAULT_CORES, budget_s=args.budget_s or DEFAULT_PLAN_BUDGET_S,
                       at_once=args.at_once, check=check_job() if todo else None)
     done = sorted({j["name"] for j in jobs} - {j["name"] for j in todo})
-    print(plan.text(done))
+    lines = plan.text(done).splitlines()
+    print("\n".join([*lines[:-1], *_pending_lines(args.parts), lines[-1]]))
     return 0
+
+
+def _pending_lines(parts) -> list[str]:
+    """Return a line for each row of ``parts`` that is pending, not measured (:data:`PENDING`), and why."""
+    return [f"  pending, never measured here: {name}: {why}" for name, why in PENDING.items()
+            if name.split("-")[0] in parts]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -432,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                       budget_s=budget_s, at_once=args.at_once or (2 if args.tiny else None),
                       check=None if args.tiny or not jobs else check_job())
     say(plan.text())
+    for line in _pending_lines(args.parts):
+        say(line)
     say(f"bench gpu: {len(jobs)} rows -> {results}")
     from bench.gpu_run import Runner, mark_check
 

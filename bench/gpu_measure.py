@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.gpu_speed import SPEED_COLUMNS
 from labkit.memory import GIB
 from labkit.oom import PhaseTracker
 
@@ -32,7 +33,7 @@ COLUMNS = [
     "longest_prompt_tokens",
     "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "fits", "fraction_of_card", "oom_phase",
     *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib", "reserved_gib")],
-    "training_allocated_gib", "generation_tokens_per_s",
+    "training_allocated_gib", "generation_tokens_per_s", *SPEED_COLUMNS,
     "estimated_total_gib", "estimated_generation_gib", "estimated_training_gib", "estimate_error_pct",
     "estimate_generation_error_pct", "estimate_training_error_pct",
     "rehearsed_peak_gib", "rehearsal_error_pct", "first_change", "fits_after_first_change", "measured_fall_gib",
@@ -40,7 +41,8 @@ COLUMNS = [
     "device", "driver", "cuda", "torch", "transformers", "trl", "peft", "bitsandbytes", "error",
 ]
 # What a row measured beside other rows does not report as timings (bench.gpu moves them under "seconds_beside").
-SECONDS_COLUMNS = [*(f"{p}_s" for p in PHASE_ORDER), "generation_tokens_per_s", "wall_s"]
+SECONDS_COLUMNS = [*(f"{p}_s" for p in PHASE_ORDER), "generation_tokens_per_s", "ms_per_decode_step", "bandwidth_share",
+                   "first_extra_s", "compile_s", "merged_tokens_per_s", "wall_s"]
 
 
 # --------------------------------------------------------------------------- one measurement (worker side)
@@ -176,7 +178,7 @@ def measure(spec: dict) -> dict:
     preset = preset.replace(precision=precision)
     plan = resolve_plan(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
-               card=card.name if card else None, generation=spec.get("generation", "generate"),
+               card=card.name if card else None, generation=preset.generation,
                loader=loader_of(preset),
                per_device_train_batch_size=plan.per_device_train_batch_size,
                gradient_accumulation_steps=plan.config["gradient_accumulation_steps"],
@@ -213,7 +215,7 @@ def measure(spec: dict) -> dict:
                estimated_training_gib=est.training_phase)
     folder = Path(tempfile.mkdtemp(prefix="labkit-gpu-"))
     recorder = LogRecorder(("num_tokens", "completions/mean_length", "tools/call_frequency"))
-    monitor = dashboard = peaks = forced = None
+    monitor = dashboard = peaks = forced = run = states = None
     started = time.perf_counter()
     try:
         path = _random_weights_model(preset, folder / "model", precision, device="cuda" if cuda else "cpu",
@@ -243,9 +245,10 @@ def measure(spec: dict) -> dict:
             callbacks.append(dashboard)
         peaks = PhasePeaks(cuda, monitor)
         config = dict(spec.get("config", {}))
+        if preset.generation != "continuous":  # continuous batching drops min_new_tokens: its lengths are its own
+            config.setdefault("generation_kwargs", {"min_new_tokens": bench.max_completion_length})
         run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
-                        callbacks=callbacks, print_logs=False,
-                        generation_kwargs={"min_new_tokens": bench.max_completion_length}, **config)
+                        callbacks=callbacks, print_logs=False, **config)
         peaks.install(run.trainer)
         if tools:  # random weights write no call: force one per turn, max_tool_calling_iterations rounds
             forced = forced_tools.install(run.trainer, tokenizer, tools, rounds=preset.max_tool_calling_iterations,
@@ -262,7 +265,12 @@ def measure(spec: dict) -> dict:
         peaks.phase = "between steps"
         row["oom_phase"], row["status"] = None, "ok"
         try:
-            run.train(resume=False)
+            if (spec.get("speed") or {}).get("mode") == "generation only":  # bench.gpu_speed: no training step
+                from bench.gpu_speed import generate_only
+
+                states = generate_only(run, spec, dataset, peaks)
+            else:
+                run.train(resume=False)
         except TrainingOutOfMemory as exc:
             row.update(status="oom", oom_phase=exc.report.phase, error=str(exc.report).splitlines()[0],
                        oom_report=exc.report.as_dict(),
@@ -302,6 +310,17 @@ def measure(spec: dict) -> dict:
         count = peaks.peaks["generation"]["count"]
         row["generation_tokens_per_s"] = round(row["completion_mean_length"] * bench.generation_batch_size * count
                                                / gen_s, 1)
+    if spec.get("speed") and run is not None and row["status"] != "error":  # bench.gpu_speed: the clock's figures
+        from bench.gpu_speed import speed_columns
+
+        try:
+            row.update(speed_columns(run.generation, spec, run.trainer.model.config, states))
+            calls = run.generation.calls
+            if row["speed_mode"] == "generation only" and calls:  # no step logged its lengths: the clock's calls
+                row["completion_mean_length"] = round(sum(c["tokens"] for c in calls)
+                                                      / sum(c["sequences"] for c in calls), 1)
+        except Exception as exc:  # the row's memory and seconds stand; say what is missing
+            row["error"] = f"speed columns: {type(exc).__name__}: {exc}"[:400]
     row.update(_compare(row))
     info = provenance(device)
     row.update(date=info["date"], device=device.name, driver=_driver(), cuda=torch.version.cuda,
@@ -309,6 +328,10 @@ def measure(spec: dict) -> dict:
                                                                   "measured", settings=preset.to_dict(),
                side_by_side=spec.get("side_by_side"),
                **{k: info["versions"].get(k) for k in ("torch", "transformers", "trl", "peft", "bitsandbytes")})
+    if spec.get("speed"):
+        from bench.gpu_speed import speed_label
+
+        row["label"] = speed_label(row, device.name, cuda=cuda)
     return row
 
 

@@ -616,3 +616,134 @@ def test_the_dashboards_peak_line_is_the_runs_peak_not_the_last_phases():
                                                                                   int(10.3 * GIB))]
     gpu_measure._restore_peak_series(record, SimpleNamespace(phases=marks))
     assert record.history["memory/peak"][1] == pytest.approx([10.2, 10.3], abs=1e-6)
+
+
+# --- the speed part (bench.gpu_speed) ------------------------------------------------------------------------------
+
+SPEED_ORDER = ["speed-generate", "speed-static-compiled", "speed-continuous", "speed-peft-merged",
+               "speed-sweep-static-compiled-b8", "speed-sweep-static-compiled-b32", "speed-sweep-generate-b8",
+               "speed-sweep-generate-b32", "speed-sweep-static-compiled-b96", "speed-sweep-generate-b96"]
+
+
+def test_the_speed_rows_set_each_path_through_the_recipe_most_valuable_first():
+    from labkit.generation import GENERATION_FIELDS
+
+    jobs = gpu.plan_jobs(("speed",))
+    assert [j["name"] for j in jobs] == SPEED_ORDER
+    for job in jobs:
+        preset = gpu.bench_preset(job)
+        assert preset.name == "laptop-16gb" and preset.method == "lora" and job["cap"] == "card"
+        assert preset.generation == job["generation"] and not set(job.get("config", {})) & set(GENERATION_FIELDS)
+        full = job["speed"]["mode"] == "full step"
+        assert preset.max_completion_length == (786 if full else 256) and job["steps"] == 2
+        if job["name"].startswith("speed-sweep-"):
+            assert preset.generation_batch_size == int(job["name"].rsplit("-b", 1)[1])  # 8, 32, 96
+            assert preset.gradient_accumulation_steps == 4 and preset.num_generations == 4
+        else:
+            assert preset.generation_batch_size == 96
+    assert jobs[3]["speed"]["generations"] == ["unmerged", "merged", "unmerged"]
+    # --tiny: one compiled row (a tiny compile takes about 30 s on a CPU), the rest as on a GPU
+    tiny = [j["name"] for j in gpu.plan_jobs(("speed",), tiny=True)]
+    assert tiny == [n for n in SPEED_ORDER if not n.startswith("speed-sweep-static-compiled")]
+
+
+def test_the_speed_plan_fits_one_call_and_says_what_it_guesses(capsys):
+    text = _plan(["--parts", "speed"], capsys)
+    rows = _entries(text)
+    assert list(rows) == SPEED_ORDER[:3]  # the three paths' full steps, alone, in order
+    assert all(at_once == "alone" for _, _, at_once, _ in rows.values())
+    assert max(end for _, end, _, _ in rows.values()) <= 540
+    line = {name: next(l for l in text.splitlines() if f" {name} " in l) for name in rows}
+    assert "2 x 786 decode steps x 8" in line["speed-generate"]  # the recorded ~80 ms a step
+    assert "static-compiled: a guess" in line["speed-static-compiled"] and "compile 90 s (a guess" in \
+        line["speed-static-compiled"]
+    assert "continuous: a guess, as generate" in line["speed-continuous"]
+    assert f"left for a later run (past the budget): {', '.join(SPEED_ORDER[3:])}" in text
+    assert "pending, never measured here: speed-vllm: " in text and "transformers < 5.18" in text
+    # a smaller budget drops rows from the end; a larger one plans them all
+    assert list(_entries(_plan(["--parts", "speed", "--budget-s", "360"], capsys))) == SPEED_ORDER[:2]
+    every = _plan(["--parts", "speed", "--budget-s", "3000"], capsys)
+    assert list(_entries(every)) == SPEED_ORDER and "generation only" in every
+
+
+def test_a_measured_path_replaces_the_guess(capsys):
+    from labkit.presets import get_preset
+
+    row = dict(part="speed", name="speed-static-compiled", generation="static-compiled", cuda="13.0", status="ok",
+               speed_mode="full step", ms_per_decode_step=12.5, compile_s=70.0)
+    model = gpu_plan.SpeedModel.from_rows([row])
+    shape = gpu_plan.preset_shape(get_preset("laptop-16gb", generation="static-compiled"), "laptop-16gb")
+    assert model.step_ms(shape) == 12.5 and model.compile_s == 70.0
+    assert model.step_ms_from(shape) == "static-compiled, measured"
+    seconds = model.seconds({}, shape)
+    assert seconds["generation"] == pytest.approx(70.0 + 2 * (model.overhead_s + 786 * 12.5 / 1000))
+
+
+def test_a_budget_cut_drops_the_speed_rows_from_the_end(tmp_path, fake_device, monkeypatch):
+    _seconds(monkeypatch, {}, default=100.0)
+    clock = {"now": 0.0}
+
+    class FakeTime:  # bench.gpu's clock: each row takes its expected 100 s
+        @staticmethod
+        def monotonic():
+            return clock["now"]
+
+    def answers(spec):
+        clock["now"] += 100.0
+        return fake_row(spec, generation=spec["generation"], ms_per_decode_step=80.0)
+
+    monkeypatch.setattr(gpu, "time", FakeTime)
+    fake_device["answers"] = answers
+    assert gpu.main(["--parts", "speed", "--budget-s", "350", "--results", str(tmp_path)]) == 1  # rows skipped
+    assert [s["name"] for s in fake_device["started"]] == SPEED_ORDER[:3]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["skipped_for_budget"] == SPEED_ORDER[3:]
+    assert "vLLM cannot be installed" in status["not built yet"]["speed-vllm"]
+    rows = json.loads((tmp_path / "measurements.json").read_text())
+    assert [r["name"] for r in rows] == SPEED_ORDER[:3] and all(r["side_by_side"] == 0 for r in rows)
+
+
+def test_old_rows_stay_readable_with_the_new_columns_empty(tmp_path):
+    import csv
+
+    old = {"name": "laptop-16gb", "part": "presets", "status": "ok", "generation_tokens_per_s": 1142.6}
+    gpu._write(tmp_path, [old])
+    with (tmp_path / "measurements.csv").open() as fh:
+        row = next(csv.DictReader(fh))
+    assert row["generation_tokens_per_s"] == "1142.6"
+    assert all(row[k] == "" for k in ("ms_per_decode_step", "bandwidth_share", "compile_s", "laptop_limit_tokens_per_s"))
+
+
+@pytest.mark.slow
+def test_tiny_runs_the_speed_rows_with_their_figures(tmp_path):
+    out = tmp_path / "gpu"
+    assert gpu.main(["--tiny", "--parts", "speed", "--results", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "measurements.json").read_text())}
+    assert list(rows) == [j["name"] for j in gpu.plan_jobs(("speed",), tiny=True)]
+    for name, row in rows.items():
+        assert row["status"] == "ok" and not row.get("error"), (name, row.get("error"))
+        assert row["side_by_side"] == 0 and row["generation"] == row["settings"]["generation"]
+        for key in ("generation_tokens_per_s", "ms_per_decode_step", "first_extra_s", "laptop_limit_tokens_per_s",
+                    "completion_mean_length"):
+            assert row[key] is not None and row[key] >= 0, (name, key)
+        assert row["bandwidth_share"] is None  # a CPU is no card of labkit.cards: no bandwidth to share
+        assert row["generation_calls"] == (3 if name == "speed-peft-merged" else 2)
+        assert row["label"].startswith("CPU rehearsal") and "random weights" in row["label"]
+        assert "timings: bound by the host; a laptop's differ" in row["label"]
+        assert "laptop_limit_tokens_per_s is an estimate" in row["label"]
+        if row["speed_mode"] == "full step":  # a GRPO step: every phase timed
+            assert row["steps_done"] == 2 and all(row[f"{p}_s"] is not None for p in gpu.PHASE_ORDER)
+        else:
+            assert row["forward_s"] is None and row["generation_s"] is not None
+    assert rows["speed-static-compiled"]["compile_s"] > 1  # inductor compiled the decode step in the first generation
+    assert all(r["compile_s"] is None for n, r in rows.items() if n != "speed-static-compiled")
+    assert rows["speed-peft-merged"]["merged_tokens_per_s"] > 0
+    continuous = rows["speed-continuous"]
+    assert "continuous batching drops min_new_tokens" in continuous["label"]
+    assert f"mean length {continuous['completion_mean_length']}" in continuous["label"]
+    assert [rows[f"speed-sweep-generate-b{b}"]["generation_batch_size"] for b in (8, 32, 96)] == [8, 32, 96]
+    header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
+    assert header == gpu.COLUMNS and "ms_per_decode_step" in header and "laptop_limit_tokens_per_s" in header
+    status = json.loads((out / "status.json").read_text())
+    assert "vLLM cannot be installed" in status["not built yet"]["speed-vllm"]
+    assert "pending, never measured here: speed-vllm" in (out / "runs.log").read_text()
