@@ -31,7 +31,7 @@ import time
 
 __all__ = ["PATHS", "COMPILE_LIMIT_S", "GenerationTooSlow", "GenerationClock", "generation_problems",
            "generation_arguments", "prepare_generation", "decode_limit", "kv_bytes_per_token", "card_limit",
-           "paths_table", "GENERATION_FIELDS"]
+           "paths_table", "dropped_settings", "GENERATION_FIELDS"]
 
 PATHS = {
     "generate": "TRL's default: transformers' generate, a growing KV cache, uncompiled; the host drives each kernel",
@@ -71,9 +71,7 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
             warnings.append(f"generation='static-compiled' on {device}: no CUDA graphs there; compiling takes minutes "
                             "and buys little on a CPU (measured: results/generation_paths.json). 'generate' is faster.")
     elif path == "continuous":
-        drops = sorted(k for k in _CONTINUOUS_DROPS if k in (p.trl_options.get("generation_kwargs") or {}))
-        if p.trl_options.get("repetition_penalty", 1.0) != 1.0:
-            drops.append("repetition_penalty")
+        drops = dropped_settings(path, p.trl_options.get("generation_kwargs"), p.trl_options.get("repetition_penalty", 1.0))
         if drops:
             errors.append(f"generation='continuous' drops {', '.join(drops)} (transformers' continuous batching has no "
                           "such logits processor): remove it, or set generation='generate'.")
@@ -187,14 +185,15 @@ GENERATION_FIELDS = ("cache_implementation", "pad_to_multiple_of", "use_transfor
                      "vllm_gpu_memory_utilization")
 
 
-def prepare_generation(trainer, path: str = "generate", device=None, *,
+def prepare_generation(trainer, path: str = "generate", *,
                        compile_limit_s: float | None = COMPILE_LIMIT_S) -> "GenerationClock":
     """Finish generation ``path`` (a recipe's ``generation``) on a built ``trainer``; return the clock that times it.
 
     ``"static-compiled"``: TRL builds its ``GenerationConfig`` with ``disable_compile=True``; this turns compilation
     back on with a ``CompileConfig`` (static shapes; CUDA graphs on a GPU, inductor's default mode on a CPU).
     """
-    kind = getattr(device, "kind", None) or trainer.args.device.type
+    # where the trainer really runs (a test may plan for a card on a CPU): what compiles, and which card's bandwidth
+    kind = trainer.args.device.type
     if path == "static-compiled":
         from transformers import CompileConfig
 
@@ -241,7 +240,9 @@ class GenerationClock:
     It stands in for ``trainer._generate_single_turn`` (what TRL 1.16 calls for every generation, tool rounds
     included) and calls the original. ``calls`` keeps one dict per generation: ``seconds``, ``sequences``,
     ``tokens`` (completion tokens), ``decode_steps`` (the longest completion: one token per unfinished sequence each
-    step), ``prompt_tokens`` (their mean) and ``first`` (the first of its shape: it compiles on "static-compiled").
+    step), ``prompt_tokens`` (their mean), ``first`` (the first of its shape: it compiles on "static-compiled") and
+    ``compiled`` (graphs ``torch.compile`` made during the call: a warm compiled path makes none; one that does after
+    a training step is recompiling, and its seconds are not steady ones).
     For ``"continuous"``, which casts the model to 16 bits to generate (grpo_trainer.py 1797-1800), every parameter
     the cast changed gets its own tensor back afterwards: fp32 LoRA adapters stay fp32, bit for bit.
     """
@@ -274,6 +275,7 @@ class GenerationClock:
         if self.compile_limit_s and first and threading.current_thread() is threading.main_thread():
             watchdog = _Watchdog(self.compile_limit_s)
         kept = [(p, p.data) for p in self.trainer.model.parameters()] if self.path == "continuous" else []
+        graphs = _graphs_compiled()
         start = self.clock()
         try:
             result = self._inner(prompt_ids, *args, **kwargs)
@@ -294,7 +296,8 @@ class GenerationClock:
         seconds = self.clock() - start
         lengths = [len(c) for c in result[0]]
         call = dict(seconds=seconds, sequences=len(lengths), tokens=sum(lengths), decode_steps=max(lengths, default=0),
-                    prompt_tokens=sum(map(len, prompt_ids)) / max(1, len(prompt_ids)), first=first)
+                    prompt_tokens=sum(map(len, prompt_ids)) / max(1, len(prompt_ids)), first=first,
+                    compiled=_graphs_compiled() - graphs)  # graphs torch.compile made during this call: 0 once warm
         self.calls.append(call)
         metrics = self.trainer._metrics["train" if self.trainer.model.training else "eval"]
         for key, value in self.figures(call).items():
@@ -323,10 +326,29 @@ class GenerationClock:
         steady = [c for c in self.calls if not c["first"]] or self.calls
         seconds, tokens, steps = (sum(c[k] for c in steady) for k in ("seconds", "tokens", "decode_steps"))
         median = sorted(c["seconds"] for c in steady)[len(steady) // 2]
+        shares = [self.figures(c).get("bandwidth_share") for c in steady]
         return {"path": self.path, "calls": len(self.calls), "shapes": sum(c["first"] for c in self.calls),
+                "compiled_after_first": sum(c["compiled"] for c in self.calls[1:]),
+                "bandwidth_share": sum(shares) / len(shares) if None not in shares else None,
                 "seconds": sum(c["seconds"] for c in self.calls), "tokens_per_second": tokens / max(seconds, 1e-9),
                 "ms_per_decode_step": 1000 * seconds / max(1, steps),
                 "first_extra_s": max(0.0, self.calls[0]["seconds"] - median) if len(self.calls) > 1 else None}
+
+
+def _graphs_compiled() -> int:
+    """How many graphs ``torch.compile`` has made in this process (``torch._dynamo``'s ``unique_graphs`` counter)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def dropped_settings(path: str, generation_kwargs: dict | None, repetition_penalty: float = 1.0) -> list[str]:
+    """Return the generation settings ``path`` would silently drop: for "continuous", those of
+    :data:`_CONTINUOUS_DROPS` in ``generation_kwargs`` and a ``repetition_penalty`` other than 1."""
+    if path != "continuous":
+        return []
+    drops = sorted(k for k in _CONTINUOUS_DROPS if k in (generation_kwargs or {}))
+    return drops + (["repetition_penalty"] if repetition_penalty != 1.0 and "repetition_penalty" not in drops else [])
 
 
 def _synchronize() -> None:

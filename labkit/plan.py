@@ -85,8 +85,8 @@ class Plan:
                 f"per_device_train_batch_size={c['per_device_train_batch_size']}, "
                 f"gradient_accumulation_steps={c['gradient_accumulation_steps']}, "
                 f"generation_batch_size={self.generation_batch_size}, num_generations={c['num_generations']}, "
-                f"max_completion_length={c['max_completion_length']}, optim={c['optim']}"
-                + (f" on {self.card}" if self.card else ""))
+                f"max_completion_length={c['max_completion_length']}, optim={c['optim']}, "
+                f"generation={self.preset.generation}" + (f" on {self.card}" if self.card else ""))
 
 
 def _shape_name(model: str, model_path: str) -> str:

@@ -42,6 +42,10 @@ def _greedy(path: str, tmp_path, layers: int = 4) -> list[list[int]]:
     prompts = [p["input_ids"] if hasattr(p, "keys") else p for p in prompts]
     completions, _ = run.trainer._generate_single_turn(prompts, None, {}, 1)
     assert run.generation.calls and run.generation.calls[-1]["sequences"] == 8
+    if path == "static-compiled":  # compiled once, then warm: the same shapes again make no new graph
+        again, _ = run.trainer._generate_single_turn(prompts, None, {}, 1)
+        first, second = run.generation.calls
+        assert first["compiled"] > 0 and second["compiled"] == 0 and again == completions
     return [list(map(int, c)) for c in completions]
 
 
@@ -236,3 +240,12 @@ def test_the_dashboard_shows_the_generation_figures_once_logged():
     assert shown["generation tok/s"] == "1,143" and shown["ms / decode step"] == "82"
     assert shown["of card's limit"] == "1.7%"
     assert "generation tok/s=1,143" in text_line(record)
+
+
+def test_a_setting_the_path_would_drop_is_refused_when_build_run_is_given_it(monkeypatch, tmp_path):
+    import labkit.run
+
+    monkeypatch.setattr(labkit.run, "build_trainer", lambda *a, **k: pytest.fail("a trainer was built"))
+    preset = get_preset("cpu-tiny").replace(generation="continuous")
+    with pytest.raises(PresetError, match="drops min_new_tokens"):
+        labkit.run.build_run(preset, tmp_path, generation_kwargs={"min_new_tokens": 8})

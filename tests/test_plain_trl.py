@@ -86,6 +86,7 @@ def _built_by_labkit(preset, output_dir, monkeypatch, tokenizer):
         return SimpleNamespace(model=SimpleNamespace(), remove_callback=lambda *a: None)
 
     monkeypatch.setattr(labkit.run, "build_trainer", build_trainer)
+    monkeypatch.setattr(labkit.run, "prepare_generation", lambda *a, **k: None)  # the stand-in trainer generates nothing
     build_run(preset, output_dir, tokenizer=tokenizer, train_dataset=[{"prompt": [], "answer": "1"}], seed=0)
     return seen
 
