@@ -42,7 +42,7 @@ PENDING = {"speed-vllm": "generation='vllm' is not measured: vLLM cannot be inst
                          "Linux GPU machine with network (docs/gpu.md#speed)"}
 # The columns the speed rows add (bench.gpu_measure.COLUMNS), after generation_tokens_per_s.
 SPEED_COLUMNS = ["speed_mode", "generation_calls", "ms_per_decode_step", "bandwidth_share", "first_extra_s",
-                 "compile_s", "merged_tokens_per_s", "laptop_limit_tokens_per_s"]
+                 "compile_s", "graphs_after_first", "merged_tokens_per_s", "laptop_limit_tokens_per_s"]
 
 
 def speed_jobs(shrink: dict, *, tiny: bool = False, steps: int = 2) -> list[dict]:
@@ -126,6 +126,9 @@ def speed_columns(clock, spec: dict, model_config, states: list[str] | None = No
     extra = summary.get("first_extra_s")
     out["first_extra_s"] = round(extra, 2) if extra is not None else None
     out["compile_s"] = out["first_extra_s"] if clock.path == "static-compiled" else None
+    # graphs torch.compile made after the first generation: 0 when the steady figures are steady; more means the
+    # compiled path recompiled (after a training step, say) and its seconds include compilation
+    out["graphs_after_first"] = sum(c.get("compiled", 0) for c in calls[1:])
     out["bandwidth_share"] = None  # on a card of labkit.cards only
     if clock.bandwidth_gb_s:  # the measuring card's limit at each steady call's batch and context
         shares = [clock.figures(c)["bandwidth_share"] for c in steady]
