@@ -275,6 +275,13 @@ class GenerationClock:
         if self.compile_limit_s and first and threading.current_thread() is threading.main_thread():
             watchdog = _Watchdog(self.compile_limit_s)
         kept = [(p, p.data) for p in self.trainer.model.parameters()] if self.path == "continuous" else []
+        config = getattr(self.trainer, "continuous_batching_config", None)
+        if self.path == "continuous" and config is not None:
+            # continuous batching seeds its own sampler from this at every call: one seed for all of them would draw
+            # the same random numbers at every step (tests/test_generation.py); the recipe's seed plus the call's
+            # number keeps a run reproducible and each generation its own draws
+            self._seed = getattr(self, "_seed", config.seed or 0)
+            config.seed = self._seed + len(self.calls)
         graphs = _graphs_compiled()
         start = self.clock()
         try:
