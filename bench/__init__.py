@@ -50,6 +50,9 @@ BENCHMARKS = {
     "tools-demo": ("tools_demo", "SmolLM2-135M-Instruct learns to call a calculator (TRL's environment_factory) on CPU: "
                                  "held-out tool-call, well-formed and right-answer rates before/after GRPO, McNemar, "
                                  "a learning-rate-0 control -> results/tools_demo.json"),
+    "generation-paths": ("generation_paths", "each generation path on a CPU with SmolLM2: the same greedy tokens, tokens a "
+                                             "second, and a learning run against the default's -> "
+                                             "results/generation_paths.json"),
     "reward-hacking": ("reward_hacking",
                        "a reward with a loophole vs the strict reward on the CPU nano task (3 seeds) "
                        "-> results/reward_hacking.json"),
