@@ -178,7 +178,8 @@ def paths_table(p, device) -> list[dict]:
             config = fields["transformers_continuous_batching_config"]
             shown["transformers_continuous_batching_config"] = {k: config[k] for k in ("num_blocks", "page_size")}
         rows.append({"generation": path, "what it is": what,
-                     "GRPOConfig fields": ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "(TRL's defaults)",
+                     "GRPOConfig fields": ", ".join(f"{k}={v!r}" for k, v in shown.items())
+                                          or ("-" if errors else "(TRL's defaults)"),
                      "runs here?": errors[0] if errors else warnings[0] if warnings else "yes"})
     return rows
 

@@ -265,3 +265,16 @@ def test_continuous_batching_samples_with_a_new_seed_at_every_generation():
     for _ in range(3):
         trainer._generate_single_turn([[1]], None, {}, 1)
     assert seen == [7, 8, 9]
+
+
+def test_the_saved_dashboard_puts_the_generation_figures_on_a_line_of_their_own():
+    from labkit.dashboard import RunRecord
+    from labkit.dashboard.picture import draw_figure
+
+    record = RunRecord("run", total_steps=2, device="cpu")
+    record.add(1, {"reward": 0.5, "loss": 0.01})
+    assert len(draw_figure(record)[0]._suptitle.get_text().splitlines()) == 2
+    record.add(2, {"reward": 0.6, "loss": 0.02, "generation/tokens_per_second": 73.0,
+                   "generation/ms_per_decode_step": 437.0})
+    title = draw_figure(record)[0]._suptitle.get_text().splitlines()
+    assert title[2] == "generation: tok/s 73 · ms / decode step 437" and "generation" not in title[1]

@@ -71,21 +71,25 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
                 pad += LEGEND_ROW_PT * legend_rows[panel.key]
             _limit_axis(ax, record, panel, names)
         ax.set_title(panel.title, fontsize=FONT_PT["title"], pad=pad)
-    numbers = [f"{label} {format_value(fmt, record.latest(key))}" for label, key, fmt in TILES
-               if record.latest(key) is not None]
-    fig.suptitle(f"{record.title} · {record.progress()}\nlast step: " + " · ".join(numbers), x=0.01, y=0.99,
-                 ha="left", va="top", fontsize=FONT_PT["suptitle"])
+    numbers = {key: f"{label} {format_value(fmt, record.latest(key))}" for label, key, fmt in TILES
+               if record.latest(key) is not None}
+    lines = [f"{record.title} · {record.progress()}",
+             "last step: " + " · ".join(n for k, n in numbers.items() if not k.startswith("generation/"))]
+    if any(k.startswith("generation/") for k in numbers):  # where the step's time goes: a line of its own
+        lines.append("generation: " + " · ".join(n.removeprefix("generation ") for k, n in numbers.items()
+                                                 if k.startswith("generation/")))
+    fig.suptitle("\n".join(lines), x=0.01, y=0.99, ha="left", va="top", fontsize=FONT_PT["suptitle"])
     alerts = record.alerts()
     line = 0.3 / figsize[1]  # one line of the title, as a fraction of the height
     if alerts:
-        fig.text(0.01, 0.99 - 2 * line, "\n".join(alerts), ha="left", va="top", fontsize=FONT_PT["suptitle"],
+        fig.text(0.01, 0.99 - len(lines) * line, "\n".join(alerts), ha="left", va="top", fontsize=FONT_PT["suptitle"],
                  fontweight="bold", color=GAUGE_COLOURS["red"])
     # The space above each row of panels holds a title and two legend rows; a panel with more (a run with tools
     # logs four reward series) gets more, instead of a legend printed over the title and the numbers above it.
     keys = [panel.key for panel in PANELS]
     more = [max(0, max((legend_rows.get(k, 0) for k in row), default=0) - 2) * LEGEND_ROW_PT / 72
             for row in (keys[:4], keys[4:])]  # inches
-    top = 0.99 - (2 + len(alerts)) * line - 0.09 - more[0] / figsize[1]
+    top = 0.99 - (len(lines) + len(alerts)) * line - 0.09 - more[0] / figsize[1]
     bottom = 0.07
     height = (top - bottom) * figsize[1]  # inches for two rows of axes and the gap between them
     gap = 0.75 * height / 2.75 + more[1]  # hspace 0.75 with two legend rows at most, plus the extra rows
