@@ -64,28 +64,34 @@ def compare_tokens(prompts: int = 4, paths=CPU_PATHS, runs: str = "runs/bench-ge
     return rows
 
 
+def _train(path: str, seed: int, folder: str, eval_problems: int, before=None) -> tuple[dict, dict]:
+    """Train the CPU recipe with generation ``path`` from ``seed`` into ``folder``; return its figures and the
+    evaluations (``before``: an evaluation of the untrained model to reuse)."""
+    from labkit.demo import real_model_demo
+    from labkit.evaluate import held_out_scores
+
+    evals: dict = {}
+    start = time.perf_counter()
+    summary = real_model_demo("smollm2-135m", folder, seed=seed, eval_problems=eval_problems, progress=False,
+                              before=before, evaluations=evals, preset_overrides={"generation": path})
+    scores = held_out_scores(evals["after"])
+    print(f"{path}, seed {seed}: right answers {summary['right_number_before']:.1%} -> {scores['right_answer']:.1%}",
+          flush=True)
+    return dict(right_answer_before=summary["right_number_before"], right_answer_after=scores["right_answer"],
+                right=scores["right"], mcnemar_p_before_after=summary["mcnemar_p"],
+                seconds=round(time.perf_counter() - start), reward_per_step=summary["reward_per_step"],
+                mean_length_per_step=summary["mean_length_per_step"], cut_off_after=summary["cut_off_after"]), evals
+
+
 def compare_learning(path: str = "continuous", eval_problems: int = 96, runs: str = "runs/bench-generation-paths",
                      seed: int = 0) -> dict:
     """Train the CPU recipe with ``generate`` and with ``path`` from ``seed``; return both held-out results and the
     paired test between the two trained models."""
-    from labkit.demo import real_model_demo
-    from labkit.evaluate import held_out_scores, paired_change
+    from labkit.evaluate import paired_change
 
-    trained, evaluations = {}, {}
-    for name in ("generate", path):
-        evals: dict = {}
-        start = time.perf_counter()
-        summary = real_model_demo("smollm2-135m", f"{runs}/learn-{name}", seed=seed, eval_problems=eval_problems,
-                                  progress=False, before=evaluations.get("before"), evaluations=evals,
-                                  preset_overrides={"generation": name})
-        evaluations.setdefault("before", evals["before"])
-        scores = held_out_scores(evals["after"])
-        trained[name] = dict(right_answer_before=summary["right_number_before"],
-                             right_answer_after=scores["right_answer"], right=scores["right"],
-                             mcnemar_p_before_after=summary["mcnemar_p"], seconds=round(time.perf_counter() - start),
-                             reward_per_step=summary["reward_per_step"],
-                             mean_length_per_step=summary["mean_length_per_step"], cut_off_after=summary["cut_off_after"])
-        print(f"{name}: right answers {summary['right_number_before']:.1%} -> {scores['right_answer']:.1%}", flush=True)
+    trained, evals = {}, {}
+    for name in ("generate", path):  # the untrained model is evaluated once, for both
+        trained[name], evals = _train(name, seed, f"{runs}/learn-{name}", eval_problems, evals.get("before"))
     a, b = trained["generate"]["right"], trained[path]["right"]
     change = paired_change(a, b)  # "before" = the default path's run, "after" = the other path's
     return dict(paths=["generate", path], seed=seed, runs=trained, problems=len(a),
@@ -96,17 +102,8 @@ def compare_learning(path: str = "continuous", eval_problems: int = 96, runs: st
 def other_seed(path: str, seed: int, eval_problems: int = 96, runs: str = "runs/bench-generation-paths") -> dict:
     """Train the CPU recipe with ``path`` from another ``seed``: the two paths draw different random numbers, so one
     pair of runs is two draws; results/smollm2_demo.json holds the recipe's seeds 0-2 with ``generate``."""
-    from labkit.demo import real_model_demo
-    from labkit.evaluate import held_out_scores
-
-    evals: dict = {}
-    start = time.perf_counter()
-    summary = real_model_demo("smollm2-135m", f"{runs}/learn-{path}-seed{seed}", seed=seed, eval_problems=eval_problems,
-                              progress=False, evaluations=evals, preset_overrides={"generation": path})
-    return dict(path=path, seed=seed, right_answer_before=summary["right_number_before"],
-                right_answer_after=held_out_scores(evals["after"])["right_answer"],
-                mean_length_per_step=summary["mean_length_per_step"], cut_off_after=summary["cut_off_after"],
-                seconds=round(time.perf_counter() - start))
+    figures, _ = _train(path, seed, f"{runs}/learn-{path}-seed{seed}", eval_problems)
+    return dict(path=path, seed=seed, **figures)
 
 
 def main(argv: list[str] | None = None) -> int:

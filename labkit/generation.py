@@ -31,7 +31,7 @@ import time
 
 __all__ = ["PATHS", "COMPILE_LIMIT_S", "GenerationTooSlow", "GenerationClock", "generation_problems",
            "generation_arguments", "prepare_generation", "decode_limit", "kv_bytes_per_token", "card_limit",
-           "paths_table", "dropped_settings", "GENERATION_FIELDS"]
+           "paths_table", "dropped_settings_problem", "GENERATION_FIELDS"]
 
 PATHS = {
     "generate": "TRL's default: transformers' generate, a growing KV cache, uncompiled; the host drives each kernel",
@@ -71,10 +71,10 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
             warnings.append(f"generation='static-compiled' on {device}: no CUDA graphs there; compiling takes minutes "
                             "and buys little on a CPU (measured: results/generation_paths.json). 'generate' is faster.")
     elif path == "continuous":
-        drops = dropped_settings(path, p.trl_options.get("generation_kwargs"), p.trl_options.get("repetition_penalty", 1.0))
-        if drops:
-            errors.append(f"generation='continuous' drops {', '.join(drops)} (transformers' continuous batching has no "
-                          "such logits processor): remove it, or set generation='generate'.")
+        dropped = dropped_settings_problem(path, p.trl_options.get("generation_kwargs"),
+                                           p.trl_options.get("repetition_penalty", 1.0))
+        if dropped:
+            errors.append(dropped)
         if p.method == "qlora":
             errors.append("generation='continuous' casts the model to the training precision before generating "
                           "(trl/trainer/grpo_trainer.py 1797-1800), and transformers refuses to cast a bitsandbytes "
@@ -259,13 +259,13 @@ class GenerationClock:
         self.calls: list[dict] = []
         self._inner = trainer._generate_single_turn
         self._shapes: set = set()
+        # continuous batching reseeds its sampler from its config at every call: the recipe's seed, read once here,
+        # plus the call's number (__call__)
+        self._cb_config = getattr(trainer, "continuous_batching_config", None) if path == "continuous" else None
+        self._seed = (self._cb_config.seed or 0) if self._cb_config is not None else 0
         model = trainer.model
-        seen, weight_bytes = set(), 0
-        for param in model.parameters():
-            if id(param) not in seen:
-                seen.add(id(param))
-                weight_bytes += param.numel() * param.element_size()
-        self.weight_bytes = weight_bytes
+        # Module.parameters() yields a tied weight once (remove_duplicate=True): the bytes a decode step reads
+        self.weight_bytes = sum(param.numel() * param.element_size() for param in model.parameters())
         from labkit.shapes import model_shape
 
         embedding = model.get_input_embeddings().weight
@@ -280,13 +280,10 @@ class GenerationClock:
         if self.compile_limit_s and first and threading.current_thread() is threading.main_thread():
             watchdog = _Watchdog(self.compile_limit_s)
         kept = [(p, p.data) for p in self.trainer.model.parameters()] if self.path == "continuous" else []
-        config = getattr(self.trainer, "continuous_batching_config", None)
-        if self.path == "continuous" and config is not None:
-            # continuous batching seeds its own sampler from this at every call: one seed for all of them would draw
-            # the same random numbers at every step (tests/test_generation.py); the recipe's seed plus the call's
-            # number keeps a run reproducible and each generation its own draws
-            self._seed = getattr(self, "_seed", config.seed or 0)
-            config.seed = self._seed + len(self.calls)
+        if self._cb_config is not None:
+            # one seed for every call would draw the same random numbers at every step (tests/test_generation.py);
+            # the recipe's seed plus the call's number keeps a run reproducible and each generation its own draws
+            self._cb_config.seed = self._seed + len(self.calls)
         graphs = _graphs_compiled()
         start = self.clock()
         try:
@@ -354,13 +351,18 @@ def _graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def dropped_settings(path: str, generation_kwargs: dict | None, repetition_penalty: float = 1.0) -> list[str]:
-    """Return the generation settings ``path`` would silently drop: for "continuous", those of
-    :data:`_CONTINUOUS_DROPS` in ``generation_kwargs`` and a ``repetition_penalty`` other than 1."""
+def dropped_settings_problem(path: str, generation_kwargs: dict | None, repetition_penalty: float = 1.0) -> str | None:
+    """Say which generation settings ``path`` would silently drop, or return None: for "continuous", those of
+    :data:`_CONTINUOUS_DROPS` in ``generation_kwargs`` and a ``repetition_penalty`` other than 1. One message for
+    :func:`generation_problems` (a recipe's ``trl_options``) and ``labkit.run.build_run`` (its caller's overrides)."""
     if path != "continuous":
-        return []
+        return None
     drops = sorted(k for k in _CONTINUOUS_DROPS if k in (generation_kwargs or {}))
-    return drops + (["repetition_penalty"] if repetition_penalty != 1.0 and "repetition_penalty" not in drops else [])
+    drops += ["repetition_penalty"] if repetition_penalty != 1.0 and "repetition_penalty" not in drops else []
+    if not drops:
+        return None
+    return (f"generation='continuous' drops {', '.join(drops)} (transformers' continuous batching has no such logits "
+            "processor): remove it, or set generation='generate'.")
 
 
 def _synchronize() -> None:

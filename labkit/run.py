@@ -35,7 +35,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from labkit.device import detect_device
-from labkit.generation import card_limit, dropped_settings, paths_table, prepare_generation
+from labkit.generation import card_limit, dropped_settings_problem, paths_table, prepare_generation
 from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
 from labkit.oom import explain_oom
 from labkit.plan import Plan, resolve_plan
@@ -514,10 +514,11 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     if not print_logs:  # else trainer.py adds its own bar (NotebookProgressCallback in a notebook): a second clock
         settings["disable_tqdm"] = True
     settings.update(config_overrides)
-    drops = dropped_settings(preset.generation, settings.get("generation_kwargs"), settings.get("repetition_penalty", 1.0))
-    if drops:  # validate saw trl_options only; what the caller adds here must pass the same check
-        raise PresetError(f"generation='{preset.generation}' drops {', '.join(drops)} (transformers' continuous "
-                          "batching has no such logits processor): remove it, or use generation='generate'.")
+    # validate saw trl_options only; what the caller adds here must pass the same check
+    dropped = dropped_settings_problem(preset.generation, settings.get("generation_kwargs"),
+                                       settings.get("repetition_penalty", 1.0))
+    if dropped:
+        raise PresetError(dropped)
     peft_config = quantization = None
     if model is None and not preset.prepare_model_for_kbit_training:
         # TRL loads the model from its path (per process under accelerate) in the plan's dtype; with a

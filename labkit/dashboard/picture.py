@@ -73,11 +73,10 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
         ax.set_title(panel.title, fontsize=FONT_PT["title"], pad=pad)
     numbers = {key: f"{label} {format_value(fmt, record.latest(key))}" for label, key, fmt in TILES
                if record.latest(key) is not None}
-    lines = [f"{record.title} · {record.progress()}",
-             "last step: " + " · ".join(n for k, n in numbers.items() if not k.startswith("generation/"))]
-    if any(k.startswith("generation/") for k in numbers):  # where the step's time goes: a line of its own
-        lines.append("generation: " + " · ".join(n.removeprefix("generation ") for k, n in numbers.items()
-                                                 if k.startswith("generation/")))
+    timing = [numbers.pop(k).removeprefix("generation ") for k in list(numbers) if k.startswith("generation/")]
+    lines = [f"{record.title} · {record.progress()}", "last step: " + " · ".join(numbers.values())]
+    if timing:  # where the step's time goes: a line of its own
+        lines.append("generation: " + " · ".join(timing))
     fig.suptitle("\n".join(lines), x=0.01, y=0.99, ha="left", va="top", fontsize=FONT_PT["suptitle"])
     alerts = record.alerts()
     line = 0.3 / figsize[1]  # one line of the title, as a fraction of the height
