@@ -183,8 +183,9 @@ def latex_numbers(draw, depth=0):
 @settings(max_examples=60, deadline=None)
 @given(latex=latex_numbers())
 def test_latex_reading_agrees_with_math_verify(latex):
-    # math-verify, the maintained maths-equivalence library, reads labkit's LaTeX too, behind labkit's own bounds
-    # and exact comparison: on generated LaTeX the two readings must agree (its verify rounds, ours is exact).
+    # The oracle is the generator's exact Fraction, built alongside the LaTeX: labkit reads LaTeX through
+    # math-verify (behind its own bounds), so agreeing with math-verify alone would check math-verify against
+    # itself. math-verify's own verify is asserted too, so a failure says which of the two readings broke.
     import sympy
     from math_verify import LatexExtractionConfig, parse, verify
 
