@@ -19,25 +19,18 @@ def state_bytes(model, optimizer=None) -> dict:
     """
     import torch
 
-    seen, weights, gradients = set(), 0, 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
+    weights = gradients = 0
+    for p in model.parameters():  # tied weights once: parameters() skips repeats
         weights += p.numel() * p.element_size()
         quant_state = getattr(p, "quant_state", None)
         if quant_state is not None:
             weights += sum(t.numel() * t.element_size() for t in _tensors_of(quant_state))
         if p.grad is not None:
             gradients += p.grad.numel() * p.grad.element_size()
-    opt, seen_state = 0, set()
-    if optimizer is not None:
-        for state in optimizer.state.values():
-            for value in state.values():
-                if isinstance(value, torch.Tensor) and id(value) not in seen_state:
-                    seen_state.add(id(value))
-                    opt += value.numel() * value.element_size()
-    return {"weights": weights, "gradients": gradients, "optimizer": opt}
+    states = {id(value): value for state in (optimizer.state.values() if optimizer is not None else ())
+              for value in state.values() if isinstance(value, torch.Tensor)}
+    return {"weights": weights, "gradients": gradients,
+            "optimizer": sum(t.numel() * t.element_size() for t in states.values())}
 
 
 def _tensors_of(quant_state):

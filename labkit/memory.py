@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from labkit.models import METHODS, check_method
+from labkit.models import DEFAULT_LORA_TARGETS, METHODS, check_method
 from labkit.measure import saved_activation_bytes, state_bytes  # exact counters, re-exported
 from labkit.results import memory_columns  # the estimate beside the rehearsed and measured peaks, re-exported
 from labkit.shapes import ModelShape, model_config, model_shape  # model_shape re-exported (notebook 05 imports it)
@@ -86,6 +86,14 @@ _TRL_VOCAB_CHUNK = 32768
 # log_p, p, grad, the one-hot mask and two products live at once. Measured: 1.033 MiB per scored token
 # at 32,768 columns in fp32 = 8.25 tiles.
 _CPU_TILE_COPIES = 8.25
+
+
+def _fused_head(batch: int, completion_len: int, seq: int, vocab: int, b: int, device: str) -> tuple[int, float]:
+    """Return ``(N, bytes of one tile)`` of TRL 1.16's fused LM head: ``N`` scored positions (see :func:`estimate`).
+    Without Triton (CPU), TRL folds each tile with torch ops: fp32 temporaries of its size."""
+    scored = batch * completion_len if device == "cuda" else batch * (seq - 1)
+    tile = min(scored, _TRL_TOKEN_CHUNK) * min(vocab, _TRL_VOCAB_CHUNK)
+    return scored, tile * (b if device == "cuda" else 4 * _CPU_TILE_COPIES)
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -163,8 +171,7 @@ def adapter_bytes(method: str, precision: str) -> int:
 
 def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, autocast_adapters: bool,
                             device: str, lora_rank: int, lora_targets, lora_dropout: float, padded: bool,
-                            seq_len: int, hidden_bytes: int | None = None,
-                            masters: bool = False) -> tuple[float, float]:
+                            seq_len: int, hidden_bytes: int, masters: bool) -> tuple[float, float]:
     """Return ``(bytes per token, bytes per layer)`` that autograd keeps for one decoder layer.
 
     Counted from what each operation saves for its backward (checked against
@@ -173,7 +180,7 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
     stream is fp32 (fp32 embeddings and norms; autocast only lowers the matmuls).
     """
     b = act_bytes
-    hb = b if hidden_bytes is None else hidden_bytes  # QLoRA with PEFT's upcast: fp32 outputs of the 4-bit projections
+    hb = hidden_bytes  # QLoRA with PEFT's upcast: fp32 outputs of the 4-bit projections
     h, i = shape.hidden_size, shape.intermediate_size
     q = shape.num_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
@@ -358,8 +365,6 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     Not counted: the CUDA context (about 0.3-0.5 GiB outside PyTorch's allocator) and allocator
     fragmentation; leave about 1 GiB of headroom. Introduced in ``05_full_vs_lora.ipynb``.
     """
-    from labkit.models import DEFAULT_LORA_TARGETS
-
     if renamed:
         raise TypeError("estimate() got " + "; ".join(
             f"{old!r}: renamed {_RENAMED[old]}" if old in _RENAMED else f"an unexpected argument {old!r}"
@@ -396,13 +401,12 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     shape = model_shape(model)
     targets = list(lora_targets or DEFAULT_LORA_TARGETS)
     b = PRECISION_BYTES[precision]
-    # Weight dtype of the policy as labkit.device.torch_dtype chooses it.
     if prepare_model_for_kbit_training and method != "qlora":
         raise ValueError(f"prepare_model_for_kbit_training applies to method='qlora' only, not {method!r}")
     upcast = bool(prepare_model_for_kbit_training)
-    if fp32_master_weights is None:  # what labkit.device.torch_dtype loads: fp32 master weights under autocast
-        fp32_master_weights = True
-    masters = method == "full" and precision != "fp32" and bool(fp32_master_weights)
+    # Weight dtype of the policy as labkit.device.torch_dtype chooses it; None: what it loads, fp32 master weights
+    # under autocast.
+    masters = method == "full" and precision != "fp32" and (fp32_master_weights is None or bool(fp32_master_weights))
     w = 4 if precision == "fp32" or masters else 2
     seq = prompt_len + completion_len
     h, V, L = shape.hidden_size, shape.vocab_size, shape.num_layers
@@ -414,8 +418,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         weights = shape.params * w
         trainable_bytes = w
     else:
-        lora = shape.lora_targets(targets)
-        trainable_numels = [n for i, o in lora for n in (lora_rank * i, lora_rank * o)]
+        trainable_numels = [n for i, o in shape.lora_targets(targets) for n in (lora_rank * i, lora_rank * o)]
         adapters = sum(trainable_numels)
         if not trainable_numels:
             raise ValueError(f"no Linear layer of {shape.name} is called any of {targets}")
@@ -470,10 +473,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     # --- the LM head and log-probabilities
     head_trains = method == "full"
     if logits == "fused":
-        scored = micro_batch * completion_len if device == "cuda" else micro_batch * (seq - 1)
-        tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * b
-        if device == "cpu":  # without Triton, TRL folds each tile with torch ops: fp32 temporaries of its size
-            tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * 4 * _CPU_TILE_COPIES
+        scored, tile = _fused_head(micro_batch, completion_len, seq, V, b, device)
         logits_bytes = scored * h * rb + scored * 16 + tile + scored * h * (4 + rb)
         if head_trains:
             logits_bytes += V * h * 4

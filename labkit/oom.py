@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,9 +84,8 @@ _SMALLER = {
     "Qwen/Qwen2.5-1.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct",
     "meta-llama/Llama-3.2-3B-Instruct": "meta-llama/Llama-3.2-1B-Instruct",
 }
-# Which changes to try first, by the phase that ran out of memory. A kind missing from a list cannot help there:
-# scoring runs with checkpointing switched off; at the optimiser step the activations are already freed, so
-# checkpointing, the per-device batch and the completion length change nothing. See ordered_changes.
+# Which changes to try first, by the phase that ran out of memory; a kind missing from a list cannot help there
+# (see ordered_changes).
 _ORDER = {
     "generation": ["generation_batch", "generations", "completion", "optim", "method", "beta", "model"],
     "scoring": ["batch", "completion", "optim", "method", "beta", "model"],
@@ -113,23 +113,23 @@ class Change:
         return f"{moves}: {self.why}"
 
 
-def _smaller_generation_batch(batch: int, steps: int, processes: int, generations: int):
-    """Return ``(per_device_train_batch_size, steps_per_generation)`` for half the generation batch with whole
-    groups of ``generations``, keeping ``batch x steps`` a multiple of the groups; None when there is none."""
+def _smaller_generation_batch(batch: int, steps: int, accumulation, processes: int, generations: int, **updates):
+    """Return ``updates`` plus the settings that halve the generation batch with whole groups of ``generations``,
+    keeping ``batch x steps`` a multiple of the groups (fewer steps, or half the per-device batch at twice the
+    accumulation); None when there is none."""
     for new_batch, new_steps in ((batch, steps // 2), (batch // 2, steps)):
         if new_batch >= 1 and new_steps >= 1 and new_batch * new_steps * 2 == batch * steps \
                 and (new_batch * processes * new_steps) % generations == 0:
-            return new_batch, new_steps
+            if new_batch != batch:
+                updates.update(per_device_train_batch_size=new_batch, gradient_accumulation_steps=accumulation * 2)
+            return {**updates, "steps_per_generation": new_steps}
     return None
 
 
 def candidate_changes(settings: dict) -> list[Change]:
     """Return the changes that could cut memory for these settings (preset / GRPOConfig field names), unordered.
 
-    In TRL 1.16's units (:func:`labkit.memory.generation_batch`): one device generates
-    ``per_device_train_batch_size x steps_per_generation`` completions at once
-    (``steps_per_generation`` defaults to ``gradient_accumulation_steps``) and trains on
-    ``per_device_train_batch_size`` at a time; ``num_generations`` only groups them. So:
+    In TRL 1.16's units (:func:`labkit.memory.generation_batch`, the module docstring):
 
     - ``generation_batch`` halves the generation batch (``steps_per_generation``, or the per-device
       batch at the same ``steps_per_generation``): the KV cache halves; prompts per step fall.
@@ -163,25 +163,16 @@ def candidate_changes(settings: dict) -> list[Change]:
             add("batch", updates, "half the completions in each forward/backward pass (activations, LM-head "
                 "buffers); the same generation batch and the same completions per optimiser step")
     if batch and steps and generations:
-        smaller = _smaller_generation_batch(batch, steps, processes, generations)
+        smaller = _smaller_generation_batch(batch, steps, accumulation, processes, generations)
         if smaller is not None:
-            new_batch, new_steps = smaller
-            updates = {"steps_per_generation": new_steps}
-            if new_batch != batch:
-                updates = {"per_device_train_batch_size": new_batch, "gradient_accumulation_steps": accumulation * 2,
-                           "steps_per_generation": new_steps}
-            add("generation_batch", updates,
+            add("generation_batch", smaller,
                 "generate half the completions at once (KV cache of the generation batch halves); the same "
                 "num_generations per prompt, fewer prompts per generation batch")
         elif generations >= 4 and generations % 2 == 0:
-            halved = _smaller_generation_batch(batch, steps, processes, generations // 2)
+            halved = _smaller_generation_batch(batch, steps, accumulation, processes, generations // 2,
+                                               num_generations=generations // 2)
             if halved is not None:
-                new_batch, new_steps = halved
-                updates = {"num_generations": generations // 2, "steps_per_generation": new_steps}
-                if new_batch != batch:
-                    updates = {"num_generations": generations // 2, "per_device_train_batch_size": new_batch,
-                               "gradient_accumulation_steps": accumulation * 2, "steps_per_generation": new_steps}
-                add("generations", updates,
+                add("generations", halved,
                     "the generation batch holds one prompt's group: a group half as large, generated at once, "
                     "halves the KV cache (noisier advantages)")
     completion = s.get("max_completion_length")
@@ -213,12 +204,6 @@ def candidate_changes(settings: dict) -> list[Change]:
     return out
 
 
-def _applied(settings: dict, change: Change) -> dict:
-    flat = flat_settings(settings)
-    flat.update(change.updates)
-    return flat
-
-
 def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     """Return :func:`candidate_changes` that cut the memory of ``phase``, ordered for it (first = try first).
 
@@ -228,21 +213,16 @@ def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     activations are freed by then). By estimate, when :func:`phase_memory` can estimate the settings:
     only changes that lower that phase's memory. So halving the per-device batch at double the
     accumulation (the same KV cache) is not offered for generation, and LoRA -> QLoRA not where it costs
-    more than it saves (with
-    ``prepare_model_for_kbit_training``, fp32 hidden states on a small model). Without an estimate the
-    changes are ordered but not filtered by estimate.
+    more than it saves (with ``prepare_model_for_kbit_training``, fp32 hidden states on a small model).
+    Without an estimate the changes are ordered but not filtered by estimate.
     """
     order = _ORDER.get(phase or "", _DEFAULT_ORDER)
     rank = {kind: i for i, kind in enumerate(order)}
     changes = [c for c in candidate_changes(settings) if c.kind in rank]
     before = phase_memory(settings, phase)
     if before is not None:
-        cutting = []
-        for change in changes:
-            after = phase_memory(_applied(settings, change), phase)
-            if after is not None and after < before:
-                cutting.append(change)
-        changes = cutting
+        changes = [c for c in changes if (after := phase_memory({**flat_settings(settings), **c.updates}, phase))
+                   is not None and after < before]
     return sorted(changes, key=lambda c: rank[c.kind])
 
 
@@ -335,8 +315,6 @@ class PhaseTracker:
         self._callback = None
 
     def install(self, trainer) -> "PhaseTracker":
-        from transformers import TrainerCallback
-
         tracker = self
 
         def wrap(original, start, end):
@@ -498,8 +476,6 @@ class NaNGuard(TrainerCallback):
         self.patience, self.bad_norms = patience, 0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        import math
-
         logs = logs or {}
         where = None
         for key in ("loss", "entropy", "kl", "reward"):

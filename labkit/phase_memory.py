@@ -17,8 +17,7 @@ lifts a preset's ``trl_options``) and returns None for a model it cannot estimat
 """
 from __future__ import annotations
 
-from labkit.memory import (_CPU_TILE_COPIES, _TRL_TOKEN_CHUNK, _TRL_VOCAB_CHUNK, PRECISION_BYTES, estimate,
-                           hidden_state_bytes)
+from labkit.memory import PRECISION_BYTES, _fused_head, estimate, hidden_state_bytes
 from labkit.models import DEFAULT_LORA_TARGETS, resolve_model
 from labkit.shapes import model_shape
 
@@ -53,25 +52,17 @@ def flat_settings(settings: dict) -> dict:
 
 def phase_memory(settings: dict, phase: str | None) -> int | None:
     """Return the bytes ``phase`` fills (:data:`PHASE_MEMORY`) for ``settings`` (preset / GRPOConfig field names),
-    from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model).
-
-    generation: ``generation_phase``; forward, backward: ``training_phase``; scoring: :func:`scoring_memory`;
-    optimizer: :func:`optimizer_step_memory`; setup: weights + reference + optimiser states; any other
+    from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model). Any other
     phase (``between steps``, unknown): the whole step's peak.
     """
     s = flat_settings(settings)
     if not s.get("model") or not s.get("method"):
         return None
-    kwargs = dict(per_device_train_batch_size=s.get("per_device_train_batch_size"),
-                  gradient_accumulation_steps=s.get("gradient_accumulation_steps"),
-                  steps_per_generation=s.get("steps_per_generation"), num_generations=s.get("num_generations"),
-                  num_processes=s.get("num_processes"), max_prompt_length=s.get("max_prompt_length"),
-                  max_completion_length=s.get("max_completion_length"), optim=s.get("optim"),
-                  gradient_checkpointing=s.get("gradient_checkpointing"), beta=s.get("beta"),
-                  precision=s.get("precision"), lora_rank=s.get("lora_rank"), lora_targets=s.get("target_modules"),
-                  prepare_model_for_kbit_training=s.get("prepare_model_for_kbit_training"))  # QLoRA's fp32 upcast
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    kwargs["lora_targets"] = list(kwargs["lora_targets"]) if "lora_targets" in kwargs else None
+    fields = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
+              "num_processes", "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "beta",
+              "precision", "lora_rank", "prepare_model_for_kbit_training")  # the last: QLoRA's fp32 upcast
+    kwargs = {k: s[k] for k in fields if s.get(k) is not None}  # estimate's names; target_modules is lora_targets
+    kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
     try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
         name = resolve_model(s["model"]) if str(s["model"]).startswith("tiny:") else s["model"]
         est = estimate(name, s["method"], **kwargs)
@@ -158,8 +149,7 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
              + tokens * widest * (4 + (5 if lora_dropout else 0)))
     if s.get("padded"):
         layer += tokens * seq * b  # SDPA's additive mask of one layer, (B, 1, S, S)
-    scored = batch * s["max_completion_length"] if device == "cuda" else batch * (seq - 1)
-    tile = min(scored, _TRL_TOKEN_CHUNK) * min(V, _TRL_VOCAB_CHUNK) * (b if device == "cuda" else 4 * _CPU_TILE_COPIES)
+    scored, tile = _fused_head(batch, s["max_completion_length"], seq, V, b, device)
     head = tokens * h * rb + scored * h * rb + scored * 7 * 4 + tile
     weight_copies = shape.linear_weight_params * b if s.get("fp32_master_weights") else 0
     return int(round(memory + max(layer, head) + weight_copies))

@@ -124,15 +124,13 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
     total, breakdown = _total_and_breakdown(estimate(plan))
     report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
     if card_gib is not None and not report.fits:
-        report.changes = _ranked_changes(plan)
+        report.changes = ranked = _ranked_changes(plan)
         # The plan: take the biggest cut, re-estimate, repeat until it fits. Another model comes last:
         # it changes what you train, not how.
         current, current_total = plan, total
-        while current_total + margin_gib > card_gib:
-            ranked = _ranked_changes(current)
-            if not ranked:
-                break
-            change, after = ranked[0]
-            current, current_total = resolve_plan(current.preset.apply(change.updates), current.card), after
-            report.plan.append((change, after))
+        while current_total + margin_gib > card_gib and ranked:
+            change, current_total = ranked[0]
+            current = resolve_plan(current.preset.apply(change.updates), current.card)
+            report.plan.append((change, current_total))
+            ranked = _ranked_changes(current) if current_total + margin_gib > card_gib else []
     return report

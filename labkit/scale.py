@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labkit.memory import GIB
+from labkit.memory import GIB, MemoryEstimate, estimate
+from labkit.shapes import model_shape
 
 __all__ = [
     "ZERO_STAGES",
@@ -84,8 +85,7 @@ def codellama_34b_config():
     """Return a transformers ``LlamaConfig`` with CodeLlama-34B's published shape (for :func:`sharded_estimate`)."""
     from transformers import AutoConfig
 
-    spec = dict(CODELLAMA_34B)
-    return AutoConfig.for_model(spec.pop("model_type"), name_or_path="codellama/CodeLlama-34b-hf", **spec)
+    return AutoConfig.for_model(**CODELLAMA_34B, name_or_path="codellama/CodeLlama-34b-hf")
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,7 @@ class ShardedEstimate:
     settings: dict
     single: object  # labkit.memory.MemoryEstimate
 
-    def __getattr__(self, name):
-        terms = object.__getattribute__(self, "bytes")
-        if name in terms:
-            return terms[name] / GIB
-        raise AttributeError(name)
+    __getattr__ = MemoryEstimate.__getattr__  # a term's name gives it in GiB
 
     @property
     def host_gib(self) -> float:
@@ -141,13 +137,6 @@ class ShardedEstimate:
         return out
 
 
-def _layer_and_embedding_params(shape) -> tuple[float, int]:
-    embedding = shape.vocab_size * shape.hidden_size
-    heads = 1 if shape.tied_embeddings else 2
-    per_layer = max(shape.params - heads * embedding, 0) / max(shape.num_layers, 1)
-    return per_layer, embedding
-
-
 def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: int = 3,
                      offload_optimizer: bool = False, offload_params: bool = False,
                      offload_reference: bool = False, gather_for_generation: bool = True,
@@ -171,9 +160,6 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
 
     ``num_gpus=1, zero_stage=0`` returns :func:`labkit.memory.estimate`'s figures unchanged.
     """
-    from labkit.memory import estimate
-    from labkit.shapes import model_shape
-
     if zero_stage not in ZERO_STAGES:
         raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, not {zero_stage!r}")
     if num_gpus < 1:
@@ -189,7 +175,9 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
         raise ValueError("vllm_server needs gather_for_generation=True: TRL refuses vLLM with "
                          "ds3_gather_for_generation=False")
 
-    if zero_stage >= 1 and method == "full" and (master_weights is None or master_weights):
+    if master_weights is None:
+        master_weights = zero_stage >= 1
+    if zero_stage >= 1 and method == "full" and master_weights:
         # DeepSpeed's bf16 / fp16 modes keep 16-bit weights on the GPU and the fp32 master copy inside the optimizer
         # state (the 12 bytes below), not as fp32 weights under autocast (the one-GPU recipe's default)
         estimate_kwargs.setdefault("fp32_master_weights", False)
@@ -197,8 +185,6 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
     shape = model_shape(model)
     n = num_gpus
     single = one.bytes
-    if master_weights is None:
-        master_weights = zero_stage >= 1
     precision = one.settings["precision"]
     half_trainable = method == "full" and precision in ("bf16", "fp16")
     optimizer = single["optimizer"]
@@ -221,13 +207,15 @@ def sharded_estimate(model, method: str = "full", *, num_gpus: int, zero_stage: 
         reference = 0.0
 
     gathered = 0.0
-    if zero_stage == 3 and (n > 1 or offload_params):  # one GPU, no offload: nothing is partitioned
+    partitioned = zero_stage == 3 and (n > 1 or offload_params)  # one GPU, no offload: nothing is partitioned
+    if partitioned:
         weight_bytes = single["weights"] / max(shape.params, 1)  # bytes of one weight as stored
-        per_layer, embedding = _layer_and_embedding_params(shape)
+        embedding = shape.vocab_size * shape.hidden_size
+        per_layer = max(shape.params - (1 if shape.tied_embeddings else 2) * embedding, 0) / max(shape.num_layers, 1)
         gathered = weight_bytes * max(2 * per_layer, embedding)
 
     kv_cache = 0 if vllm_server else single["kv_cache"] + single.get("transients", 0)  # + generation transients
-    if zero_stage == 3 and (n > 1 or offload_params) and gather_for_generation and not vllm_server:
+    if partitioned and gather_for_generation and not vllm_server:
         generation_weights = single["weights"]  # the whole policy, gathered on every GPU
     else:
         generation_weights = weights + gathered

@@ -43,10 +43,6 @@ class ModelShape:
         wanted = set(targets)
         return [(i, o) for name, i, o in self.lora_modules if name in wanted]
 
-    def lora_params(self, rank: int, targets) -> int:
-        """Return the number of LoRA parameters: ``rank x (in + out)`` for every adapted Linear."""
-        return sum(rank * (i + o) for i, o in self.lora_targets(targets))
-
 
 def model_config(model):
     """Return ``(name, transformers config)`` for a catalogue name, a saved folder, a config or a model."""
@@ -69,18 +65,13 @@ def _shape_from_json(name: str, config_json: str) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config_dict = json.loads(config_json)
-    config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    config = AutoConfig.for_model(**json.loads(config_json))
     with torch.device("meta"):  # shapes only: no memory is allocated
         meta = AutoModelForCausalLM.from_config(config)
     text = config.get_text_config()
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    seen, numels = set(), []
-    for p in meta.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            numels.append(p.numel())
+    numels = [p.numel() for p in meta.parameters()]  # parameters() yields tied weights once
     lm_head = meta.get_output_embeddings()
     modules, linear = [], 0
     for module_name, module in meta.named_modules():

@@ -160,12 +160,11 @@ def _weights_item(preset: str, cache: Path, online: bool | None) -> CheckItem:
         problem = local_model_problem(model)
         return CheckItem("weights", problem is None, f"{where}: {problem}" if problem else
                          f"{where}: the {spec['pip']} package is installed; the first run converts it, once")
-    cached = hf_cache_has_weights(model, cache)
+    if hf_cache_has_weights(model, cache):
+        return CheckItem("weights", True, f"preset {preset}: {model} is in the Hugging Face cache ({cache})")
     if online is None:
         online = os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True") and _hub_reachable()
     download = f"hf download {model}"  # huggingface_hub >= 1.0; older releases: huggingface-cli download
-    if cached:
-        return CheckItem("weights", True, f"preset {preset}: {model} is in the Hugging Face cache ({cache})")
     if online:
         return CheckItem("weights", False, f"preset {preset}: {model} is not cached yet; the hub is reachable: "
                          f"run `{download}` now, before the workshop's shared network")

@@ -280,8 +280,12 @@ def test_estimate_grows_with_every_size_knob(knob, data, model, method, checkpoi
     common = dict(_BASE, gradient_checkpointing=checkpointing, optim=optimizer, device=device, beta=beta)
     a = estimate(model, method, **{**common, knob: small})
     b = estimate(model, method, **{**common, knob: large})
-    for term in ("total", "activations", "logits", "kv_cache", "optimizer", "gradients"):
+    for term in ("total", "activations", "logits", "optimizer", "gradients"):
         assert b.bytes[term] >= a.bytes[term], (term, knob, small, large)
+    # Generation's own share grows; kv_cache alone need not: LoRA's fp32 input casts are counted in transients when
+    # the prefill is the larger moment, so a longer prompt that moves the peak to the prefill can shrink kv_cache
+    # while kv_cache + transients grows (Llama-3.2-3B, LoRA, max_prompt_length 58 -> 149, hypothesis found it)
+    assert (b.bytes["kv_cache"] + b.bytes["transients"] >= a.bytes["kv_cache"] + a.bytes["transients"]), (knob, small, large)
 
 
 @settings(max_examples=30, deadline=None)
