@@ -209,8 +209,8 @@ def train_cli(argv: list[str] | None = None) -> int:
             raise UsageError(f"--config {secrets[0]}=... is refused: a secret on the command line ends up in the "
                              f"shell history and the saved recipe. Set the {SECRET_FIELDS[secrets[0]]} environment "
                              "variable instead.")
-        if config:
-            overrides["trl_options"] = {**(overrides.get("trl_options") or {}), **config}
+        if config:  # --set trl_options was refused above: --config is its only source
+            overrides["trl_options"] = config
         for key in ("model", "max_steps", "save_steps", "train_limit", "seed"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)
@@ -238,7 +238,7 @@ def train_cli(argv: list[str] | None = None) -> int:
         resume = {"auto": "auto", "yes": True, "no": False}.get(args.resume, args.resume)
         with RunLock(output_dir):
             resume_checkpoint(output_dir, preset, resume)  # a changed recipe fails here, before loading anything
-            finished = finished_run(output_dir, preset) if resume != False else None  # noqa: E712
+            finished = finished_run(output_dir, preset) if resume is not False else None
             if finished:
                 print(finished) if main else None
                 return 0
@@ -289,20 +289,17 @@ def demo_argument_error(args) -> str | None:
         ("--steps", args.steps, 1, 100_000), ("--sft-steps", args.sft_steps, 0, 1_000_000),
         ("--num-generations", args.num_generations, 2, 1024), ("--eval-problems", args.eval_problems, 1, 100_000),
         ("--lr", args.lr, 0.0, 1.0), ("--beta", args.beta, 0.0, 1000.0),
+        ("--seed", args.seed, 0, 2**32 - 1),
     ]
-    if hasattr(args, "seed"):
-        rules.append(("--seed", args.seed, 0, 2**32 - 1))
     for option, value, low, high in rules:
         if not math.isfinite(value) or not low <= value <= high:
             why = " (the advantage compares completions of one prompt)" if option == "--num-generations" else ""
             return f"{option} must be from {low:,} to {high:,}{why}, not {value}."
-    out = getattr(args, "out", None)
-    if out is not None:
-        if not str(out).strip():
-            return "--out is empty: give a folder name (default runs/demo)."
-        for path in (Path(out), *Path(out).parents):
-            if path.exists() and not path.is_dir():
-                return f"--out {out}: {path} is a file, not a folder; choose another --out."
+    if not args.out.strip():
+        return "--out is empty: give a folder name (default runs/demo)."
+    for path in (Path(args.out), *Path(args.out).parents):
+        if path.exists() and not path.is_dir():
+            return f"--out {args.out}: {path} is a file, not a folder; choose another --out."
     return None
 
 

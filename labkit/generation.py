@@ -149,17 +149,16 @@ def generation_arguments(p) -> dict:
         # per-process cap does not change: continuous_batching/utils.py 404-406).
         tokens = p.max_prompt_length + p.max_completion_length
         page = 256 if tokens >= 256 else 64
-        sequences = p.per_device_train_batch_size * p.steps_per_generation
         return dict(use_transformers_continuous_batching=True, transformers_continuous_batching_config=dict(
-            page_size=page, num_blocks=sequences * math.ceil(tokens / page), seed=p.seed,
+            page_size=page, num_blocks=p.generation_batch_size * math.ceil(tokens / page), seed=p.seed,
             drop_unsupported_processors=False))
     if p.generation == "vllm":
         from labkit.shapes import model_shape
         from labkit.models import resolve_model
 
         shape = model_shape(resolve_model(p.model))
-        sequences = p.per_device_train_batch_size * p.steps_per_generation
-        need = shape.params * 2 + sequences * (p.max_prompt_length + p.max_completion_length) * kv_bytes_per_token(shape)
+        tokens = p.generation_batch_size * (p.max_prompt_length + p.max_completion_length)
+        need = shape.params * 2 + tokens * kv_bytes_per_token(shape)
         share = min(0.9, max(0.1, math.ceil(20 * 1.2 * need / (p.card_gib * 2**30)) / 20))
         return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=share)
     return {}
@@ -173,9 +172,9 @@ def paths_table(p, device) -> list[dict]:
         q = p.replace(generation=path)
         errors, warnings = generation_problems(q, device)
         fields = generation_arguments(q) if not errors else {}
-        shown = {k: v for k, v in fields.items() if k != "transformers_continuous_batching_config"}
-        if "transformers_continuous_batching_config" in fields:
-            config = fields["transformers_continuous_batching_config"]
+        shown = dict(fields)
+        if "transformers_continuous_batching_config" in shown:  # the table shows its sizes only
+            config = shown["transformers_continuous_batching_config"]
             shown["transformers_continuous_batching_config"] = {k: config[k] for k in ("num_blocks", "page_size")}
         rows.append({"generation": path, "what it is": what,
                      "GRPOConfig fields": ", ".join(f"{k}={v!r}" for k, v in shown.items())
@@ -219,24 +218,20 @@ def prepare_generation(trainer, path: str = "generate", *,
                            compile_limit_s=compile_limit_s if path == "static-compiled" else None)
 
 
-class _Watchdog:
+class _Watchdog(threading.Timer):
     """Interrupts the main thread after ``seconds`` (``_thread.interrupt_main``: a KeyboardInterrupt there)."""
 
     def __init__(self, seconds: float):
+        super().__init__(seconds, self._fire)
+        self.fired = False
+        self.daemon = True
+        self.start()
+
+    def _fire(self) -> None:
         import _thread
 
-        self.fired = False
-
-        def fire():
-            self.fired = True
-            _thread.interrupt_main()
-
-        self.timer = threading.Timer(seconds, fire)
-        self.timer.daemon = True
-        self.timer.start()
-
-    def cancel(self) -> None:
-        self.timer.cancel()
+        self.fired = True  # set before the interrupt: the main thread reads it when the KeyboardInterrupt lands
+        _thread.interrupt_main()
 
 
 class GenerationClock:
@@ -259,8 +254,7 @@ class GenerationClock:
         self.calls: list[dict] = []
         self._inner = trainer._generate_single_turn
         self._shapes: set = set()
-        # continuous batching reseeds its sampler from its config at every call: the recipe's seed, read once here,
-        # plus the call's number (__call__)
+        # continuous batching reseeds its sampler from its config at every call (__call__): the recipe's seed, read once
         self._cb_config = getattr(trainer, "continuous_batching_config", None) if path == "continuous" else None
         self._seed = (self._cb_config.seed or 0) if self._cb_config is not None else 0
         model = trainer.model
@@ -306,7 +300,7 @@ class GenerationClock:
         lengths = [len(c) for c in result[0]]
         call = dict(seconds=seconds, sequences=len(lengths), tokens=sum(lengths), decode_steps=max(lengths, default=0),
                     prompt_tokens=sum(map(len, prompt_ids)) / max(1, len(prompt_ids)), first=first,
-                    compiled=_graphs_compiled() - graphs)  # graphs torch.compile made during this call: 0 once warm
+                    compiled=_graphs_compiled() - graphs)
         self.calls.append(call)
         metrics = self.trainer._metrics["train" if self.trainer.model.training else "eval"]
         for key, value in self.figures(call).items():
@@ -318,14 +312,11 @@ class GenerationClock:
         seconds = max(call["seconds"], 1e-9)
         out = dict(seconds=seconds, tokens_per_second=call["tokens"] / seconds,
                    ms_per_decode_step=1000 * seconds / max(1, call["decode_steps"]))
-        if self.bandwidth_gb_s:
-            out["bandwidth_share"] = out["tokens_per_second"] / self.limit(call, self.bandwidth_gb_s)
+        if self.bandwidth_gb_s:  # decode_limit at the call's batch and mean context
+            limit = decode_limit(self.weight_bytes, self.kv_bytes_per_token, call["sequences"],
+                                 call["prompt_tokens"] + call["decode_steps"] / 2, self.bandwidth_gb_s * 1e9)
+            out["bandwidth_share"] = out["tokens_per_second"] / limit
         return out
-
-    def limit(self, call: dict, bandwidth_gb_s: float) -> float:
-        """:func:`decode_limit` of ``call``'s batch and context for a card of ``bandwidth_gb_s`` GB/s."""
-        return decode_limit(self.weight_bytes, self.kv_bytes_per_token, call["sequences"],
-                            call["prompt_tokens"] + call["decode_steps"] / 2, bandwidth_gb_s * 1e9)
 
     def summary(self) -> dict:
         """The run's generations in one dict: calls, seconds, tokens a second, ms per decode step, and the first

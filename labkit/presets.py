@@ -18,12 +18,11 @@ The precision is never part of a preset: :func:`labkit.device.choose_precision` 
 (bf16 on Ampere+, fp16 on a T4, fp32 on a CPU) unless you ask for one, and asking for one
 the card cannot do fails in :func:`labkit.validation.validate`.
 
-``laptop-16gb-published`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile
-(REFERENCES.md): per-device batch 1, gradient accumulation 4, 4 generations, prompts up
-to 256 tokens, completions up to 786, LoRA on q/k/o/up/down, 8-bit AdamW, gradient
-checkpointing; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4``, ``qlora-3b`` and
-``tools-16gb`` (notebook 08: GSM8K with a calculator environment) take the largest ``per_device_train_batch_size`` (in multiples of ``num_generations``: whole prompt
-groups) whose rehearsed peak plus :func:`labkit.cards.sized_gib`'s allowance is within 80 % of the card.
+``laptop-16gb-published`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile (REFERENCES.md):
+:class:`Preset`'s defaults; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4``, ``qlora-3b`` and
+``tools-16gb`` (notebook 08: GSM8K with a calculator environment) take the largest ``per_device_train_batch_size``
+(in multiples of ``num_generations``: whole prompt groups) whose rehearsed peak plus
+:func:`labkit.cards.sized_gib`'s allowance is within 80 % of the card.
 """
 from __future__ import annotations
 

@@ -93,16 +93,11 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
     if limit is not None and len(window) < len(dataset) and sum(n <= preset.max_prompt_length for n in lengths) < limit:
         window = dataset
         lengths = measure(window)
-    keep, dropped = [], 0
-    for index, n in enumerate(lengths):
-        if limit is not None and len(keep) == limit:
-            break
-        if n <= preset.max_prompt_length:
-            keep.append(index)
-        else:
-            dropped += 1
+    keep = [i for i, n in enumerate(lengths) if n <= preset.max_prompt_length][:limit]
     if not keep:
         raise PresetError(f"every prompt is longer than max_prompt_length={preset.max_prompt_length} tokens; raise it.")
+    # dropped: the prompts passed over before the last one kept (all of them when the limit is not reached)
+    dropped = (keep[-1] + 1 if len(keep) == limit else len(lengths)) - len(keep)
     kept = window.select(keep).add_column("prompt_length", [lengths[i] for i in keep])
     return kept, dropped
 
@@ -212,16 +207,14 @@ def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: boo
             _report_once(f"skipping {path}: {problem}; "
                          + (f"resuming from {checkpoint.name}, the newest intact checkpoint" if checkpoint
                             else "no intact checkpoint is left, so the run starts at step 0"))
-        if resume is False:
-            if checkpoint is not None:
-                raise ResumeMismatchError(
-                    f"{output_dir} already holds checkpoints ({checkpoint.name}) from an earlier run. Resume it "
-                    "(resume='auto'), or choose a new output_dir, or delete the old checkpoints."
-                )
-            return None
-        if checkpoint is None:
-            if resume is True:
-                raise FileNotFoundError(f"resume=True but {output_dir} has no checkpoint to resume from")
+        if resume is False and checkpoint is not None:
+            raise ResumeMismatchError(
+                f"{output_dir} already holds checkpoints ({checkpoint.name}) from an earlier run. Resume it "
+                "(resume='auto'), or choose a new output_dir, or delete the old checkpoints."
+            )
+        if resume is True and checkpoint is None:
+            raise FileNotFoundError(f"resume=True but {output_dir} has no checkpoint to resume from")
+        if resume is False or checkpoint is None:
             return None
     saved = load_saved_preset(checkpoint) or load_saved_preset(output_dir)
     if saved is None:
@@ -271,8 +264,7 @@ def finished_run(output_dir: str | os.PathLike, preset: Preset) -> str | None:
     checkpoint = last_checkpoint(output_dir)
     final = output_dir / "final"
     if checkpoint is not None:
-        step = checkpoint_step(checkpoint)
-        if step is not None and step >= preset.max_steps:
+        if (checkpoint_step(checkpoint) or 0) >= preset.max_steps:
             return (f"the run in {output_dir} is finished: {checkpoint.name} reached max_steps={preset.max_steps}"
                     + (f" and {final} holds the result" if final.exists() else "")
                     + ". Nothing to do; to train on, start a new --output-dir.")
@@ -306,7 +298,8 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                with open(self.path, "x") as handle:  # "x": created atomically, refused when it exists
+                    handle.write(f"{os.getpid()}\n")
             except FileExistsError:
                 pid = _lock_pid(self.path)
                 if pid == os.getpid():
@@ -319,8 +312,6 @@ class RunLock:
                              f"({'pid ' + str(pid) if pid else 'unknown'}) is gone")
                 self.path.unlink(missing_ok=True)
                 continue
-            with os.fdopen(fd, "w") as handle:
-                handle.write(f"{os.getpid()}\n")
             self.owned = True
             return self
         raise RunLockedError(f"could not take the lock {self.path}; remove it if no run is training there")
@@ -402,25 +393,22 @@ class Run:
 
     def save(self, folder: str | os.PathLike | None = None) -> Path:
         """Save the trained adapter (or model) and the tokenizer to ``folder`` (``OUTPUT_DIR/final``)."""
-        folder = Path(folder or self.output_dir / "final")
-        with RunLock(self.output_dir):
-            return self._save(folder)
-
-    def _save(self, folder: Path) -> Path:
-        # Written beside the folder and renamed into place: a run killed while saving leaves the old folder or the
-        # new one, never half of one (finished_run trusts final/ when it holds the recipe).
         import shutil
 
+        folder = Path(folder or self.output_dir / "final")
+        # Written beside the folder and renamed into place: a run killed while saving leaves the old folder or the
+        # new one, never half of one (finished_run trusts final/ when it holds the recipe).
         partial = folder.with_name(folder.name + ".partial")
-        if partial.exists() and self.trainer.args.should_save:  # one process clears it (save_model is collective)
-            shutil.rmtree(partial)
-        self.trainer.save_model(str(partial))
-        if self.trainer.args.should_save:
-            self.tokenizer.save_pretrained(str(partial))
-            save_preset(self.preset, partial)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(partial, folder)
+        with RunLock(self.output_dir):
+            if partial.exists() and self.trainer.args.should_save:  # one process clears it (save_model is collective)
+                shutil.rmtree(partial)
+            self.trainer.save_model(str(partial))
+            if self.trainer.args.should_save:
+                self.tokenizer.save_pretrained(str(partial))
+                save_preset(self.preset, partial)
+                if folder.exists():
+                    shutil.rmtree(folder)
+                os.replace(partial, folder)
         return folder
 
 

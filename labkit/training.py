@@ -92,13 +92,11 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
             )
     kwargs = dict(model=model if not isinstance(model, os.PathLike) else str(model), reward_funcs=reward_funcs,
                   args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=callbacks,
-                  peft_config=peft_config)
+                  peft_config=peft_config, processing_class=tokenizer)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
     if environment_factory is not None:
         kwargs["environment_factory"] = environment_factory
-    if tokenizer is not None:
-        kwargs["processing_class"] = tokenizer
     return GRPOTrainer(**kwargs)
 
 

@@ -103,14 +103,14 @@ def _number_error(label: str, value, kind: str, low, high, low_allowed: bool, no
         return None if none_allowed else f"{label} must be {kind}, not None."
     span = f"from {low:,} to {high:,}" if low_allowed else f"greater than {low:,} and at most {high:,}"
     what = f"{kind} {span}" + (" (or None)" if none_allowed else "")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == _INT and not isinstance(value, int)):
-        return f"{label} must be {what}, not {value!r}."
-    if not _finite(value) or value > high or value < low or (value == low and not low_allowed):
+    wrong_type = isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        kind == _INT and not isinstance(value, int))
+    if wrong_type or not _finite(value) or not low <= value <= high or (value == low and not low_allowed):
         return f"{label} must be {what}, not {value!r}."
     return None
 
 
-def _field_errors(p: Preset) -> list[str]:
+def field_errors(p: Preset) -> list[str]:
     """Return what is wrong with the preset's field types and ranges (each message names the field)."""
     errors = []
     for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items():
@@ -171,9 +171,8 @@ def _tool_errors(p: Preset, device=None, procs: int = 1) -> list[str]:
     """
     from labkit.environments import ENVIRONMENTS
 
-    rounds = p.max_tool_calling_iterations
-    _, low, high, _ = _NUMBER_FIELDS["max_tool_calling_iterations"]
-    if not (rounds is None or (isinstance(rounds, int) and not isinstance(rounds, bool) and low <= rounds <= high)):
+    kind, low, high, none_allowed = _NUMBER_FIELDS["max_tool_calling_iterations"]
+    if _number_error("", p.max_tool_calling_iterations, kind, low, high, True, none_allowed):
         return []  # a bad value: _NUMBER_FIELDS' check says what is allowed, once
     if p.environment is None:
         if p.max_tool_calling_iterations is not None:
@@ -254,7 +253,7 @@ def _model_errors(model: str) -> list[str]:
     return []
 
 
-def _trl_config_errors(p: Preset) -> list[str]:
+def trl_config_errors(p: Preset) -> list[str]:
     """Return what is wrong with the ``trl_options`` values: types from GRPOConfig, ranges TRL does not check.
 
     A ``trl.GRPOConfig`` is built with the options (in a temporary folder, on the CPU) so that
@@ -271,20 +270,16 @@ def _trl_config_errors(p: Preset) -> list[str]:
     errors = []
     for key, value in p.trl_options.items():
         label = f"trl_options {key} (--config {key}=VALUE)"
+        allowed = set(typing.get_args(hints.get(key))) or {hints.get(key)}
+        none_allowed = type(None) in allowed
         if key in TRL_CHOICES:
             if value not in TRL_CHOICES[key] and not (key == "scale_rewards" and isinstance(value, bool)):
                 errors.append(f"{label} must be one of {', '.join(TRL_CHOICES[key])}, not {value!r}.")
-            continue
-        hint = hints.get(key)
-        allowed = set(typing.get_args(hint)) or {hint}
-        none_allowed = type(None) in allowed
-        if key in TRL_NUMBER_RANGES:
-            kind, low, high, low_allowed = TRL_NUMBER_RANGES[key]
-            error = _number_error(label, value, kind, low, high, low_allowed, none_allowed)
+        elif key in TRL_NUMBER_RANGES:
+            error = _number_error(label, value, *TRL_NUMBER_RANGES[key], none_allowed)
             if error:
                 errors.append(error)
-            continue
-        if value is None:
+        elif value is None:
             if not none_allowed:
                 errors.append(f"{label} may not be None.")
         elif bool in allowed and allowed <= {bool, type(None)}:
@@ -311,10 +306,6 @@ def _trl_config_errors(p: Preset) -> list[str]:
             message = " ".join(str(exc).split())
             errors.append(f"trl_options {sorted(p.trl_options)}: GRPOConfig refuses them: {message}")
     return errors
-
-
-field_errors = _field_errors
-trl_config_errors = _trl_config_errors
 
 
 def too_few_prompts(prompts: int, generation_batch_size: int, num_generations: int) -> str | None:
@@ -461,18 +452,18 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
     warnings: list[str] = []
     p = preset
 
-    field_errors = _field_errors(p)
-    if field_errors:  # wrong types or ranges: the checks below would trip over them
-        raise PresetError(_error_message(p.name, device, field_errors, about_device=False))
+    problems = field_errors(p)
+    if problems:  # wrong types or ranges: the checks below would trip over them
+        raise PresetError(_error_message(p.name, device, problems, about_device=False))
     try:
         check_method(p.method)
     except ValueError as exc:
         errors.append(f"{exc}.")
-    spg = p.trl_options.get("steps_per_generation") if isinstance(p.trl_options, dict) else None
-    # A steps_per_generation that is not a whole number >= 1 is reported by _trl_config_errors (TRL_NUMBER_RANGES);
+    spg = p.trl_options.get("steps_per_generation")
+    # A steps_per_generation that is not a whole number >= 1 is reported by trl_config_errors (TRL_NUMBER_RANGES);
     # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
     spg_usable = spg is None or (isinstance(spg, int) and not isinstance(spg, bool) and spg >= 1)
-    if spg_usable and min(p.per_device_train_batch_size, p.gradient_accumulation_steps) >= 1:
+    if spg_usable:
         per_step = p.per_device_train_batch_size * procs
         generation_batch = per_step * p.steps_per_generation
         if spg is None and generation_batch % p.num_generations:
@@ -492,7 +483,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
                           "(per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
     errors.extend(_trl_option_errors(p.trl_options))
     if not errors:
-        errors.extend(_trl_config_errors(p))
+        errors.extend(trl_config_errors(p))
     errors.extend(_target_module_errors(p, warnings))
     if p.optim not in OPTIMS:
         errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {p.optim!r}.")
