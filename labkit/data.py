@@ -47,17 +47,6 @@ def make_prompt(question: str, system_prompt: str | None = SYSTEM_PROMPT) -> lis
     return messages + [{"role": "user", "content": question}]
 
 
-def _read_bundled(split: str) -> list[dict]:
-    text = resources.files("labkit").joinpath(f"data/gsm8k/{split}.jsonl").read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def _read_hub(split: str) -> list[dict]:
-    from datasets import load_dataset
-
-    return list(load_dataset("openai/gsm8k", "main", split=split))
-
-
 def load_gsm8k(split: str = "train", limit: int | None = None, source: str = "bundled", *,
                system_prompt: str | None = SYSTEM_PROMPT, seed: int | None = None):
     """Return GSM8K ``split`` as a ``datasets.Dataset`` with ``prompt`` and ``answer`` columns.
@@ -66,14 +55,15 @@ def load_gsm8k(split: str = "train", limit: int | None = None, source: str = "bu
     ``source="bundled"`` reads the copy inside the package (offline, reproducible);
     ``source="hub"`` downloads ``openai/gsm8k`` (needs internet; same rows).
     """
-    from datasets import Dataset
+    from datasets import Dataset, load_dataset
 
     if split not in GSM8K_SIZES:
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
     if source == "bundled":
-        rows = _read_bundled(split)
+        text = resources.files("labkit").joinpath(f"data/gsm8k/{split}.jsonl").read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     elif source == "hub":
-        rows = _read_hub(split)
+        rows = list(load_dataset("openai/gsm8k", "main", split=split))
     else:
         raise ValueError(f"source must be 'bundled' or 'hub', not {source!r}")
     if limit is not None and limit < 1:

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from labkit.evaluate import held_out_scores, sampled_pass_at_k
+from labkit.evaluate import (_questions, gsm8k_accuracy, held_out_scores, paired_change, pass_at_k,
+                             sampled_pass_at_k, wilson_interval)
 from labkit.lab import provenance, write_json
 from labkit.nano import NanoConfig, plot_run, run_nano_grpo
 
@@ -84,8 +85,6 @@ def _paired_statistics(before: dict, after: dict) -> dict:
     paired-bootstrap interval of the change in greedy accuracy (one verdict per problem), and pass@k for
     k = 1..samples before and after (Chen et al.'s unbiased estimator, averaged over problems).
     """
-    from labkit.evaluate import paired_change, pass_at_k
-
     paired = paired_change(before["greedy_right"], after["greedy_right"])
     n = before["samples"]
     curve = {when: [sum(pass_at_k(n, c, k) for c in e["right_per_problem"]) / len(e["right_per_problem"])
@@ -128,8 +127,6 @@ class HeldOutCurve(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every and state.global_step % self.every == 0 and model is not None:
-            from labkit.evaluate import gsm8k_accuracy
-
             result = gsm8k_accuracy(model, self.tokenizer, dataset=self.dataset, max_new_tokens=self.max_new_tokens,
                                     batch_size=self.batch_size, progress=False)
             self.add(state.global_step, result, state.log_history)
@@ -167,7 +164,6 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     """
     import tempfile
 
-    from labkit.evaluate import gsm8k_accuracy, paired_change, wilson_interval
     from labkit.lab import seed_everything
     from labkit.models import load_policy
     from labkit.monitor import peak_rss_bytes
@@ -200,24 +196,24 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     before = before if before is not None else gsm8k_accuracy(policy, tokenizer, **evaluation)
     if [r["gold"] for r in before.records] != list(held_out["answer"]) or before.max_new_tokens != budget:
         raise ValueError("`before` must evaluate the same held-out problems with the same budget")
-    passes = {}
-    if pass_at_k_problems:
-        passes["before"] = sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)),
-                                             max_new_tokens=budget, temperature=preset.temperature, seed=seed,
-                                             progress=progress, desc="pass@k before")
+
+    def sampled(when: str) -> dict:
+        return sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)), max_new_tokens=budget,
+                                 temperature=preset.temperature, seed=seed, progress=progress, desc=f"pass@k {when}")
+
+    passes = {"before": sampled("before")} if pass_at_k_problems else {}
     prompts_per_step = preset.per_device_train_batch_size * preset.gradient_accumulation_steps // preset.num_generations
     train_problems = train_problems or max(64, preset.max_steps * prompts_per_step)
     reward_keys = [f"rewards/{name}_reward/mean" for name in preset.rewards]
     recorder = LogRecorder(("reward", "reward_std", *reward_keys, "completions/mean_length", "loss"))
     callbacks = [recorder] + ([dashboard] if dashboard is not None else [])
-    curve = None
+    curve, questions = None, _questions(held_out)
     if eval_every:
         def write_progress(points, log_history):
             write_json(out / "curve.json", {"every": eval_every, "held_out_problems": eval_problems,
                                             "metric": "held-out right-answer rate (greedy)", "points": points,
                                             "steps_planned": preset.max_steps, "provenance": provenance()})
             write_json(out / "log_history.json", log_history)
-            questions = [p[-1]["content"] for p in held_out["prompt"]]
             write_json(out / "latest_completions.json", {
                 "step": points[-1]["step"],
                 "completions": [{"question": q, "gold": r["gold"], "before": b["completion"], "now": r["completion"]}
@@ -246,15 +242,12 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     if evaluations is not None:
         evaluations.update(before=before, after=after)
     if pass_at_k_problems:
-        passes["after"] = sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)),
-                                            max_new_tokens=budget, temperature=preset.temperature, seed=seed,
-                                            progress=progress, desc="pass@k after")
+        passes["after"] = sampled("after")
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     scores_before, scores_after = held_out_scores(before), held_out_scores(after)
     right_before, right_after = scores_before["right"], scores_after["right"]
     paired = paired_change(right_before, right_after)
     n = len(right_before)
-    questions = [p[-1]["content"] for p in held_out["prompt"]]
     completions = [{"question": questions[i], "gold": held_out[i]["answer"], "before": before.records[i]["completion"],
                     "after": after.records[i]["completion"], "right_before": right_before[i],
                     "right_after": right_after[i]} for i in range(n)]
@@ -311,14 +304,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
 def plot_learning_curve(points: list[dict], rewards: list[float], path: str | os.PathLike | None = None, *,
                         title: str = ""):
     """Return a figure: the mean reward per GRPO step and the held-out right-answer rate (Wilson 95 %) every N steps."""
-    import matplotlib
-
-    if path is not None and "matplotlib.pyplot" not in sys.modules:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from labkit.evaluate import wilson_interval
-
+    plt = _pyplot(path)
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=80)
     if rewards:
         ax.plot(range(1, len(rewards) + 1), rewards, color="#bbbbbb", lw=0.8, label="training reward (mean of the step)")
@@ -329,23 +315,12 @@ def plot_learning_curve(points: list[dict], rewards: list[float], path: str | os
     ax.plot(steps, rates, "o-", color="#1f77b4", label="held-out right-answer rate (greedy, 95% Wilson)")
     ax.set(xlabel="GRPO step", ylabel="rate", ylim=(0, 1), title=title or "learning curve")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, bbox_inches="tight")
-        plt.close(fig)
-    return fig
+    return _finish(fig, path)
 
 
 def plot_real_model_demo(summary: dict, path: str | os.PathLike | None = None):
     """Return a figure of :func:`real_model_demo`: the reward per GRPO step, and the held-out rates before/after."""
-    import matplotlib
-
-    if path is not None and "matplotlib.pyplot" not in sys.modules:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from labkit.evaluate import wilson_interval
-
+    plt = _pyplot(path)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2), dpi=70)
     rewards = summary["reward_per_step"]
     left.plot(range(1, len(rewards) + 1), rewards, "o-", color="#2ca02c", ms=3)
@@ -359,6 +334,24 @@ def plot_real_model_demo(summary: dict, path: str | os.PathLike | None = None):
               ylabel="right answers (share)", title=f"{n} held-out word problems (greedy)")
     right.text(0.5, 1.0, f"McNemar p = {summary['mcnemar_p']:.2g}", ha="center", va="bottom", fontsize=9)
     fig.suptitle(f"{summary['model']}, seed {summary['seed']}, learning rate {summary['preset']['learning_rate']:g}")
+    return _finish(fig, path)
+
+
+def _pyplot(path):
+    """Return ``matplotlib.pyplot``, on the Agg backend when a figure goes to a file and pyplot is not loaded yet."""
+    import matplotlib
+
+    if path is not None and "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish(fig, path):
+    """Return ``fig`` laid out; with a ``path``, saved there and closed (no figure piles up in pyplot)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, bbox_inches="tight")

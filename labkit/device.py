@@ -38,10 +38,6 @@ class DeviceInfo:
     fp16: bool  # can it train in float16 mixed precision?
 
     @property
-    def is_gpu(self) -> bool:
-        return self.kind in ("cuda", "mps")
-
-    @property
     def torch_device(self) -> torch.device:
         return torch.device(self.kind)
 
@@ -101,8 +97,7 @@ def choose_precision(info: DeviceInfo | None = None, asked: str | None = None) -
     best = ("bf16" if info.bf16 else "fp16" if info.fp16 else "fp32") if info.kind == "cuda" else "fp32"
     if asked is None:
         return best
-    if asked not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {asked!r}")
+    _check_precision(asked)
     if asked == "bf16" and not info.bf16:
         raise ValueError(f"bf16 was asked for, but {info} has no bf16 support. "
                          f"Use precision={best!r} (or leave precision unset to choose automatically).")
@@ -112,11 +107,15 @@ def choose_precision(info: DeviceInfo | None = None, asked: str | None = None) -
     return asked
 
 
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+
+
 def precision_flags(precision: str) -> dict:
     """Return ``{"bf16": bool, "fp16": bool}`` for ``GRPOConfig`` / ``TrainingArguments`` from a precision
     (:func:`choose_precision`'s)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    _check_precision(precision)
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
@@ -133,8 +132,7 @@ def torch_dtype(precision: str, method: str = "full") -> torch.dtype:
       fp32 (PEFT) or bf16 (QLoRA under bf16, TRL's cast).
     - fp32: fp32.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    _check_precision(precision)
     if method == "full" or precision == "fp32":
         return torch.float32
     return torch.bfloat16 if precision == "bf16" else torch.float16

@@ -15,28 +15,19 @@ Greedy decoding (``do_sample=False``) makes the figures reproducible. A rate ``p
 questions has a 95 % interval of about ``1.96 sqrt(p (1 - p) / n)``: +/- 2.7 points at
 ``n = 1,319`` and ``p = 0.5``, +/- 18 points at ``n = 30`` (what some published peers report).
 
-Before/after statistics (the same problems scored twice, so the comparison is *paired*); scipy.stats
-computes the standard ones (docs/references.md, "Statistics"):
-
-- :func:`wilson_interval`: the Wilson score interval of one rate (``scipy.stats.binomtest``); unlike the
-  normal approximation it is never zero-width, also at 0 of n or n of n;
-- :func:`mcnemar_test`: the exact McNemar test on the problems whose verdict changed
-  (``gained``: wrong before, right after; ``lost``: the reverse); the problems right or wrong
-  both times carry no information about the change;
-- :func:`paired_bootstrap`: a percentile interval of the change in rate, resampling problems
-  (``scipy.stats.bootstrap``, ``paired=True``); zero-width when every problem moved the same way;
-- :func:`newcombe_interval`: Newcombe's score interval of the change (two Wilson intervals and the
-  correlation of the verdicts), never zero-width;
-- :func:`paired_change`: the test and Newcombe's interval at once (:class:`PairedChange`), what every
-  before/after record in the lab keeps;
-- :func:`pass_at_k`: the unbiased pass@k estimator of Chen et al. (2021, arXiv 2107.03374, eq. 1):
-  the chance that at least one of k samples drawn from n (c of them right) is right.
+Before/after statistics (the same problems scored twice, so the comparison is *paired*; scipy.stats
+computes the standard ones, docs/references.md, "Statistics"): the Wilson interval of one rate
+(:func:`wilson_interval`), the exact McNemar test (:func:`mcnemar_test`), two intervals of the change
+(:func:`paired_bootstrap`, :func:`newcombe_interval`), both kept by every before/after record
+(:func:`paired_change`), and pass@k (:func:`pass_at_k`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -104,6 +95,12 @@ def _paired(before, after) -> tuple[list[bool], list[bool]]:
     return before, after
 
 
+def _verdict_counts(before, after) -> tuple[int, int, int, int]:
+    """Return ``(both, gained, lost, neither)``: problems right both times, only after, only before, never."""
+    counts = Counter(zip(*_paired(before, after)))
+    return counts[True, True], counts[False, True], counts[True, False], counts[False, False]
+
+
 def mcnemar_test(before, after) -> McNemarResult:
     """Return a :class:`McNemarResult`: the exact (binomial) McNemar test of paired verdicts.
 
@@ -115,11 +112,9 @@ def mcnemar_test(before, after) -> McNemarResult:
     """
     from scipy.stats import binomtest
 
-    before, after = _paired(before, after)
-    gained = sum(not b and a for b, a in zip(before, after))
-    lost = sum(b and not a for b, a in zip(before, after))
+    both, gained, lost, neither = _verdict_counts(before, after)
     p_value = float(binomtest(gained, gained + lost, 0.5).pvalue) if gained + lost else 1.0
-    return McNemarResult(n=len(before), gained=gained, lost=lost, p_value=p_value)
+    return McNemarResult(n=both + gained + lost + neither, gained=gained, lost=lost, p_value=p_value)
 
 
 def paired_bootstrap(before, after, *, n_resamples: int = 10_000, confidence: float = 0.95,
@@ -159,12 +154,8 @@ def newcombe_interval(before, after, *, confidence: float = 0.95) -> tuple[float
     ``ad - bc`` less ``n/2``, never below 0), so ``|phi| < 1`` and the interval always has width: at 30 of
     30 gained it is (0.839, 1.0) where the percentile bootstrap gives (1.0, 1.0).
     """
-    before, after = _paired(before, after)
-    n = len(before)
-    both = sum(b and a for b, a in zip(before, after))
-    gained = sum(not b and a for b, a in zip(before, after))
-    lost = sum(b and not a for b, a in zip(before, after))
-    neither = n - both - gained - lost
+    both, gained, lost, neither = _verdict_counts(before, after)
+    n = both + gained + lost + neither
     p1, p2 = (both + gained) / n, (both + lost) / n
     (l1, u1), (l2, u2) = wilson_interval(both + gained, n, confidence), wilson_interval(both + lost, n, confidence)
     margins = (both + gained) * (lost + neither) * (both + lost) * (gained + neither)
@@ -205,7 +196,7 @@ def paired_change(before, after, *, confidence: float = 0.95) -> PairedChange:
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Return the unbiased pass@k estimate ``1 - C(n - c, k) / C(n, k)``: k of n samples, c of them right.
 
-    Chen et al. (2021), "Evaluating Large Language Models Trained on Code", eq. 1: draw ``n >= k``
+    Chen et al. (2021, arXiv 2107.03374), "Evaluating Large Language Models Trained on Code", eq. 1: draw ``n >= k``
     samples per problem, count the ``c`` right ones; averaging this over problems estimates the
     chance that at least one of ``k`` fresh samples is right, without the bias of ``1 - (1 - c/n)^k``.
     """
@@ -278,6 +269,20 @@ def _device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
+@contextlib.contextmanager
+def _generating(model, tokenizer):
+    """Generate in eval mode without autograd, left-padded (decoder-only generation); restore both afterwards."""
+    was_training, padding_side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+
+
 def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = None, batch_size: int = 32, *,
                    max_new_tokens: int = 512, dataset=None, records_path: str | Path | None = None,
                    progress: bool = True) -> EvalResult:
@@ -307,31 +312,23 @@ def gsm8k_accuracy(model, tokenizer, split: str = "test", limit: int | None = No
     lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     order = sorted(range(len(texts)), key=lambda i: -lengths[i])
 
-    was_training = model.training
-    model.eval()
-    device = _device_of(model)
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"  # decoder-only generation
+    eos = {tokenizer.eos_token_id, tokenizer.pad_token_id, *_as_list(model.generation_config.eos_token_id)}
     completions: dict[int, tuple[str, int]] = {}
     start = time.perf_counter()
-    try:
-        with torch.inference_mode(), progress_bar(total=len(order), desc=desc, enabled=progress) as bar:
-            for first in range(0, len(order), batch_size):
-                batch = order[first:first + batch_size]
-                enc = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(device)
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
-                                     top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id)  # (b, T + new)
-                new = out[:, enc["input_ids"].shape[1]:]  # (b, new)
-                eos = {tokenizer.eos_token_id, tokenizer.pad_token_id, *_as_list(model.generation_config.eos_token_id)}
-                for row, index in enumerate(batch):
-                    ids = new[row].tolist()
-                    used = next((k for k, t in enumerate(ids) if t in eos), None)
-                    n_tokens = len(ids) if used is None else used
-                    completions[index] = (tokenizer.decode(ids[:n_tokens], skip_special_tokens=True), n_tokens)
-                bar.update(len(batch))
-    finally:
-        tokenizer.padding_side = padding_side
-        model.train(was_training)
+    with _generating(model, tokenizer), progress_bar(total=len(order), desc=desc, enabled=progress) as bar:
+        for first in range(0, len(order), batch_size):
+            batch = order[first:first + batch_size]
+            enc = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(_device_of(model))
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None,
+                                 top_p=None, top_k=None, pad_token_id=tokenizer.pad_token_id)  # (b, T + new)
+            new = out[:, enc["input_ids"].shape[1]:]  # (b, new)
+            for row, index in enumerate(batch):
+                ids = new[row].tolist()
+                used = next((k for k, t in enumerate(ids) if t in eos), None)
+                n_tokens = len(ids) if used is None else used
+                completions[index] = (tokenizer.decode(ids[:n_tokens], skip_special_tokens=True), n_tokens)
+            bar.update(len(batch))
     seconds = time.perf_counter() - start
 
     records = []
@@ -380,14 +377,11 @@ def paired_columns(before, after) -> dict:
 def before_after_table(before: EvalResult, after: EvalResult, metrics=tuple(_METRICS)):
     """Return a pandas DataFrame: each rate before and after, its Wilson interval, the change and a paired test.
 
-    Columns: ``before``, ``before 95% CI`` (Wilson), ``after``, ``after 95% CI``, ``change``,
-    ``change 95% CI`` (Newcombe's paired interval) and ``McNemar p`` (exact; both from
-    :func:`paired_columns`). The paired
-    columns need the per-problem records of both results (what :func:`gsm8k_accuracy` keeps);
-    without them they say so. ``metrics`` picks rows (``"strict accuracy"``, ``"lenient accuracy"``,
-    ``"format rate"``): show only the ones that can change in the run at hand.
-    Both results must cover the same questions (same split and count), or the comparison
-    would mean nothing; a mismatch raises ``ValueError``.
+    The paired columns (:func:`paired_columns`: Newcombe's interval of the change, the exact McNemar p) need
+    the per-problem records of both results (what :func:`gsm8k_accuracy` keeps); without them they say so.
+    ``metrics`` picks rows (``"strict accuracy"``, ``"lenient accuracy"``, ``"format rate"``): show only the
+    ones that can change in the run at hand. Both results must cover the same questions (same split and
+    count), or the comparison would mean nothing; a mismatch raises ``ValueError``.
     """
     import pandas as pd
 
@@ -527,27 +521,20 @@ def sampled_pass_at_k(model, tokenizer, dataset, *, samples: int = 8, max_new_to
 
     texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in dataset["prompt"]]
     golds = list(dataset["answer"])
-    was_training = model.training
-    model.eval()
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
     counts = []
-    try:
-        with torch.inference_mode(), progress_bar(total=len(texts), desc=desc, enabled=progress) as bar:
-            for first in range(0, len(texts), batch_size):
-                enc = tokenizer(texts[first:first + batch_size], return_tensors="pt", padding=True,
-                                add_special_tokens=False).to(_device_of(model))
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                                     top_p=1.0, top_k=0, num_return_sequences=samples,
-                                     pad_token_id=tokenizer.pad_token_id)  # (b * samples, T + new)
-                replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-                for row, gold in enumerate(golds[first:first + batch_size]):
-                    mine = replies[row * samples:(row + 1) * samples]
-                    counts.append(int(sum(right_answer_reward(mine, answer=[gold] * samples))))
-                bar.update(len(golds[first:first + batch_size]))
-    finally:
-        tokenizer.padding_side = padding_side
-        model.train(was_training)
+    with _generating(model, tokenizer), progress_bar(total=len(texts), desc=desc, enabled=progress) as bar:
+        for first in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[first:first + batch_size], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(_device_of(model))
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
+                                 top_p=1.0, top_k=0, num_return_sequences=samples,
+                                 pad_token_id=tokenizer.pad_token_id)  # (b * samples, T + new)
+            replies = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            for row, gold in enumerate(golds[first:first + batch_size]):
+                mine = replies[row * samples:(row + 1) * samples]
+                counts.append(int(sum(right_answer_reward(mine, answer=[gold] * samples))))
+            bar.update(len(golds[first:first + batch_size]))
     rates = {k: sum(pass_at_k(samples, c, k) for c in counts) / len(counts) for k in range(1, samples + 1)}
     return {"pass@k": rates, "right_per_problem": counts, "samples": samples, "temperature": temperature}

@@ -262,10 +262,7 @@ def repo_root() -> Path | None:
 
 def results_dir() -> Path:
     """Return the folder of recorded figures: ``LABKIT_RESULTS``, else the repository's ``results/``, else ``./results``."""
-    if os.environ.get("LABKIT_RESULTS"):
-        return Path(os.environ["LABKIT_RESULTS"])
-    root = repo_root()
-    return root / "results" if root is not None else Path.cwd() / "results"
+    return _lab_folder("LABKIT_RESULTS", "results")
 
 
 def runs_dir() -> Path:
@@ -274,10 +271,13 @@ def runs_dir() -> Path:
     One place a learner can find (and delete) every run's checkpoints and evaluations; ``runs/`` is
     in ``.gitignore``. Notebooks 03 and 04 write there instead of temporary folders that pile up unseen.
     """
-    if os.environ.get("LABKIT_RUNS"):
-        return Path(os.environ["LABKIT_RUNS"])
-    root = repo_root()
-    return root / "runs" if root is not None else Path.cwd() / "runs"
+    return _lab_folder("LABKIT_RUNS", "runs")
+
+
+def _lab_folder(variable: str, name: str) -> Path:
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    return (repo_root() or Path.cwd()) / name
 
 
 def new_run_dir(name: str) -> Path:

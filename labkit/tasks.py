@@ -1,12 +1,7 @@
 """Small tasks with verifiable answers, for the lab's CPU mode: two-digit addition, and word problems.
 
-:class:`WordProblems` (introduced in ``04_lora_grpo_16gb.ipynb``) are one-step arithmetic word
-problems for a *real* small instruct model (SmolLM2-135M-Instruct), rewarded for the right stated
-answer (:func:`labkit.rewards.right_answer_reward`); the rest of this docstring is about
-:class:`AdditionTask`, the tiny model's task.
-
-Introduced in ``03_nano_grpo_cpu.ipynb``, where a tiny model learns the task on a laptop CPU
-in minutes: a short supervised warm-up teaches it the answer format and the digit sums, then
+:class:`AdditionTask`, the tiny model's task, is introduced in ``03_nano_grpo_cpu.ipynb``, where a tiny model
+learns it on a laptop CPU in minutes: a short supervised warm-up teaches it the answer format and the digit sums, then
 GRPO, scored by :mod:`labkit.rewards`, teaches it what the warm-up data got wrong.
 
 A problem is ``a + b`` with two-digit ``a`` and ``b`` whose ones digits carry (``47 + 38``).
@@ -22,8 +17,11 @@ carries only about as often as the teacher did. The reward knows better than the
 demonstrations, and that gap is what GRPO closes.
 
 :func:`short_working_reward` is a reward with a loophole, for the reward-hacking experiment of
-``03_nano_grpo_cpu.ipynb`` (``python -m bench reward-hacking``): it pays for the format and a
-short working and never reads the answer, and on this task the short working is the forgotten carry.
+``03_nano_grpo_cpu.ipynb`` (``python -m bench reward-hacking``).
+
+:class:`WordProblems` (introduced in ``04_lora_grpo_16gb.ipynb``) are one-step arithmetic word
+problems for a *real* small instruct model (SmolLM2-135M-Instruct), rewarded for the right stated
+answer (:func:`labkit.rewards.right_answer_reward`).
 """
 from __future__ import annotations
 
@@ -248,10 +246,8 @@ class WordProblems:
 
 @functools.lru_cache(maxsize=2)
 def _held_out_pool(numbers: str = "small") -> list[tuple[str, str]]:
-    rng, pool, seen = random.Random(_HELD_OUT_SEED), [], set()
+    rng, pool = random.Random(_HELD_OUT_SEED), {}  # question -> answer, in the order drawn, each question once
     while len(pool) < _HELD_OUT_POOL:
         question, answer = WordProblems.make_problem(rng, numbers)
-        if question not in seen:
-            seen.add(question)
-            pool.append((question, answer))
-    return pool
+        pool.setdefault(question, answer)
+    return list(pool.items())
