@@ -11,12 +11,10 @@ scored by :mod:`labkit.rewards`; every step of the algorithm is a line you can p
    ``beta > 0``), then take the clipped surrogate loss and one optimiser step (``num_iterations``
    steps on the same batch, as TRL's option of that name: then the ratio leaves 1 and clipping bites).
 
-The task (:class:`labkit.tasks.AdditionTask`) is two-digit addition with a carry. A short
-supervised warm-up (:func:`labkit.warmup.warm_up`) on a *sloppy teacher*, who forgets the carry in
-``forget_carry`` of its worked examples, teaches the answer format and the digit sums, and the
-slip with them: the warmed-up model carries only about as often as the teacher did. GRPO's
-reward is for right answers (and the format, which the warm-up already taught), so within each
-group the completions that carry win, and the model learns to carry. :func:`trl_trainer` trains the same task with TRL's ``GRPOTrainer``.
+The task (:class:`labkit.tasks.AdditionTask`) is two-digit addition with a carry, and the policy starts
+warmed up (:mod:`labkit.warmup`) on a sloppy teacher who often forgets the carry. GRPO's reward is for
+right answers (and the format, which the warm-up already taught), so within each group the completions
+that carry win, and the model learns to carry. :func:`trl_trainer` trains the same task with TRL's ``GRPOTrainer``.
 
 The main job, ``python -m labkit demo`` (:mod:`labkit.demo`), runs it all on the CPU, evaluates
 held-out accuracy before and after GRPO and writes ``summary.json`` and plots. :func:`run_nano_grpo`
@@ -262,20 +260,11 @@ def rollout_loss(model, rollout: Rollout, advantages: torch.Tensor, *, ref_model
 
 def _mean_metrics(passes: list[dict]) -> dict:
     # One row per sampled batch: the mean over its optimiser steps (the extremes for *_min and *_max).
-    out = {}
-    for key in passes[0]:
-        values = [p[key] for p in passes]
-        out[key] = min(values) if key.endswith("min") else max(values) if key.endswith("max") else sum(values) / len(values)
-    return out
+    reduce = {"min": min, "max": max}
+    return {key: reduce.get(key[-3:], lambda v: sum(v) / len(v))([p[key] for p in passes]) for key in passes[0]}
 
 
 # ----------------------------------------------------------------------------- the loop
-
-
-def _progress(iterable, desc: str, enabled: bool):
-    from labkit.dashboard import progress_bar  # text, not a widget: it survives saving the notebook
-
-    return progress_bar(iterable, desc=desc, enabled=enabled)
 
 
 def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callback=None, evaluate_every=None,
@@ -294,6 +283,8 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
     ``evaluate_every(step)`` returns a held-out evaluation to record, or ``None``.
     The metric names are TRL's, so a nano run and a TRL run plot the same way.
     """
+    from labkit.dashboard import progress_bar  # text, not a widget: it survives saving the notebook
+
     if config.num_iterations < 1:
         raise ValueError(f"num_iterations is the number of optimiser steps per sampled batch: at least 1, "
                          f"not {config.num_iterations}")
@@ -303,7 +294,7 @@ def nano_grpo(model, tokenizer, task: AdditionTask, config: NanoConfig, *, callb
     # The reference: the policy as it starts, frozen. Only needed for the KL term (beta > 0).
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if config.beta > 0 else None
     history, evals = [], []
-    bar = _progress(range(config.max_steps), "GRPO", progress)
+    bar = progress_bar(range(config.max_steps), desc="GRPO", enabled=progress)
     for step in bar:
         started = time.perf_counter()
         # 1. A batch of training problems, each to be answered G times.
@@ -400,16 +391,6 @@ def evaluate_held_out(model, tokenizer, task: AdditionTask, problems: list[tuple
 # ----------------------------------------------------------------------------- a whole run
 
 
-def _add_lora(model, rank: int):
-    from peft import get_peft_model
-
-    from labkit.models import lora_config
-
-    # No dropout: sampling runs in eval mode and scoring in train mode, and dropout would
-    # make the two disagree about the very probabilities GRPO compares.
-    return get_peft_model(model, lora_config(rank, dropout=0.0))
-
-
 def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: bool = True, callback=None,
                   reward_funcs=REWARD_FUNCS, reward_weights=REWARD_WEIGHTS, progress: bool = True) -> NanoResult:
     """Return a :class:`NanoResult`: warm up (or reuse the cached warm-up), evaluate, GRPO, evaluate.
@@ -424,7 +405,7 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
     replace the training reward (held-out accuracy is always the strict ``accuracy_reward``).
     """
     from labkit.lab import seed_everything
-    from labkit.models import count_parameters
+    from labkit.models import count_parameters, lora_config
 
     if config is None:
         config = NanoConfig()
@@ -438,7 +419,11 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
     warm_up_seconds = time.perf_counter() - started
     seed_everything(config.seed)
     if config.method == "lora":
-        model = _add_lora(model, config.lora_rank)
+        from peft import get_peft_model
+
+        # No dropout: sampling runs in eval mode and scoring in train mode, and dropout would
+        # make the two disagree about the very probabilities GRPO compares.
+        model = get_peft_model(model, lora_config(config.lora_rank, dropout=0.0))
     task = config.task()
     test = task.problems(config.eval_problems, seed=0, split="test")
     eval_seconds = [0.0]
@@ -447,8 +432,8 @@ def run_nano_grpo(config: NanoConfig | dict | None = None, *, reuse_warm_up: boo
         if step is not None and (not config.eval_every or step % config.eval_every or step == config.max_steps):
             return None
         t = time.perf_counter()
-        record = evaluate_held_out(model, tokenizer, task, test, samples=config.eval_samples, temperature=config.temperature,
-                          max_completion_length=config.max_completion_length, seed=config.seed)
+        record = evaluate_held_out(model, tokenizer, task, test, samples=config.eval_samples, seed=config.seed,
+                                   temperature=config.temperature, max_completion_length=config.max_completion_length)
         eval_seconds[0] += time.perf_counter() - t
         return record
 

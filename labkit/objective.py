@@ -212,13 +212,15 @@ def aggregate_loss(per_token_loss: torch.Tensor, completion_mask: torch.Tensor, 
     ``per_token_loss`` and ``completion_mask`` are ``(B, T)``. By TRL 1.16's ``loss_type``:
 
     - ``"grpo"``, ``"sapo"``: :math:`\\frac1B\\sum_i \\frac{1}{|o_i|}\\sum_t \\ell_{i,t}`, a mean per completion, then over
-      completions (a sequence mean: every completion weighs the same);
+      completions (DeepSeekMath: every completion weighs the same, so a token of a short completion weighs more);
     - ``"bnpo"``: :math:`\\sum_{i,t}\\ell_{i,t} / \\sum_i |o_i|`, a token mean over this batch;
     - ``"dr_grpo"``: :math:`\\sum_{i,t}\\ell_{i,t} / (B \\cdot` ``max_completion_length``:math:`)`, a constant
       (``T`` when not given);
-    - ``"dapo"``, ``"cispo"``, ``"vespo"``: :math:`\\sum_{i,t}\\ell_{i,t}` / ``num_items_in_batch`` (the token count
-      of the whole accumulated batch; this batch's when not given);
-    - ``"luspo"``: :math:`\\frac1B\\sum_i\\sum_t \\ell_{i,t}`, a sum per completion, then a mean.
+    - ``"dapo"`` (TRL's default), ``"cispo"``, ``"vespo"``: :math:`\\sum_{i,t}\\ell_{i,t}` / ``num_items_in_batch``,
+      the token count of the whole generation batch across gradient-accumulation steps, so that the losses of the
+      micro-batches sum to the token mean of the whole batch (this batch's count when not given: then it is ``bnpo``);
+    - ``"luspo"`` (arXiv 2602.05261, as TRL cites it): :math:`\\frac1B\\sum_i\\sum_t \\ell_{i,t}`, a sum per
+      completion, then a mean (a completion weighs by its length; meant for ``importance_sampling_level="sequence"``).
 
     Used by :func:`grpo_loss`; the exercise ``aggregate_loss`` of ``01_grpo_objective.ipynb`` checks a
     learner's version against it.
@@ -280,18 +282,8 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
     gradient is that of KL(pi_theta || pi_ref); without it, that of KL(pi_ref || pi_theta) (see
     :func:`kl_k3`). At the sequence level the sequence ratio multiplies the per-token KL, as in TRL.
 
-    **Aggregation** over the ``completion_mask``, by ``loss_type``:
-
-    - ``"grpo"``, ``"sapo"``: mean over each completion's tokens, then over completions (DeepSeekMath).
-      Every completion weighs the same, so a token of a short completion weighs more.
-    - ``"bnpo"``: sum over all tokens / number of tokens in this batch.
-    - ``"dr_grpo"``: sum over all tokens / (B * ``max_completion_length``), a constant.
-    - ``"dapo"`` (TRL's default), ``"cispo"``, ``"vespo"``: sum over all tokens / ``num_items_in_batch``,
-      the number of tokens in the whole generation batch across gradient-accumulation steps (this
-      batch's token count when not given). On one batch it equals ``bnpo``; with accumulation,
-      summing ``grpo_loss`` over the micro-batches gives the token mean of the whole batch.
-    - ``"luspo"`` (arXiv 2602.05261, as TRL cites it): sum over each completion's tokens, mean over
-      completions (a completion weighs by its length; meant for ``importance_sampling_level="sequence"``).
+    **Aggregation** over the ``completion_mask``, by ``loss_type``: :func:`aggregate_loss` (``grpo`` and ``sapo``
+    average each completion's tokens, then the completions; ``dapo``, TRL's default, takes the token mean).
 
     Shapes: ``logps``, ``old_logps``, ``ref_logps``, ``completion_mask``: ``(B, T)``;
     ``advantages``: ``(B,)``. ``old_logps=None`` means on-policy (``logps.detach()``, as TRL
@@ -312,7 +304,6 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
     if logps.dim() != 2 or completion_mask.shape != logps.shape:
         raise ValueError(f"logps and completion_mask must both be (B, T); got {tuple(logps.shape)} "
                          f"and {tuple(completion_mask.shape)}")
-    epsilon_low = epsilon
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
     mask = completion_mask.to(logps.dtype)  # (B, T)
     if advantages.dim() == 1:
@@ -338,7 +329,7 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
                              vespo_k_neg, vespo_lambda_neg)  # (B, 1)
         per_token_loss = -phi * advantages * logps  # (B, T)
     else:
-        clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+        clipped_ratio = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
         # INTELLECT-2's two-sided clipping also caps the unclipped branch (it matters for A < 0).
         ratio_seen = ratio if delta is None else torch.clamp(ratio, max=delta)
         # Pessimistic bound: take the smaller objective, i.e. the larger loss.
@@ -361,10 +352,9 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
     with torch.no_grad():
         ratio, seen = ratio.detach(), ratio_seen.detach()  # TRL counts clipping on the delta-capped ratio
         active = mask.bool()
-        values = ratio if ratio.size(1) == mask.size(1) else ratio.expand_as(mask)
         metrics = {}
         if loss_type in CLIPPED_LOSS_TYPES:
-            is_low = ((seen < 1 - epsilon_low) & (advantages < 0)).to(mask.dtype)  # clipped: no gradient
+            is_low = ((seen < 1 - epsilon) & (advantages < 0)).to(mask.dtype)  # clipped: no gradient
             is_high = ((seen > 1 + epsilon_high) & (advantages > 0)).to(mask.dtype)
             is_region = torch.maximum(is_low, is_high)
             low_per_seq, high_per_seq = _seq_means(is_low, mask), _seq_means(is_high, mask)
@@ -382,7 +372,7 @@ def grpo_loss(logps: torch.Tensor, old_logps: torch.Tensor | None, advantages: t
         elif loss_type == "vespo":
             metrics["vespo/phi_seq_mean"] = phi.mean().item()
         metrics["ratio/mean"] = _masked_mean(ratio, mask)
-        metrics["ratio/max"] = values[active].max().item() if active.any() else math.nan
+        metrics["ratio/max"] = ratio.expand_as(mask)[active].max().item() if active.any() else math.nan
         if per_token_kl is not None:
             per_token_kl = per_token_kl.detach()
             metrics["kl"] = _masked_mean(per_token_kl, mask)
@@ -474,11 +464,6 @@ def token_logps_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor, 
     return torch.cat(chunks).view(shape)
 
 
-def _causal_lm(model):
-    # A PEFT model wraps the causal LM; LoRA layers live inside it, so its body and head are the ones to use.
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                     temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
     """Return the log-probability of each of the last ``logits_to_keep`` tokens under ``model``, ``(B, K)``.
@@ -505,7 +490,8 @@ def per_token_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
         if temperature != 1.0:
             logits = logits / temperature
         return token_logps_from_logits(logits, targets)  # (B, K)
-    causal_lm = _causal_lm(model)
+    # A PEFT model wraps the causal LM; LoRA layers live inside it, so its body and head are the ones to use.
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = causal_lm.config.get_text_config() if hasattr(causal_lm.config, "get_text_config") else causal_lm.config
     for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
         if getattr(config, name, None) is not None:

@@ -15,6 +15,7 @@ GRPO settings share it; :func:`warm_up_path` is its folder, what TRL's ``GRPOTra
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from labkit.tasks import AdditionTask
 
@@ -32,19 +34,17 @@ if TYPE_CHECKING:  # for the annotations: labkit.nano imports this module
 __all__ = ["build_policy", "warm_up", "warmed_up_policy", "warm_up_path"]
 
 
-class _QuietTransformers:
+@contextlib.contextmanager
+def _quiet_transformers():
     """Silence transformers' loading and saving progress bars (noise in a lesson that reloads a tiny model)."""
+    from transformers.utils import logging
 
-    def __enter__(self):
-        from transformers.utils import logging
-
-        self.enabled = logging.is_progress_bar_enabled()
-        logging.disable_progress_bar()
-
-    def __exit__(self, *exc):
-        from transformers.utils import logging
-
-        if self.enabled:
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
             logging.enable_progress_bar()
 
 
@@ -54,7 +54,7 @@ def _load(path, device: str):
 
     from labkit.models import load_tokenizer
 
-    with _QuietTransformers():
+    with _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
     return model, load_tokenizer(path)
 
@@ -63,7 +63,7 @@ def build_policy(config: NanoConfig):
     """Return ``(model, tokenizer)``: the tiny model of ``config``'s shape, random weights from its seed."""
     from labkit.models import build_tiny_model
 
-    with _QuietTransformers():
+    with _quiet_transformers():
         path = build_tiny_model(config.arch, seed=config.seed, **config.model_shape())
     return _load(path, config.device)
 
@@ -90,20 +90,16 @@ def warm_up(model, tokenizer, task: AdditionTask, *, steps: int, batch_size: int
     bar = progress_bar(range(steps), desc="warm-up (SFT)", enabled=progress)
     for step in bar:
         pairs = task.problems(batch_size, seed=rng.randrange(2**31), split="train")
-        rows = []
+        sequences, targets = [], []
         for a, b in pairs:
             prompt = tokenizer.apply_chat_template(task.prompt(a, b), tokenize=False, add_generation_prompt=True)
             prompt_ids = tokenizer(prompt)["input_ids"]
             completion_ids = tokenizer(task.teacher_solution(a, b, rng) + tokenizer.eos_token)["input_ids"]
-            rows.append((prompt_ids, completion_ids))
-        length = max(len(p) + len(c) for p, c in rows)
-        input_ids = torch.full((batch_size, length), tokenizer.pad_token_id)  # (N, L)
-        attention_mask = torch.zeros(batch_size, length, dtype=torch.long)  # (N, L)
-        labels = torch.full((batch_size, length), -100)  # (N, L) -100: not scored
-        for i, (p, c) in enumerate(rows):
-            input_ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-            attention_mask[i, :len(p) + len(c)] = 1
-            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+            sequences.append(torch.tensor(prompt_ids + completion_ids))
+            targets.append(torch.tensor([-100] * len(prompt_ids) + completion_ids))  # -100: not scored
+        input_ids = pad_sequence(sequences, batch_first=True, padding_value=tokenizer.pad_token_id)  # (N, L)
+        attention_mask = pad_sequence([torch.ones_like(x) for x in sequences], batch_first=True)  # (N, L)
+        labels = pad_sequence(targets, batch_first=True, padding_value=-100)  # (N, L)
         loss = model(input_ids=input_ids.to(model.device), attention_mask=attention_mask.to(model.device),
                      labels=labels.to(model.device)).loss
         optimizer.zero_grad()
@@ -117,24 +113,19 @@ def warm_up(model, tokenizer, task: AdditionTask, *, steps: int, batch_size: int
     return losses
 
 
-def _warm_up_key(config: NanoConfig) -> str:
-    fields = ("seed", "arch", "forget_carry", "sft_steps", "sft_batch_size", "sft_learning_rate", "device")
-    key = json.dumps({**{f: getattr(config, f) for f in fields}, **config.model_shape(), "v": 1}, sort_keys=True)
-    return hashlib.sha1(key.encode()).hexdigest()[:10]
-
-
 def _warm_up_folder(config: NanoConfig) -> Path:
     from labkit.models import cache_dir
 
-    return cache_dir() / "nano-warm-ups" / f"addition-{_warm_up_key(config)}"
+    fields = ("seed", "arch", "forget_carry", "sft_steps", "sft_batch_size", "sft_learning_rate", "device")
+    key = json.dumps({**{f: getattr(config, f) for f in fields}, **config.model_shape(), "v": 1}, sort_keys=True)
+    return cache_dir() / "nano-warm-ups" / f"addition-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
 def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool = True):
     """Return ``(model, tokenizer, losses)``: the tiny model after the warm-up, cached on disk when ``reuse``.
 
-    The warm-up is a deterministic function of the config's seed, shape and ``sft_*`` fields,
-    so comparisons that only change GRPO settings can share one (``losses`` is then the
-    cached run's). The saved folder is also what TRL's ``GRPOTrainer`` loads (a path).
+    Comparisons that only change GRPO settings share one (``losses`` is then the cached run's);
+    the saved folder is also what TRL's ``GRPOTrainer`` loads (a path).
     """
     path = _warm_up_folder(config)
     if reuse and (path / "config.json").exists():
@@ -148,7 +139,7 @@ def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool =
                      learning_rate=config.sft_learning_rate, seed=config.seed, progress=progress)
     if reuse:
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        with _QuietTransformers():
+        with _quiet_transformers():
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         (tmp / "warm_up_losses.json").write_text(json.dumps(losses))

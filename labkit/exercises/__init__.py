@@ -16,17 +16,12 @@ should use:
 - the reference, when the stub still raises ``NotImplementedError`` (it says so, and why), so a
   notebook run with every stub unfilled still runs end to end (CI runs it that way);
 - nothing: it raises :class:`ExerciseFailed` when a case fails, with the case, the expected and the
-  returned answer (rounded), how they differ and a diagnosis. Numbers and tensors (and lists, tuples
-  and dicts of them) are compared by :func:`torch.testing.assert_close` (``rtol=1e-4``, ``atol=1e-5``,
-  any dtype), whose message the verdict shows: how many elements differ, the greatest absolute and
-  relative difference and its index, or the item that differs; other answers (text, None, a
-  transcript of tool calls) by ``==``, unless the exercise brings its own ``compare``. The diagnosis
-  names a *known mistake* only when that mistake gives the learner's output on **every** case of the
-  exercise (each exercise lists its plausible wrong answers: the std without Bessel's correction, a
-  missing clip side, the KL the wrong way round...); a mistake that merely agrees on the failing case
-  would name the wrong bug. Otherwise it is about this case alone: the exercise's own comparison, a
-  generic reason (shape, NaN, sign, 1 / x, a difference too small for a formula slip, a constant factor
-  or term) or, for answers that are not numbers, what was expected and what came back.
+  returned answer (rounded), how they differ (numbers and tensors, and lists, tuples and dicts of them, by
+  :func:`torch.testing.assert_close` with ``rtol=1e-4``, ``atol=1e-5``; other answers by ``==``, unless the
+  exercise brings its own ``compare``) and a diagnosis (:func:`diagnose`). The diagnosis names a *known
+  mistake* (each exercise lists its plausible wrong answers: the std without Bessel's correction, a missing
+  clip side, the KL the wrong way round...) only when that mistake gives the learner's output on **every**
+  case of the exercise: one that merely agrees on the failing case would name the wrong bug.
 
 Help comes in two steps, so that a hint does not give the answer away: a failing check ends with a
 one-line **nudge** (``Exercise.nudge``); the next failing check of the same exercise (or
@@ -453,8 +448,8 @@ def checked(*exercise_names: str):
         ex = exercise(name)
         status, fn = _IN_USE.get(name, ("unchecked", ex.reference))
         if status == "failed":
-            print(f"✗ {name}: your {_kind(ex.reference)} failed its check, so labkit's ({_reference_name(ex)}) stands in here. "
-                  f"Fix it in the cell that checks {name!r}, run that cell, then this one.")
+            print(f"✗ {name}: your {_kind(ex.reference)} failed its check, so labkit's ({_reference_name(ex)}) "
+                  f"stands in here. Fix it in the cell that checks {name!r}, run that cell, then this one.")
         elif status != "passed":
             stand_ins.append(f"{name} ({'not filled in' if status == 'unfilled' else 'its exercise cell has not run'})")
         functions.append(fn)

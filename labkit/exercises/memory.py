@@ -34,14 +34,6 @@ def _meta_model(name: str, dtype=torch.bfloat16):
     return build_architecture(name, device="meta", dtype=dtype)
 
 
-def _linears(model):
-    """Yield ``(name, module)`` for every Linear layer but the LM head."""
-    head = model.get_output_embeddings()
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and module is not head:
-            yield name, module
-
-
 # ----------------------------------------------------------------------------- lora_param_count
 
 
@@ -73,16 +65,12 @@ def _lora_cases() -> list[Case]:
     ]
 
 
-def _is_target(name, targets):
-    return name.rsplit(".", 1)[-1] in set(targets)
-
-
-def _lora_full_rank(model, rank, targets):
-    return sum(rank * m.in_features * m.out_features for n, m in _linears(model) if _is_target(n, targets))
-
-
-def _lora_a_only(model, rank, targets):
-    return sum(rank * m.in_features for n, m in _linears(model) if _is_target(n, targets))
+def _adapted(model, targets):
+    """Yield every Linear layer but the LM head whose name ends in one of ``targets``: the layers LoRA adapts."""
+    head = model.get_output_embeddings()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and module is not head and name.rsplit(".", 1)[-1] in set(targets):
+            yield module
 
 
 def _lora_every_linear(model, rank, targets):
@@ -97,8 +85,10 @@ LORA_PARAM_COUNT = register(Exercise(
     cases=_lora_cases,
     mistakes={
         "rank x d_in x d_out is a full update's size times r; LoRA trains two thin matrices, A (r x d_in) and "
-        "B (d_out x r): r (d_in + d_out) per adapted layer": _lora_full_rank,
-        "only A (r x d_in) is counted: B (d_out x r) trains too": _lora_a_only,
+        "B (d_out x r): r (d_in + d_out) per adapted layer":
+            lambda model, rank, targets: sum(rank * m.in_features * m.out_features for m in _adapted(model, targets)),
+        "only A (r x d_in) is counted: B (d_out x r) trains too":
+            lambda model, rank, targets: sum(rank * m.in_features for m in _adapted(model, targets)),
         "every Linear layer is counted, the LM head included, not only the target_modules": _lora_every_linear,
     },
     nudge="LoRA adds two thin matrices to each targeted Linear layer, A (r x d_in) and B (d_out x r); other "
@@ -211,13 +201,9 @@ def _kv_cases() -> list[Case]:
     ]
 
 
-def _head_dim(config):
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def _kv(config, batch, seq, b, *, heads=None, head_dim=None, tensors=2):
     heads = heads or config.num_key_value_heads
-    head_dim = head_dim or _head_dim(config)
+    head_dim = head_dim or getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return tensors * config.num_hidden_layers * heads * head_dim * b * batch * seq
 
 

@@ -17,6 +17,7 @@ import math
 import torch
 
 from labkit.exercises import Case, Exercise, _default_compare, _not_close, register
+from labkit.exercises.objective import _advantages
 
 __all__ = ["COMPLETION_MASK", "GRPO_STEP_LOSS", "PASS_AT_K"]
 
@@ -107,52 +108,22 @@ def _loss_cases() -> list[Case]:
     ]
 
 
-def _ratio(logps):
-    return torch.exp(logps - logps.detach())  # (B, T) 1, with the gradient of log pi
-
-
 def _token_mean(per_token, mask):
     mask = mask.to(per_token.dtype)
     return (per_token * mask).sum() / mask.sum()
 
 
-def _adv(rewards, g, unbiased=True, scale=True):
-    grouped = rewards.view(-1, g)
-    centred = grouped - grouped.mean(1, keepdim=True)
-    if scale:
-        centred = centred / (grouped.std(1, unbiased=unbiased, keepdim=True) + 1e-4)
-    return centred.reshape(-1)
-
-
-def _loss_no_std(logps, rewards, mask, g):
-    return _token_mean(-_ratio(logps) * _adv(rewards, g, scale=False).unsqueeze(1), mask)
-
-
-def _loss_batch_stats(logps, rewards, mask, g):
-    a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
-    return _token_mean(-_ratio(logps) * a.unsqueeze(1), mask)
-
-
-def _loss_population_std(logps, rewards, mask, g):
-    return _token_mean(-_ratio(logps) * _adv(rewards, g, unbiased=False).unsqueeze(1), mask)
-
-
-def _loss_sequence_mean(logps, rewards, mask, g):
-    per_token = -_ratio(logps) * _adv(rewards, g).unsqueeze(1)
+def _sequence_mean(per_token, mask):
     mask = mask.to(per_token.dtype)
     return ((per_token * mask).sum(1) / mask.sum(1)).mean()
 
 
-def _loss_unmasked(logps, rewards, mask, g):
-    return (-_ratio(logps) * _adv(rewards, g).unsqueeze(1)).mean()
-
-
-def _loss_ratio_upside_down(logps, rewards, mask, g):
-    return _token_mean(-torch.exp(logps.detach() - logps) * _adv(rewards, g).unsqueeze(1), mask)
-
-
-def _loss_log_probs_not_ratio(logps, rewards, mask, g):
-    return _token_mean(-logps * _adv(rewards, g).unsqueeze(1), mask)
+def _loss_mistake(ratio=lambda logps: torch.exp(logps - logps.detach()), aggregate=_token_mean, **advantage_slip):
+    """Return a step loss with one slip: in the ratio (right: 1, with the gradient of log pi), the aggregation,
+    or the advantages (a keyword of :func:`labkit.exercises.objective._advantages`)."""
+    def wrong(logps, rewards, mask, g):
+        return aggregate(-ratio(logps) * _advantages(rewards, g, **advantage_slip).unsqueeze(1), mask)
+    return wrong
 
 
 def _leaves(loss: torch.Tensor) -> list[torch.Tensor]:
@@ -198,20 +169,23 @@ GRPO_STEP_LOSS = register(Exercise(
     compare=_compare_loss_and_gradient,
     mistakes={
         "the advantage is not divided by the group's standard deviation (that is scale_rewards='none', "
-        "Dr. GRPO; TRL's default divides by the group's std + 1e-4)": _loss_no_std,
+        "Dr. GRPO; TRL's default divides by the group's std + 1e-4)": _loss_mistake(scale=False),
         "the mean and std are taken over the whole batch, not within each group of num_generations completions "
-        "of one prompt (the group is GRPO's baseline)": _loss_batch_stats,
+        "of one prompt (the group is GRPO's baseline)": _loss_mistake(layout="batch"),
         "the std has no Bessel correction (unbiased=False); TRL, like torch.std, divides by G - 1":
-            _loss_population_std,
+            _loss_mistake(unbiased=False),
         "each completion is averaged over its own tokens, then over completions: that is loss_type='grpo'; "
-        "TRL's default 'dapo' sums over all tokens of the batch and divides by their number": _loss_sequence_mean,
-        "the completion_mask is not applied: tokens after the EOS (padding) are counted": _loss_unmasked,
+        "TRL's default 'dapo' sums over all tokens of the batch and divides by their number":
+            _loss_mistake(aggregate=_sequence_mean),
+        "the completion_mask is not applied: tokens after the EOS (padding) are counted":
+            _loss_mistake(aggregate=lambda per_token, mask: per_token.mean()),
         "the ratio is upside down: exp(logps.detach() - logps) is 1 as well, but its gradient is minus that of "
         "log pi, so every step would push the policy away from the high-advantage completions; the ratio is "
-        "exp(logps - logps.detach())": _loss_ratio_upside_down,
+        "exp(logps - logps.detach())":
+            _loss_mistake(ratio=lambda logps: torch.exp(logps.detach() - logps)),
         "the log-probabilities are multiplied by the advantage, not the ratio exp(logps - logps.detach()): the "
         "gradient is the same on-policy, but the loss's value is not TRL's (it is 1 x advantage per token)":
-            _loss_log_probs_not_ratio,
+            _loss_mistake(ratio=lambda logps: logps),
     },
     nudge="in the section's order: advantages within each group, the on-policy ratio (1, with the gradient of "
           "log pi), then one mean over all completion tokens.",

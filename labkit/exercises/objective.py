@@ -44,75 +44,33 @@ def _advantages_cases() -> list[Case]:
     ]
 
 
-def _adv_population_std(rewards, num_generations, scale_rewards="group"):
-    grouped = rewards.view(-1, num_generations)
-    adv = grouped - grouped.mean(1, keepdim=True)
-    if scale_rewards == "group":
-        adv = adv / (grouped.std(1, unbiased=False, keepdim=True) + 1e-4)
+def _advantages(rewards, num_generations, scale=True, *, layout="rows", baseline="group", unbiased=True, eps=1e-4,
+                eps_in_sqrt=False):
+    """Return advantages ``(B,)`` as a learner might compute them: the defaults are TRL's, each keyword one slip.
+
+    ``layout``: ``"rows"`` (``view(-1, G)``, one prompt per row), ``"columns"`` (``view(G, -1)``: the groups
+    transposed, each "group" one completion of every prompt) or ``"batch"`` (the whole batch one group);
+    ``baseline``: ``"group"``, ``"batch"`` (the whole batch's mean) or ``"others"`` (RLOO's leave-one-out mean).
+    Also used by the mistakes of :mod:`labkit.exercises.nano`.
+    """
+    dim = 0 if layout == "columns" else 1
+    grouped = rewards.view({"rows": (-1, num_generations), "columns": (num_generations, -1), "batch": (1, -1)}[layout])
+    if baseline == "batch":
+        mean = rewards.mean()
+    elif baseline == "others":
+        mean = (grouped.sum(dim, keepdim=True) - grouped) / (num_generations - 1)
+    else:
+        mean = grouped.mean(dim, keepdim=True)
+    adv = grouped - mean
+    if scale:
+        adv = adv / (torch.sqrt(grouped.var(dim, keepdim=True) + eps) if eps_in_sqrt
+                     else grouped.std(dim, unbiased=unbiased, keepdim=True) + eps)
     return adv.flatten()
 
 
-def _adv_batch_mean(rewards, num_generations, scale_rewards="group"):
-    grouped = rewards.view(-1, num_generations)
-    adv = grouped - rewards.mean()
-    if scale_rewards == "group":
-        adv = adv / (grouped.std(1, keepdim=True) + 1e-4)
-    return adv.flatten()
-
-
-def _adv_always_scaled(rewards, num_generations, scale_rewards="group"):
-    grouped = rewards.view(-1, num_generations)
-    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
-
-
-def _adv_no_epsilon(rewards, num_generations, scale_rewards="group"):
-    grouped = rewards.view(-1, num_generations)
-    adv = grouped - grouped.mean(1, keepdim=True)
-    if scale_rewards == "group":
-        adv = adv / grouped.std(1, keepdim=True)
-    return adv.flatten()
-
-
-def _adv_small_epsilon(rewards, num_generations, scale_rewards="group"):
-    # the epsilon of many other codes (1e-8; 1e-6 gives the same answers to the check's tolerance)
-    grouped = rewards.view(-1, num_generations)
-    adv = grouped - grouped.mean(1, keepdim=True)
-    if scale_rewards == "group":
-        adv = adv / (grouped.std(1, keepdim=True) + 1e-8)
-    return adv.flatten()
-
-
-def _adv_eps_in_sqrt(rewards, num_generations, scale_rewards="group"):
-    grouped = rewards.view(-1, num_generations)
-    adv = grouped - grouped.mean(1, keepdim=True)
-    if scale_rewards == "group":
-        adv = adv / torch.sqrt(grouped.var(1, keepdim=True) + 1e-4)
-    return adv.flatten()
-
-
-def _adv_transposed(rewards, num_generations, scale_rewards="group"):
-    # (G, num_prompts) where (num_prompts, G) belongs: each "group" takes one completion of every prompt.
-    grouped = rewards.view(num_generations, -1)
-    adv = grouped - grouped.mean(0, keepdim=True)
-    if scale_rewards == "group":
-        adv = adv / (grouped.std(0, keepdim=True) + 1e-4)
-    return adv.flatten()
-
-
-def _adv_whole_batch(rewards, num_generations, scale_rewards="group"):
-    adv = rewards - rewards.mean()
-    if scale_rewards == "group":
-        adv = adv / (rewards.std() + 1e-4)
-    return adv
-
-
-def _adv_leave_one_out(rewards, num_generations, scale_rewards="group"):
-    grouped = rewards.view(-1, num_generations)
-    baseline = (grouped.sum(1, keepdim=True) - grouped) / (num_generations - 1)
-    adv = grouped - baseline
-    if scale_rewards == "group":
-        adv = adv / (grouped.std(1, keepdim=True) + 1e-4)
-    return adv.flatten()
+def _adv_mistake(**slip):
+    return lambda rewards, num_generations, scale_rewards="group": _advantages(
+        rewards, num_generations, scale_rewards == "group", **slip)
 
 
 GROUP_ADVANTAGES = register(Exercise(
@@ -121,27 +79,27 @@ GROUP_ADVANTAGES = register(Exercise(
     cases=_advantages_cases,
     mistakes={
         "the std has no Bessel correction: TRL divides by the sample std, torch.std's default (unbiased=True)":
-            _adv_population_std,
+            _adv_mistake(unbiased=False),
         "the mean is the whole batch's: each completion's baseline is the mean of its own group "
-        "(view the rewards as (num_prompts, num_generations) and average along dim=1)": _adv_batch_mean,
+        "(view the rewards as (num_prompts, num_generations) and average along dim=1)": _adv_mistake(baseline="batch"),
         "both the mean and the std are the whole batch's: GRPO normalises each group of num_generations on its own "
-        "(rewards.view(-1, num_generations), then statistics along dim=1)": _adv_whole_batch,
+        "(rewards.view(-1, num_generations), then statistics along dim=1)": _adv_mistake(layout="batch"),
         "these are the rewards themselves: the advantage is the reward minus its group's mean":
             lambda rewards, num_generations, scale_rewards="group": rewards.clone(),
         "scale_rewards='none' still divides by the std: 'none' (Dr. GRPO) only subtracts the group mean":
-            _adv_always_scaled,
-        "no epsilon: TRL divides by std + 1e-4, so a flat group gets advantage 0, not 0/0 = NaN": _adv_no_epsilon,
+            lambda rewards, num_generations, scale_rewards="group": _advantages(rewards, num_generations),
+        "no epsilon: TRL divides by std + 1e-4, so a flat group gets advantage 0, not 0/0 = NaN": _adv_mistake(eps=0.0),
         "the epsilon is too small: TRL divides by std + 1e-4, not 1e-8 (or 1e-6); a flat group still gets 0, but "
         "every other advantage comes out about 0.02 % larger, and 1 % larger where the std is about 0.01":
-            _adv_small_epsilon,
+            _adv_mistake(eps=1e-8),
         "1e-4 is added to the variance, inside the square root: TRL divides by std + 1e-4. The two agree when the "
         "std is large; for rewards about 0.01 apart (std 0.0096) std + 1e-4 is 0.0097 but sqrt(var + 1e-4) is "
-        "0.0138, so every advantage shrinks by 30 %": _adv_eps_in_sqrt,
+        "0.0138, so every advantage shrinks by 30 %": _adv_mistake(eps_in_sqrt=True),
         "the groups are transposed: TRL puts the num_generations completions of a prompt next to each other, so "
         "rewards.view(-1, num_generations) has one prompt per row; view(num_generations, -1) makes each 'group' "
-        "one completion of every prompt": _adv_transposed,
+        "one completion of every prompt": _adv_mistake(layout="columns"),
         "that is RLOO's leave-one-out baseline (the mean of the OTHER completions); GRPO's mean includes the "
-        "completion's own reward": _adv_leave_one_out,
+        "completion's own reward": _adv_mistake(baseline="others"),
     },
     nudge="each completion is compared with the other completions of its own prompt (its group), never with the "
           "whole batch; 'none' differs from 'group' in one step only.",
@@ -289,23 +247,17 @@ def _aggregate_cases() -> list[Case]:
 
 def _agg_mistake(kind):
     def wrong(per_token_loss, completion_mask, loss_type, max_completion_length):
-        m = completion_mask.float()
+        m = torch.ones_like(per_token_loss) if kind == "no_mask" else completion_mask.float()
+        total = (per_token_loss * m).sum()
         seq_mean = ((per_token_loss * m).sum(-1) / m.sum(-1)).mean()
-        tok_mean = (per_token_loss * m).sum() / m.sum()
-        dr = (per_token_loss * m).sum() / (m.size(0) * max_completion_length)
+        tok_mean = total / m.sum()
+        if kind == "sum":  # no normalisation at all
+            return total
+        if kind == "token_mean" or (kind == "dr_tokens" and loss_type == "dr_grpo"):  # the token mean
+            return tok_mean
         if kind == "swapped":  # grpo as a token mean, the token-level types as a sequence mean
             return tok_mean if loss_type == "grpo" else seq_mean
-        if kind == "no_mask":
-            return {"grpo": per_token_loss.mean(-1).mean(), "dr_grpo": per_token_loss.sum() / (m.size(0) * max_completion_length)
-                    }.get(loss_type, per_token_loss.mean())
-        if kind == "dr_tokens":  # dr_grpo divided by the token count
-            return tok_mean if loss_type == "dr_grpo" else _aggregate_reference(per_token_loss, completion_mask,
-                                                                               loss_type, max_completion_length)
-        if kind == "sum":  # no normalisation at all
-            return (per_token_loss * m).sum()
-        if kind == "token_mean":  # one formula whatever the loss_type
-            return tok_mean
-        return {"grpo": seq_mean, "dr_grpo": dr}.get(loss_type, tok_mean)
+        return {"grpo": seq_mean, "dr_grpo": total / (m.size(0) * max_completion_length)}.get(loss_type, tok_mean)
     return wrong
 
 
