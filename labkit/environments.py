@@ -27,7 +27,7 @@ __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPR
            "safe_calculate", "CalculatorEnv", "ENVIRONMENTS", "environment_tools", "prepare_tool_tokenizer",
            "tool_prompt"]
 
-TOOL_SYSTEM_PROMPT = ("Use the calculate tool for the arithmetic, then answer in one short sentence.")
+TOOL_SYSTEM_PROMPT = "Use the calculate tool for the arithmetic, then answer in one short sentence."
 NO_TOOL_SYSTEM_PROMPT = "Answer in one short sentence."  # the same run without the tool (the comparison arm)
 MAX_CALLS = 3  # tool calls a rollout may make; the rest get an error message
 MAX_EXPRESSION_CHARS = 100  # longer expressions are refused before parsing
@@ -37,9 +37,7 @@ _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 
 
 def _format(value: Fraction) -> str:
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.6g}"
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
 
 
 def safe_calculate(expression) -> str:
@@ -48,8 +46,8 @@ def safe_calculate(expression) -> str:
     Accepted: integers and decimals (``2.5`` is read as the exact ``25/10``), ``+ - * /``, ``**`` with an
     exponent of at most 8, brackets, ``x`` / ``×`` for times, thousands separators (``1,200``). Refused with a
     message: a non-string, more than :data:`MAX_EXPRESSION_CHARS` characters, names, calls and attributes
-    (``__import__('os')``), division by zero, an incomplete expression (``(1 +``), and any intermediate value beyond 10^12 (``9**9**9`` stops at
-    its first power, having computed nothing big). The evaluation is
+    (``__import__('os')``), division by zero, an incomplete expression (``(1 +``), and any intermediate value
+    beyond 10^12 (``9**9**9`` stops at its first power, having computed nothing big). The evaluation is
     :func:`labkit.rewards.parse.evaluate_expression`: ``ast.parse`` and a walk over whitelisted nodes.
     """
     from labkit.rewards.parse import evaluate_expression
@@ -67,9 +65,9 @@ def safe_calculate(expression) -> str:
     with warnings.catch_warnings():  # ast.parse warns on odd escapes ("\\F") in string literals: model text, not ours
         warnings.simplefilter("ignore")
         value = evaluate_expression(text, allow_power=True)
-        as_product = None if value is not None else evaluate_expression(re.sub(r"/", "*", text), allow_power=True)
-    if value is not None:
-        return _format(value)
+        if value is not None:
+            return _format(value)
+        as_product = evaluate_expression(text.replace("/", "*"), allow_power=True)
     if re.search(r"[A-Za-z_]", text):
         return f"{ERROR_PREFIX}only numbers and + - * / ** ( ) are allowed"
     if as_product is not None:  # the same with every "/" read as "*" evaluates: a division by zero
@@ -117,7 +115,6 @@ class CalculatorEnv:
         self.calls = 0
         self.errors = 0
         self.results: list[str] = []
-        return None
 
     def calculate(self, expression: str) -> str:
         """Evaluate an arithmetic expression and return its value.
@@ -139,8 +136,6 @@ class CalculatorEnv:
     def get_reward(self) -> float:
         from labkit.rewards.parse import answers_match
 
-        if self.answer is None:
-            return 0.0
         return 1.0 if any(answers_match(r, self.answer) for r in self.results) else 0.0
 
 

@@ -12,6 +12,7 @@ re-exported here for the notebook.
 """
 from __future__ import annotations
 
+import itertools
 import re
 
 import torch
@@ -21,19 +22,15 @@ from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, 
                                  safe_calculate, tool_prompt)
 from labkit.rewards.parse import answers_match
 
-__all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX", "safe_calculate",
-           "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
+__all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX",
+           "safe_calculate", "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
            "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "record_batches",
-           "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe", "tools_demo_table",
-           "tools_demo_tests", "plot_tools_demo",
+           "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe",
+           "tools_demo_table", "tools_demo_tests", "plot_tools_demo",
            "answers_match"]  # labkit.rewards': what the calculator environment's reward compares with (notebook 08)
 
-_OPS = {"gets": "+", "more": "+", "gives away": "-", "left": "-", "bags with": "*"}
-
-
 def _expression(question: str) -> str:
-    numbers = re.findall(r"\d+", question)
-    a, b = numbers[0], numbers[1]
+    a, b = re.findall(r"\d+", question)[:2]
     op = "*" if "bags with" in question else "-" if "gives away" in question else "+"
     return f"{a} {op} {b}"
 
@@ -122,11 +119,8 @@ def _generate(model, tokenizer, batch_ids: list[list[int]], *, max_new_tokens: i
                              do_sample=do_sample, temperature=temperature if do_sample else None, top_p=None,
                              top_k=None, pad_token_id=pad)
     eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    completions = []
-    for row in out[:, width:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        completions.append(row[:cut])
-    return completions
+    # each reply up to and including its first end-of-turn token
+    return [row[:next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in out[:, width:].tolist()]
 
 
 def execute_tool_calls(tools, tool_calls) -> list[tuple[dict, bool]]:
@@ -238,19 +232,12 @@ def tool_scores(records: list[dict]) -> dict:
 # ----------------------------------------------------------------------------- masks and lengths
 
 
-def loss_mask_view(tokenizer, completion_ids: list[int], tool_mask: list[int], width: int = 120) -> str:
+def loss_mask_view(tokenizer, completion_ids: list[int], tool_mask: list[int]) -> str:
     """Return a completion's text with the tokens the loss masks (tool output, ``tool_mask`` 0) in [[brackets]]."""
-    parts, run, current = [], [], None
-    for token, m in zip(completion_ids, tool_mask):
-        if m != current and run:
-            text = tokenizer.decode(run)
-            parts.append(text if current else f"[[{text}]]")
-            run = []
-        current = m
-        run.append(token)
-    if run:
-        text = tokenizer.decode(run)
-        parts.append(text if current else f"[[{text}]]")
+    parts = []
+    for m, run in itertools.groupby(zip(completion_ids, tool_mask), key=lambda pair: pair[1]):
+        text = tokenizer.decode([token for token, _ in run])
+        parts.append(text if m else f"[[{text}]]")
     return "".join(parts)
 
 

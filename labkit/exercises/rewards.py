@@ -54,39 +54,35 @@ def _first_tag(text):
     return m.group(1).strip() or None if m else None
 
 
-def _ignores_think(text):
-    text = _text(text)
-    if text.count("<answer>") != 1 or text.count("</answer>") != 1:
+def _after_think(text) -> str:
+    t = _text(text)
+    return t[t.rfind("</think>") + 8:] if "</think>" in t else t
+
+
+def _tagged(t: str) -> str | None:
+    """The raw text between the one <answer> and the one </answer> of t, in that order; None otherwise."""
+    if t.count("<answer>") != 1 or t.count("</answer>") != 1 or t.find("</answer>") < t.find("<answer>"):
         return None
-    start, end = text.find("<answer>"), text.find("</answer>")
-    return text[start + 8:end].strip() or None if start < end else None
+    return t[t.find("<answer>") + 8:t.find("</answer>")]
+
+
+def _ignores_think(text):
+    return (_tagged(_text(text)) or "").strip() or None
 
 
 def _open_think_allowed(text):
     # Every rule but one: an answer after a <think> that is never closed is read as the answer.
-    t = _text(text)
-    t = t[t.rfind("</think>") + 8:] if "</think>" in t else t
-    if t.count("<answer>") != 1 or t.count("</answer>") != 1 or t.find("</answer>") < t.find("<answer>"):
-        return None
-    return t[t.find("<answer>") + 8:t.find("</answer>")].strip() or None
+    return (_tagged(_after_think(text)) or "").strip() or None
 
 
 def _no_strip(text):
-    answer = rewards.extract_answer(text)
-    if answer is None:
-        return None
-    t = _text(text)
-    t = t[t.rfind("</think>") + 8:] if "</think>" in t else t
-    return t[t.find("<answer>") + 8:t.find("</answer>")]
+    return None if rewards.extract_answer(text) is None else _tagged(_after_think(text))
 
 
 def _empty_string(text):
-    t = _text(text)
-    t = t[t.rfind("</think>") + 8:] if "</think>" in t else t
-    if t.count("<answer>") != 1 or t.count("</answer>") != 1 or t.find("</answer>") < t.find("<answer>") \
-            or "<think>" in t[:t.find("<answer>")]:
-        return None
-    return t[t.find("<answer>") + 8:t.find("</answer>")].strip()
+    t = _after_think(text)
+    answer = _tagged(t)
+    return None if answer is None or "<think>" in t[:t.find("<answer>")] else answer.strip()
 
 
 EXTRACT_ANSWER = register(Exercise(
@@ -167,15 +163,10 @@ def _reward_cases() -> list[Case]:
     ]
 
 
-def _reward_from(read):
+def _reward_from(read, cast=float):
     def reward(completions, answer, **kwargs):
-        out = []
-        for completion, gold in zip(completions, answer):
-            if rewards.parse_number(gold) is None:
-                out.append(None)
-            else:
-                out.append(float(read(completion, gold)))
-        return out
+        return [None if rewards.parse_number(gold) is None else cast(read(completion, gold))
+                for completion, gold in zip(completions, answer)]
     return reward
 
 
@@ -193,9 +184,8 @@ ACCURACY_REWARD = register(Exercise(
         "conversational completions are not read: they arrive as [{'role': 'assistant', 'content': ...}]; "
         "take the text with labkit.rewards.completion_text": _reward_from(
             lambda c, gold: isinstance(c, str) and rewards.answers_match(rewards.extract_answer(c), gold)),
-        "rewards are ints or bools: TRL needs Python floats (1.0 / 0.0)": lambda completions, answer, **kw: [
-            None if rewards.parse_number(g) is None else int(rewards.answers_match(rewards.extract_answer(c), g))
-            for c, g in zip(completions, answer)],
+        "rewards are ints or bools: TRL needs Python floats (1.0 / 0.0)": _reward_from(
+            lambda c, gold: rewards.answers_match(rewards.extract_answer(c), gold), cast=int),
         "a gold that is not a number gets 0.0: return None there, so TRL leaves this reward out for that completion":
             lambda completions, answer, **kw: [
                 1.0 if rewards.answers_match(rewards.extract_answer(c), g) else 0.0

@@ -14,12 +14,9 @@ robust (any text, 100k characters of arbitrary unicode, gives a finite float in 
 exception), fast (no pattern can backtrack catastrophically; the worst time per call is recorded
 in ``results/rewards_bench.json``) and safe (model output never reaches ``eval``/``exec``).
 
-On math-verify: it is the maintained maths-equivalence library TRL's own ``accuracy_reward`` calls,
-and :mod:`labkit.rewards.parse` reads LaTeX arithmetic (``\\frac{\\sqrt{16}}{2}``) with it, as TRL does
-off the main thread: ``parsing_timeout=None``, because its timeout uses ``signal.alarm``, which raises
-outside the main thread. Plain answers (``1,200``, ``$12``, ``3/4``, ``12 apples``, ``\\boxed{18}``)
-never reach it: they are read exactly and far faster here, and only short LaTeX without powers,
-symbols or deep nesting does, which bounds its work without a timeout.
+On math-verify, the maintained maths-equivalence library TRL's own ``accuracy_reward`` calls:
+:mod:`labkit.rewards.parse` reads plain answers itself and hands math-verify only short LaTeX arithmetic
+(``\\frac{\\sqrt{16}}{2}``), called as TRL calls it off the main thread; its docstring says why and how.
 """
 from labkit.rewards.check import *  # noqa: F403
 from labkit.rewards.check import __all__ as _check_all

@@ -19,7 +19,6 @@ __all__ = ["AWKWARD_COMPLETIONS", "RewardCheck", "check_reward_function", "adver
            "trl_kwargs"]
 
 
-
 # (label, text): what models actually write, and what adversaries write.
 AWKWARD_COMPLETIONS = [
     ("correct", "<think>1 + 3 = 4</think>\n<answer>4</answer>"),
@@ -51,10 +50,6 @@ def _noop(*args, **kwargs):
     return None
 
 
-def _as_conversational(text: str) -> list[dict]:
-    return [{"role": "assistant", "content": text}]
-
-
 def trl_kwargs(texts, conversational: bool, columns: dict) -> dict:
     """Return the keyword arguments TRL passes a reward for ``texts`` (plain or conversational), with ``columns``."""
     n = len(texts)
@@ -62,7 +57,7 @@ def trl_kwargs(texts, conversational: bool, columns: dict) -> dict:
     kwargs = {key: [value] * n for key, value in columns.items()}
     kwargs.update(
         prompts=[prompt] * n,
-        completions=[_as_conversational(t) for t in texts] if conversational else list(texts),
+        completions=[[{"role": "assistant", "content": t}] for t in texts] if conversational else list(texts),
         completion_ids=[list(t.encode("utf-8", "surrogatepass")) for t in texts],  # byte-level "tokens"
         trainer_state=None,
         log_extra=_noop,
@@ -97,10 +92,6 @@ class RewardCheck:
     __repr__ = __str__
 
 
-def _describe_value(value) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
 def check_reward_function(fn, value_range=None, *, columns: dict | None = None, completions=None,
                           time_budget_ms: float | None = 50.0) -> RewardCheck:
     """Return a :class:`RewardCheck` of ``fn`` run, as TRL runs it, over a battery of awkward completions.
@@ -118,8 +109,7 @@ def check_reward_function(fn, value_range=None, *, columns: dict | None = None, 
     - different rewards for the same text in the two formats, or alone versus in a batch;
     - a single call slower than ``time_budget_ms`` (None: no time check).
     """
-    name = _callable_name(fn)
-    check = RewardCheck(name=name)
+    check = RewardCheck(name=_callable_name(fn))
     if not hasattr(fn, "__name__") and not isinstance(fn, functools.partial):
         check.problems.append("has no __name__: TRL would log it as rewards/<class name>/mean; set fn.__name__")
     value_range = value_range if value_range is not None else getattr(fn, "value_range", None)
@@ -134,11 +124,10 @@ def check_reward_function(fn, value_range=None, *, columns: dict | None = None, 
 
     def validate(values, where: str) -> list | None:
         try:
-            values = list(values)
+            return list(values)
         except Exception as exc:  # noqa: BLE001
             problem(f"{where}: returned {type(values).__name__}, not a list ({exc})")
             return None
-        return values
 
     for conversational in (False, True):
         fmt = "conversational" if conversational else "plain"
@@ -170,7 +159,8 @@ def check_reward_function(fn, value_range=None, *, columns: dict | None = None, 
             if value is _MISSING or value is None:
                 continue
             if not isinstance(value, float):
-                problem(f"returned {_describe_value(value)} on {label!r}: rewards must be Python floats (or None)")
+                problem(f"returned {value!r} ({type(value).__name__}) on {label!r}: "
+                        "rewards must be Python floats (or None)")
             elif not math.isfinite(value):
                 problem(f"returned {value} on {fmt} completion {label!r}")
             elif value_range is not None and not value_range[0] <= value <= value_range[1]:

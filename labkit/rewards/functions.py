@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 
-
 def _value_range(low: float, high: float):
     """Decorator: record a reward's documented range as ``fn.value_range`` (read by the checker)."""
 
@@ -94,11 +93,7 @@ def tag_count_reward(completions, **kwargs) -> list[float]:
     format right (a common remedy for models that never learn the format). Repeating a tag
     earns nothing for it, so spamming tags does not pay. Range [0, 1] in steps of 0.25.
     """
-    out = []
-    for completion in completions:
-        text = completion_text(completion)
-        out.append(0.25 * sum(text.count(tag) == 1 for tag in FORMAT_TAGS))
-    return out
+    return [0.25 * sum(completion_text(c).count(tag) == 1 for tag in FORMAT_TAGS) for c in completions]
 
 
 def _gold_rewards(completions, answer, read) -> list[float | None]:
@@ -126,15 +121,11 @@ def int_answer_reward(completions, **kwargs) -> list[float]:
     Every GSM8K answer is a whole number, so this pays for answering in the right shape before
     the value is right: a small shaping reward, like :func:`tag_count_reward`. Range {0, 1}.
     """
-    out = []
-    for completion in completions:
-        number = _parse(extract_answer(completion))
-        # A float is an irrational LaTeX answer (\sqrt{2}): never whole, however large ("\sqrt{99...9}" is
-        # a float that is_integer() calls whole).
-        whole = number is not None and not number.percent and isinstance(number.value, Fraction) \
-            and number.value.denominator == 1
-        out.append(1.0 if whole else 0.0)
-    return out
+    numbers = [_parse(extract_answer(c)) for c in completions]
+    # A float is an irrational LaTeX answer (\sqrt{2}): never whole, however large ("\sqrt{99...9}" is
+    # a float that is_integer() calls whole).
+    return [1.0 if n is not None and not n.percent and isinstance(n.value, Fraction) and n.value.denominator == 1
+            else 0.0 for n in numbers]
 
 
 @_value_range(0.0, 1.0)
@@ -193,12 +184,8 @@ def short_answer_reward(completions, max_words: int = SHORT_ANSWER_WORDS, **kwar
     follows about half the time, so GRPO's groups have reward variance to learn from. It does not
     check that the number is right: notebook 04 shows what a model does with that loophole.
     """
-    out = []
-    for completion in completions:
-        text = completion_text(completion)
-        words = len(text.split())
-        out.append(1.0 if 1 <= words <= max_words and _DIGIT.search(text) is not None else 0.0)
-    return out
+    texts = [completion_text(c) for c in completions]
+    return [1.0 if 1 <= len(t.split()) <= max_words and _DIGIT.search(t) is not None else 0.0 for t in texts]
 
 
 class OverlongPenalty:

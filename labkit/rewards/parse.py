@@ -92,8 +92,7 @@ def extract_answer(text) -> str | None:
         text = text[close + len(THINK_CLOSE):]
     if text.count(ANSWER_OPEN) != 1 or text.count(ANSWER_CLOSE) != 1:
         return None
-    start = text.find(ANSWER_OPEN)
-    end = text.find(ANSWER_CLOSE)
+    start, end = text.find(ANSWER_OPEN), text.find(ANSWER_CLOSE)
     if end < start or THINK_OPEN in text[:start]:  # the answer sits inside a <think> never closed
         return None
     answer = text[start + len(ANSWER_OPEN):end].strip()
@@ -197,8 +196,6 @@ _FORMATTING_COMMANDS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf
 _SIMPLE_FRAC = re.compile(r"\\[dtc]?frac\s*\{\s*([-+]?[\d.,]+)\s*\}\s*\{\s*([-+]?[\d.,]+)\s*\}")
 _SHORT_FRAC = re.compile(r"\\[dtc]?frac\s*(\d)\s*(\d)(?!\d)")
 _SPACING = re.compile(r"\\[,!;: ]|~")
-_LATEX_COMMAND = re.compile(r"\\(?:[a-zA-Z]+|.)")
-_LATEX_ALLOWED = {"\\frac", "\\dfrac", "\\tfrac", "\\cfrac", "\\sqrt", "\\cdot", "\\times", "\\div"}
 # Plain-text answers: one number (an integer, a decimal, a fraction or a mixed number), with an
 # optional sign, currency symbol, percent sign, trailing unit words and full stop. Whitespace is
 # collapsed to single spaces first, and the answer is at most MAX_ANSWER_CHARS long, so this
@@ -281,12 +278,7 @@ _NOT_A_UNIT = frozenset("""
 
 def _is_unit(unit: str) -> bool:
     """Return whether the words after a number name what it counts, not more arithmetic or a hedge."""
-    unit = unit.rstrip(".")  # "18 dollars."
-    if unit.startswith(("percent", "per cent")):
-        unit = unit.removeprefix("per cent").removeprefix("percent").strip()
-        if not unit:
-            return True
-    words = unit.split()
+    words = unit.rstrip(".").removeprefix("per cent").removeprefix("percent").split()  # "18 dollars.", "50 percent"
     for i, word in enumerate(words):
         if word == "per":  # "eggs per day": joins two words
             if i == 0 or i == len(words) - 1:
@@ -388,8 +380,9 @@ def _parse_latex(text: str) -> _Number | None:
 
     Called as TRL calls it off the main thread, ``parsing_timeout=None``: math-verify's timeout uses
     ``signal.alarm`` (``math_verify/utils.py``, lines 50-67), which raises outside the main thread
-    (``math_verify/parser.py``, lines 709-713); the checks above bound the work instead. ``"0 + "`` in front keeps latex2sympy from weighing a leading ``(`` or ``{``
-    as a tuple, interval or set (that costs it tenths of a second, and ``{2}`` alone reads as a set).
+    (``math_verify/parser.py``, lines 709-713); the checks above bound the work instead. ``"0 + "`` in front
+    keeps latex2sympy from weighing a leading ``(`` or ``{`` as a tuple, interval or set (that costs it tenths
+    of a second, and ``{2}`` alone reads as a set).
     """
     text = text.strip()
     percent = text.endswith("%")
@@ -409,8 +402,7 @@ def _parse_latex(text: str) -> _Number | None:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_bounded(text: str) -> _Number | None:
-    text = _strip_math_delimiters(text)
-    text = _unwrap_boxed(text)
+    text = _unwrap_boxed(_strip_math_delimiters(text))
     if text is None:
         return None
     text = _strip_math_delimiters(text.strip())
