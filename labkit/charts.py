@@ -6,7 +6,7 @@ about 2.5 ms; under the dashboard's 2 % budget matplotlib could redraw once ever
 The saved picture, drawn once, is matplotlib's (:mod:`labkit.dashboard.picture`).
 :func:`svg_chart` draws one panel; the helpers thin long series and choose round tick values.
 :func:`card_html` and :func:`gauge_html` draw the card above the charts; :func:`mark_nonfinite` and
-:func:`reward_band` are pieces of the matplotlib figure.
+:func:`reward_band` are pieces of the matplotlib figure; :func:`band_points` and :func:`zone_bounds` serve both.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import math
 
 from labkit.memory import GIB, gib
 
-__all__ = ["svg_chart", "card_html", "gauge_html", "mark_nonfinite", "reward_band", "budget_zones", "thin", "short_label", "as_float", "describe_number", "PALETTE",
-           "LIVE_POINTS", "MAIN_SERIES"]
+__all__ = ["svg_chart", "card_html", "gauge_html", "mark_nonfinite", "reward_band", "band_points", "budget_zones",
+           "zone_bounds", "thin", "short_label", "as_float", "describe_number", "PALETTE", "LIVE_POINTS", "MAIN_SERIES"]
 
 
 # TRL 1.16's tool metrics (trl/trainer/grpo_trainer.py lines 2312-2320): tool calls per rollout, and the share of calls
@@ -120,8 +120,7 @@ def _legend_rows(labels: list[str], width: float) -> list[list[int]]:
 
 
 def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), hline=None,
-              ylim=None, floor: float | None = None, note: str = "waiting for data", xlabel: str = "step",
-              legend: bool | None = None) -> str:
+              ylim=None, floor: float | None = None, note: str = "waiting for data", legend: bool | None = None) -> str:
     """Return an inline SVG line chart: ``lines`` are ``(name, label, steps, values, colour, width, dashed)``.
 
     ``band`` is ``(steps, low, high)``, shaded; ``zones`` ``(low, high, colour)`` horizontal bands;
@@ -135,11 +134,10 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
     size (0.0526 on 0.02-0.08, not on 0.0523-0.0529).
     """
     width, height, left, right, bottom = 260, 180, 44, 8, 28
-    top = 20
     if legend is None:
         legend = len(lines) > 1
     legend = _legend_rows([line[1] for line in lines], width - left - right) if legend and lines else []
-    top += 11 * len(legend)
+    top = 20 + 11 * len(legend)
     plot_w, plot_h = width - left - right, height - top - bottom
     out = [f'<svg class="labkit-panel" data-panel="{key}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" style="background:#fff;font-family:system-ui,'
@@ -148,7 +146,7 @@ def svg_chart(key: str, title: str, lines: list[tuple], *, band=None, zones=(), 
            f"{html.escape(title)}</text>",
            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>',
            f'<text class="labkit-xlabel" x="{left + plot_w / 2}" y="{height - 3}" text-anchor="middle" fill="#444">'
-           f"{html.escape(xlabel)}</text>"]
+           "step</text>"]
     if not lines:
         rows = note.split("\n")
         for i, row in enumerate(rows):
@@ -263,8 +261,8 @@ def card_html(title: str, progress: str, tiles: list[tuple], alerts: list[str], 
         f'<div style="display:flex;flex-wrap:wrap;gap:6px;margin-bottom:8px">{"".join(cells)}</div>{gauge}</div>')
 
 
-def gauge_html(snap, g: dict, thresholds: tuple[float, float], monitor=None, red: str = "#d64545") -> str:
-    """Return the memory gauge as HTML: ``snap`` a ``MemorySnapshot``, ``g`` what ``LiveDashboard.gauge()`` returns."""
+def gauge_html(snap, g: dict, thresholds: tuple[float, float], monitor=None) -> str:
+    """Return the memory gauge as HTML: ``snap`` a ``MemorySnapshot``, ``g`` what ``RunRecord.gauge()`` returns."""
     budget = g["budget_gib"] * GIB
     colour = g["colour"]
     if snap.kind == "cuda":
@@ -328,20 +326,28 @@ def mark_nonfinite(ax, series: dict, colour: str) -> list:
     return artists
 
 
+def band_points(reward: tuple[list, list], reward_std: tuple[list, list]) -> tuple[list, list, list]:
+    """Return ``(steps, mean - std, mean + std)`` at the steps where both ``(steps, values)`` series were logged."""
+    std = dict(zip(*reward_std))
+    kept = [(s, m - std[s], m + std[s]) for s, m in zip(*reward) if s in std]
+    return [s for s, _, _ in kept], [low for _, low, _ in kept], [high for _, _, high in kept]
+
+
 def reward_band(ax, reward: tuple[list, list], reward_std: tuple[list, list]):
     """Shade mean +/- std on ``ax`` at the steps where both were logged; return the artist (or ``None``)."""
-    std = dict(zip(*reward_std))
-    points = [(s, v, std[s]) for s, v in zip(*reward) if s in std]
-    if not points:
-        return None
-    steps, mean, spread = zip(*points)
-    return ax.fill_between(steps, [m - d for m, d in zip(mean, spread)], [m + d for m, d in zip(mean, spread)],
-                           color="black", alpha=0.1, lw=0)
+    steps, low, high = band_points(reward, reward_std)
+    return ax.fill_between(steps, low, high, color="black", alpha=0.1, lw=0) if steps else None
+
+
+def zone_bounds(budget: float, thresholds: tuple[float, float], colours: dict) -> list[tuple[float, float, str]]:
+    """Return the green, amber and red zones of a memory ``budget`` as ``(low, high, colour)``, in its units."""
+    amber, red = thresholds
+    return [(0, amber * budget, colours["green"]), (amber * budget, red * budget, colours["amber"]),
+            (red * budget, budget, colours["red"])]
 
 
 def budget_zones(ax, budget: float, thresholds: tuple[float, float], colours: dict) -> list:
     """Shade green, amber and red zones of a memory ``budget`` on ``ax`` and draw the budget line; return the artists."""
-    amber, red = thresholds
-    zones = (("green", 0, amber), ("amber", amber, red), ("red", red, 1.0))
-    artists = [ax.axhspan(low * budget, high * budget, color=colours[name], alpha=0.08, lw=0) for name, low, high in zones]
+    artists = [ax.axhspan(low, high, color=colour, alpha=0.08, lw=0)
+               for low, high, colour in zone_bounds(budget, thresholds, colours)]
     return artists + [ax.axhline(budget, color=colours["red"], lw=1, ls=":")]

@@ -8,6 +8,7 @@ of that memory, from shapes alone, is :mod:`labkit.memory`. Used from ``04_lora_
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -24,6 +25,8 @@ __all__ = [
     "MemorySnapshot", "memory_snapshot", "gauge_level", "process_rss", "reset_peak_rss", "peak_rss_bytes",
     "PhaseMark", "VRAMMonitor",
 ]
+
+
 class _NVML:
     """NVML, initialised on first use; ``None`` answers wherever there is no NVIDIA driver."""
 
@@ -86,24 +89,14 @@ class _NVML:
 
 
 _nvml = _NVML()
-
-
-_processes: dict[int, object] = {}
-
-
-_host_total: list[int] = []
-
-
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _process():
+@functools.cache
+def _process(pid: int):
     import psutil
 
-    pid = os.getpid()  # a forked worker must not read its parent's figures
-    if pid not in _processes:
-        _processes[pid] = psutil.Process(pid)
-    return _processes[pid]
+    return psutil.Process(pid)
 
 
 def process_rss() -> int:
@@ -113,15 +106,14 @@ def process_rss() -> int:
         with open("/proc/self/statm", "rb") as statm:
             return int(statm.read().split()[1]) * _PAGE_SIZE
     except (OSError, ValueError, IndexError):
-        return int(_process().memory_info().rss)
+        return int(_process(os.getpid()).memory_info().rss)  # by pid: a forked worker must not read its parent's
 
 
+@functools.cache
 def _host_memory_total() -> int:
-    if not _host_total:
-        import psutil
+    import psutil
 
-        _host_total.append(int(psutil.virtual_memory().total))
-    return _host_total[0]
+    return int(psutil.virtual_memory().total)
 
 
 def _cuda_index(device=None) -> int | None:
@@ -134,14 +126,16 @@ def _cuda_index(device=None) -> int | None:
     if device is None:
         if os.environ.get("LABKIT_DEVICE") == "cpu" or not torch.cuda.is_available():
             return None
-        # current_device() would create a CUDA context (hundreds of MB); only ask once one exists.
-        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"memory of {device} was asked for, but torch sees no CUDA device")
-    return device.index if device.index is not None else (torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
+    else:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return None
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"memory of {device} was asked for, but torch sees no CUDA device")
+        if device.index is not None:
+            return device.index
+    # current_device() would create a CUDA context (hundreds of MB); only ask once one exists.
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
 @dataclass(frozen=True)
@@ -195,12 +189,8 @@ def memory_snapshot(device=None) -> MemorySnapshot:
     allocated = int(torch.cuda.memory_allocated(index))
     reserved = int(torch.cuda.memory_reserved(index))
     peak = int(torch.cuda.max_memory_allocated(index))
-    nvml = _nvml.memory(index)
-    if nvml is not None:
-        device_used, device_total = nvml
-    else:
-        device_used = None
-        device_total = torch.cuda.get_device_properties(index).total_memory if torch.cuda.is_initialized() else None
+    device_used, device_total = _nvml.memory(index) or (
+        None, torch.cuda.get_device_properties(index).total_memory if torch.cuda.is_initialized() else None)
     return MemorySnapshot("cuda", allocated, reserved, peak, device_used, device_total, rss, host_total)
 
 
@@ -432,19 +422,17 @@ class VRAMMonitor:
 
         marks = self.phases
         steps = sorted({m.step for m in marks})
+        series = self.timeline()
+        t = series.pop("t")
+        keep = range(len(t))
         if step is not None and marks:
             chosen = steps[step] if step < 0 else step
             marks = [m for m in marks if m.step == chosen]
             if not marks:
                 raise ValueError(f"no phase was marked in step {step}; steps marked: {steps}")
-        series = self.timeline()
-        t = series.pop("t")
-        if marks and step is not None:
             low, high = marks[0].start_s, marks[-1].end_s
             pad = 0.02 * max(high - low, 1e-6)
             keep = [i for i, x in enumerate(t) if low - pad <= x <= high + pad]
-        else:
-            keep = list(range(len(t)))
         fig = Figure(figsize=figsize)
         FigureCanvasAgg(fig)
         timeline_ax, bars_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
@@ -481,7 +469,6 @@ class VRAMMonitor:
         bars_ax.set_xlim(0, 1.35 * max([peak for peak, _ in rows.values()] + [1e-3]))
         fig.tight_layout()
         return fig
-
 
 
 def reset_peak_rss() -> bool:

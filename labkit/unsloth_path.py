@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -50,7 +50,6 @@ RESULTS_FILE = "unsloth_vs_trl.csv"
 _CHECKED = ("torch", "trl", "transformers", "datasets", "peft", "accelerate", "bitsandbytes")
 
 
-
 @dataclass(frozen=True)
 class UnslothStatus:
     """What :func:`unsloth_status` found: can the Unsloth path run here, and if not, why."""
@@ -58,25 +57,26 @@ class UnslothStatus:
     available: bool
     reason: str
     version: str | None = None
-    conflicts: tuple[str, ...] = field(default=())
+    conflicts: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return self.reason
 
 
-def _active_extras(requirements: list[str], extras) -> set[str]:
-    """Return ``extras`` plus every extra they pull in through unsloth's own ``unsloth[...]`` requirements."""
-    from packaging.requirements import Requirement
+def _applies(req, active: set[str]) -> bool:
+    """Return whether requirement ``req`` applies here with any of the ``active`` extras."""
+    return req.marker is None or any(req.marker.evaluate({"extra": e}) for e in active)
 
+
+def _active_extras(requirements: list, extras) -> set[str]:
+    """Return ``extras`` plus every extra they pull in through unsloth's own ``unsloth[...]`` requirements."""
     active, changed = {""} | set(extras), True
     while changed:
         changed = False
-        for text in requirements:
-            req = Requirement(text)
+        for req in requirements:
             if req.name.lower() != "unsloth" or not req.extras:
                 continue
-            applies = req.marker is None or any(req.marker.evaluate({"extra": e}) for e in active)
-            if applies and not req.extras <= active:
+            if _applies(req, active) and not req.extras <= active:
                 active |= req.extras
                 changed = True
     return active
@@ -99,6 +99,7 @@ def requirement_conflicts(requirements: list[str] | None = None, installed: dict
 
     if requirements is None:
         requirements = metadata.requires("unsloth") or []
+    requirements = [Requirement(text) for text in requirements]
     active = _active_extras(requirements, extras)
     if installed is None:
         installed = {}
@@ -108,12 +109,9 @@ def requirement_conflicts(requirements: list[str] | None = None, installed: dict
             except metadata.PackageNotFoundError:
                 pass
     conflicts = []
-    for text in requirements:
-        req = Requirement(text)
+    for req in requirements:
         name = req.name.lower().replace("_", "-")
-        if name not in _CHECKED or name not in installed:
-            continue
-        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in active):
+        if name not in _CHECKED or name not in installed or not _applies(req, active):
             continue
         try:
             ok = req.specifier.contains(Version(installed[name]), prereleases=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from labkit.dashboard.live import FRONTENDS, NotebookView, TextView, Throttle, detect_frontend, static_output, text_line
-from labkit.dashboard.picture import DPI, draw_figure, png_bytes
+from labkit.dashboard.live import FRONTENDS, NotebookView, TextView, Throttle, card, detect_frontend, static_output
+from labkit.dashboard.picture import DPI, png_bytes
 from labkit.dashboard.record import RunRecord
 
 __all__ = ["LiveDashboard"]
@@ -114,21 +114,12 @@ class LiveDashboard(TrainerCallback):
         """Return the run's final line, ``"GRPO: 4 / 4 steps in 5 min 06 s"``: the clock the views show."""
         return self.record.summary()
 
-    def text_summary(self) -> str:
-        """Return the terminal's line: progress, latest numbers, memory, alerts."""
-        return text_line(self.record)
-
     def html(self) -> str:
-        from labkit.dashboard.live import card
-
+        """Return the card (progress, latest numbers, memory gauge) as HTML."""
         return card(self.record)
 
     def _repr_html_(self) -> str:
         return self.html()
-
-    def figure(self):
-        """Return the picture as a matplotlib ``Figure``."""
-        return draw_figure(self.record)[0]
 
     def static_output(self, dpi: int | None = None) -> dict:
         """Return what :meth:`close` leaves in the notebook: the picture (PNG) and the summary (text)."""
@@ -146,12 +137,9 @@ class LiveDashboard(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.record.total_steps is None and getattr(state, "max_steps", 0):
             self.record.total_steps = int(state.max_steps)
-        self._step_begins(state)
+        self.on_step_begin(args, state, control)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._step_begins(state)
-
-    def _step_begins(self, state) -> None:
         first = getattr(state, "global_step", 0) == 0
         self.status("generating completions, scoring, updating" + (" (the first step is the slowest)" if first else ""))
 

@@ -1,9 +1,7 @@
 """The views a running dashboard draws: :class:`NotebookView` (card + SVG charts) and :class:`TextView` (a terminal bar).
 
-Both read everything (step, clock, numbers, status) from one :class:`RunRecord`. Where the process
-runs decides which one is used (:func:`detect_frontend`): a display handle updated in place in JupyterLab 4.6
-and Colab (any kernel that offers subshells, or no ipywidgets), ipywidgets 8 (updated in place) in a kernel
-without subshells, and a tqdm bar in a terminal. While a run is live, the notebook view's card is redrawn every
+Both read everything (step, clock, numbers, status) from one :class:`RunRecord`; where the process runs decides
+which one is used (:func:`detect_frontend`). While a run is live, the notebook view's card is redrawn every
 ``tick_s`` seconds by a small thread, so the clock moves during a long step; the charts follow the
 throttle (:class:`Throttle`) so that drawing stays under ``max_overhead`` of the wall time; between
 cells the clock waits. At :meth:`NotebookView.close` the live view is replaced by the saved picture (a
@@ -17,7 +15,7 @@ import sys
 import threading
 import time
 
-from labkit.charts import MAIN_SERIES, PALETTE, card_html, gauge_html, svg_chart, thin
+from labkit.charts import MAIN_SERIES, PALETTE, band_points, card_html, gauge_html, svg_chart, thin, zone_bounds
 from labkit.dashboard.panels import PANELS, one_point, panel_note, panel_series, series_label, tiles
 from labkit.dashboard.picture import png_bytes
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
@@ -80,8 +78,8 @@ def progress_bar(iterable=None, *, desc: str = "", total: int | None = None, ena
 
 def card(record: RunRecord) -> str:
     """Return the card as HTML: the progress line, the latest numbers and the memory gauge."""
-    gauge = gauge_html(record.snapshot or memory_snapshot(record.device), record.gauge(), record.thresholds,
-                       record.monitor, GAUGE_COLOURS["red"])
+    snap = record.snapshot or memory_snapshot(record.device)
+    gauge = gauge_html(snap, record.gauge(), record.thresholds, record.monitor)
     return card_html(record.title, record.progress(), tiles(record), record.alerts(), gauge, GAUGE_COLOURS["red"])
 
 
@@ -99,15 +97,10 @@ def charts(record: RunRecord) -> str:
             lines.append((name, series_label(record, name, with_value=single), steps, values,
                           "#000" if main else next(colours, "#777"), 3.0 if main else 1.5, name.startswith("rewards/")))
         if lines and panel.key == "reward" and "reward_std" in record.history:
-            std = dict(zip(*record.history["reward_std"]))
-            kept = [(s, m, std[s]) for s, m in zip(*thin(*record.history["reward"])) if s in std]
-            extra["band"] = ([s for s, _, _ in kept], [m - d for _, m, d in kept], [m + d for _, m, d in kept])
+            extra["band"] = band_points(thin(*record.history["reward"]), record.history["reward_std"])
         if lines and panel.key == "memory":
             budget = record.budget()
-            amber, red = record.thresholds
-            extra["zones"] = ((0, amber * budget, GAUGE_COLOURS["green"]),
-                              (amber * budget, red * budget, GAUGE_COLOURS["amber"]),
-                              (red * budget, budget, GAUGE_COLOURS["red"]))
+            extra["zones"] = zone_bounds(budget, record.thresholds, GAUGE_COLOURS)
             extra["hline"] = (budget, GAUGE_COLOURS["red"])
             extra["ylim"] = (0, max([budget * 1.08] + [max(line[3]) * 1.1 for line in lines]))
         out.append(svg_chart(panel.key, panel.title, lines, note=note or "", **extra))
@@ -189,10 +182,8 @@ class NotebookView:
 
         with self.lock:
             self.push(plot=True)
-            if self.widgets is not None:
-                self.handle = display(self.widgets["box"], display_id=True)
-            else:
-                self.handle = display(HTML(self.payload), display_id=True)
+            shown = self.widgets["box"] if self.widgets is not None else HTML(self.payload)
+            self.handle = display(shown, display_id=True)
         if self.tick_s and self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="labkit-dashboard-clock", daemon=True)
             self._ticker.start()
@@ -285,9 +276,9 @@ class TextView:
         self.update(force_plot=True)
 
     def update(self, force_plot: bool = False) -> None:
-        from tqdm.std import tqdm  # the terminal bar, whatever tqdm.auto would guess
-
         if self.bar is None:
+            from tqdm.std import tqdm  # the terminal bar, whatever tqdm.auto would guess
+
             self.bar = tqdm(total=self.record.total_steps, desc=self.record.title, unit="step", dynamic_ncols=True,
                             file=sys.stderr)
         if force_plot or self.throttle.due() is not None:

@@ -9,7 +9,7 @@ import fnmatch
 import math
 from dataclasses import dataclass
 
-from labkit.charts import MAIN_SERIES, describe_number
+from labkit.charts import MAIN_SERIES, describe_number, short_label
 
 __all__ = ["Panel", "PANELS", "TILES", "OPTIONAL_TILES", "panel_series", "panel_note", "one_point", "series_label", "overlap_note", "tiles",
            "format_value"]
@@ -59,7 +59,7 @@ TILES = (
 )
 # Tiles shown only once their key has been logged: a run on a CPU, or without labkit's clock, has no such figure,
 # and a dash forever would read as a figure still to come.
-OPTIONAL_TILES = {"generation/tokens_per_second", "generation/ms_per_decode_step", "generation/bandwidth_share"}
+OPTIONAL_TILES = {key for _, key, _ in TILES if key.startswith("generation/")}
 
 
 def format_value(fmt: str, value: float) -> str:
@@ -83,9 +83,7 @@ def panel_note(record, panel: Panel, names: list[str]) -> str | None:
     """
     if record.step is None:
         return "no step was logged" if record.finished is not None else "waiting for step 1"
-    if not names:
-        return panel.absent_note
-    return None
+    return None if names else panel.absent_note
 
 
 def one_point(record, names: list[str]) -> bool:
@@ -98,27 +96,15 @@ def series_label(record, name: str, with_value: bool = False) -> str:
 
     A panel of single points labels each with its value: a dot alone does not say what it is.
     """
-    from labkit.charts import short_label
-
     label = short_label(name)
-    return f"{label} {describe(record.latest(name))}" if with_value else label
+    return f"{label} {format_value('{:.4g}', record.latest(name))}" if with_value else label
 
 
 def overlap_note(record, names: list[str]) -> str | None:
     """Return "low = high = region at every step" when a panel's series coincide (one line would hide the others)."""
-    from labkit.charts import short_label
-
-    if len(names) < 2:
-        return None
-    first = record.history[names[0]]
-    if all(record.history[n] == first for n in names[1:]):
+    if len(names) > 1 and all(record.history[n] == record.history[names[0]] for n in names[1:]):
         return " = ".join(short_label(n) for n in names) + " at every step"
     return None
-
-
-def describe(value: float) -> str:
-    """A value in a few significant digits, NaN and infinities by name."""
-    return f"{value:.4g}" if math.isfinite(value) else describe_number(value)
 
 
 def tiles(record) -> list[tuple]:

@@ -13,8 +13,7 @@ import io
 import math
 
 from labkit.charts import MAIN_SERIES, PALETTE, mark_nonfinite, reward_band, budget_zones, short_label
-from labkit.dashboard.panels import (PANELS, TILES, format_value, one_point, overlap_note, panel_note, panel_series,
-                                     series_label)
+from labkit.dashboard.panels import PANELS, one_point, overlap_note, panel_note, panel_series, series_label, tiles
 from labkit.dashboard.record import GAUGE_COLOURS, RunRecord
 
 __all__ = ["draw_figure", "png_bytes", "memory_replay_png", "FIGSIZE", "DPI", "MIN_FONT_PX", "FONT_PT"]
@@ -71,8 +70,7 @@ def draw_figure(record: RunRecord, *, dpi: int = DPI, figsize: tuple[float, floa
                 pad += LEGEND_ROW_PT * legend_rows[panel.key]
             _limit_axis(ax, record, panel, names)
         ax.set_title(panel.title, fontsize=FONT_PT["title"], pad=pad)
-    numbers = {key: f"{label} {format_value(fmt, record.latest(key))}" for label, key, fmt in TILES
-               if record.latest(key) is not None}
+    numbers = {key: f"{label} {shown}" for label, key, shown, _ in tiles(record) if shown is not None}
     timing = [numbers.pop(k).removeprefix("generation ") for k in list(numbers) if k.startswith("generation/")]
     lines = [f"{record.title} · {record.progress()}", "last step: " + " · ".join(numbers.values())]
     if timing:  # where the step's time goes: a line of its own
@@ -176,10 +174,9 @@ def memory_replay_png(record: dict, *, step: int | None = -1, figsize: tuple[flo
     monitor and :meth:`~labkit.monitor.VRAMMonitor.plot` draws ``step`` (-1: the last) against the card's
     budget. Notebook 04 shows a real 16 GB run's memory this way on a CPU.
     """
+    from labkit.explorer import figure_png
     from labkit.monitor import VRAMMonitor
 
     figure = VRAMMonitor.from_record(record).plot(step=step, budget_gib=record["budget_gib"], figsize=figsize)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
-    return buffer.getvalue()
+    return figure_png(figure, dpi)
 
