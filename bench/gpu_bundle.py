@@ -49,6 +49,8 @@ __all__ = [
     "PLATFORMS", "ALWAYS", "DatasetsChoice", "DATASETS_CHOICES", "KEEP_LIBRARIES", "SITE", "LIMIT_MIB",
     "BundleTooLarge", "datasets_choice", "make_bundle", "repack_bitsandbytes", "install_command", "device_command",
     "DEVICE_COMMAND_LIMIT", "DEVICE_BUDGET_S",
+    # the wheel helpers bench.unsloth_bundle builds its own bundle with
+    "normalized_name", "wheel_tags", "fits_target", "pip_download", "record_path", "sha256_of",
 ]
 
 # pip's manylinux tags for an x86_64 Linux machine, newest first; a wheel for any of them installs there.
@@ -104,13 +106,13 @@ def datasets_choice(pyarrow_major: int) -> DatasetsChoice | None:
     return None
 
 
-def _norm(name: str) -> str:
+def normalized_name(name: str) -> str:
     """Return a project name normalised for comparison."""
     # Wheel file names spell "-" and "." in project names as "_"; compare names the way PEP 503 does.
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _wheel_tags(filename: str) -> tuple[str, str, str, str, str]:
+def wheel_tags(filename: str) -> tuple[str, str, str, str, str]:
     """Return (name, version, python tag, abi tag, platform tag) of a wheel file name."""
     parts = filename[:-len(".whl")].split("-")
     if not filename.endswith(".whl") or len(parts) not in (5, 6):
@@ -118,10 +120,10 @@ def _wheel_tags(filename: str) -> tuple[str, str, str, str, str]:
     return parts[0], parts[1], parts[-3], parts[-2], parts[-1]
 
 
-def _fits_target(filename: str) -> bool:
+def fits_target(filename: str) -> bool:
     """Return whether a wheel file name installs on the GPU machine."""
     # Python 3.12 (pure py3 or py312, or cp312 / abi3 builds) on manylinux x86_64, or pure Python.
-    _, _, python, abi, platform = _wheel_tags(filename)
+    _, _, python, abi, platform = wheel_tags(filename)
     python_ok = bool({"py3", "py312", "cp312"} & set(python.split(".")))
     abi_ok = bool({"none", "abi3", "cp312"} & set(abi.split(".")))
     platform_ok = any(p == "any" or (p.startswith("manylinux") and p.endswith("_x86_64")) for p in platform.split("."))
@@ -131,7 +133,7 @@ def _fits_target(filename: str) -> bool:
 def _find_wheel(folder: Path, name: str, version: str) -> Path:
     """Return the one wheel of ``name==version`` in ``folder``."""
     found = [p for p in sorted(folder.glob("*.whl"))
-             if (_norm(_wheel_tags(p.name)[0]), _wheel_tags(p.name)[1]) == (_norm(name), version)]
+             if (normalized_name(wheel_tags(p.name)[0]), wheel_tags(p.name)[1]) == (normalized_name(name), version)]
     if len(found) != 1:
         what = "no wheel" if not found else f"{len(found)} wheels ({', '.join(p.name for p in found)})"
         raise FileNotFoundError(f"{folder} holds {what} of {name}=={version}; make it with "
@@ -144,7 +146,7 @@ def _all_wheels() -> list[tuple[str, str]]:
     return [*ALWAYS, *(pair for choice in DATASETS_CHOICES for pair in choice.wheels())]
 
 
-def _pip_download(specs: list[str], dest: Path) -> None:
+def pip_download(specs: list[str], dest: Path) -> None:
     """Download the wheels ``specs`` (``NAME==VERSION``) for the GPU machine into ``dest``, without dependencies."""
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -153,7 +155,7 @@ def _pip_download(specs: list[str], dest: Path) -> None:
         raise RuntimeError(f"pip could not download {' '.join(specs)} (see its message above); it needs PyPI")
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     """Return the hex sha256 of a file, read by the MiB."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -175,16 +177,16 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
     # pip --no-deps still refuses two versions of one package in one call, hence one call per datasets set.
     common = [f"{name}=={version}" for name, version in ALWAYS if name != "bitsandbytes"]
     for i, choice in enumerate(DATASETS_CHOICES):
-        _pip_download((common if i == 0 else []) + [f"{n}=={v}" for n, v in choice.wheels()], folder)
+        pip_download((common if i == 0 else []) + [f"{n}=={v}" for n, v in choice.wheels()], folder)
     # bitsandbytes goes through a scratch folder so the 41 MiB original never lands in (or lingers in) the bundle.
     bnb_version = dict(ALWAYS)["bitsandbytes"]
     with tempfile.TemporaryDirectory(prefix="labkit-bnb-") as scratch:
-        _pip_download([f"bitsandbytes=={bnb_version}"], Path(scratch))
+        pip_download([f"bitsandbytes=={bnb_version}"], Path(scratch))
         original = _find_wheel(Path(scratch), "bitsandbytes", bnb_version)
         shutil.copyfile(repack_bitsandbytes(original), folder / original.name)
 
     wheels = [_find_wheel(folder, name, version) for name, version in _all_wheels()]
-    wrong = [p.name for p in wheels if not _fits_target(p.name)]
+    wrong = [p.name for p in wheels if not fits_target(p.name)]
     if wrong:
         raise RuntimeError(f"these wheels do not fit Python {PYTHON_VERSION} on manylinux x86_64: {', '.join(wrong)}")
     # Whatever else sits in the folder travels too, so it counts against the limit.
@@ -205,8 +207,8 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
                 "install with bench.gpu_bundle.install_command",
         "python": PYTHON_VERSION,
         "platforms": list(PLATFORMS),
-        "wheels": [{"file": p.name, "name": _wheel_tags(p.name)[0], "version": _wheel_tags(p.name)[1],
-                    "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in wheels],
+        "wheels": [{"file": p.name, "name": wheel_tags(p.name)[0], "version": wheel_tags(p.name)[1],
+                    "bytes": p.stat().st_size, "sha256": sha256_of(p)} for p in wheels],
         "other_files": [str(p.relative_to(folder)) for p in others],
         "total_bytes": total,
         "total_mib": round(total / MIB, 2),
@@ -219,7 +221,7 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
     return manifest
 
 
-def _record_path(line: str) -> str:
+def record_path(line: str) -> str:
     """Return the path a RECORD line is about."""
     # RECORD is CSV (path,hash,size); a path holding a comma is quoted, so read it with csv, not split(",").
     row = next(csv.reader([line]), [])
@@ -255,9 +257,9 @@ def repack_bitsandbytes(wheel_path: str | Path, keep: tuple[str, ...] = KEEP_LIB
                                  f"{', '.join(sorted(libraries.values())) or 'none'}")
             drop = {n for n, base in libraries.items() if base not in keep}
             lines = src.read(record).decode("utf-8").splitlines(keepends=True)
-            kept_lines = [line for line in lines if line.strip() and _record_path(line) not in drop]
+            kept_lines = [line for line in lines if line.strip() and record_path(line) not in drop]
             # A wheel whose RECORD misses a file (or lists a ghost) is broken before we touch it: say so.
-            listed, present = {_record_path(line) for line in kept_lines}, set(names) - drop
+            listed, present = {record_path(line) for line in kept_lines}, set(names) - drop
             if listed != present:
                 raise ValueError(f"{wheel_path.name}: RECORD and the files disagree (only in RECORD: "
                                  f"{sorted(listed - present)}; only in the zip: {sorted(present - listed)})")

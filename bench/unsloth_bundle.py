@@ -43,8 +43,8 @@ import zipfile
 from pathlib import Path
 
 from bench.gpu_bundle import (DEVICE_COMMAND_LIMIT, KEEP_LIBRARIES, MANIFEST, MIB, PLATFORMS, PYTHON_VERSION,
-                              BundleTooLarge, DatasetsChoice, _fits_target, _norm, _pip_download, _record_path,
-                              _sha256, _wheel_tags, repack_bitsandbytes)
+                              BundleTooLarge, DatasetsChoice, fits_target, normalized_name, pip_download, record_path,
+                              sha256_of, wheel_tags, repack_bitsandbytes)
 
 __all__ = ["WHEELS", "DATASETS", "DROP", "LEFT_OUT", "MACHINE_PROVIDES", "SITE", "FOLDER", "LIMIT_MIB",
            "DEVICE_ARGS", "BundleTooLarge", "travelling_bytes", "drop_from_wheel", "make_bundle", "install_command",
@@ -120,8 +120,8 @@ def drop_from_wheel(wheel_path: str | Path, prefixes: tuple[str, ...]) -> Path:
                                  "bundle was made for")
             cut = {i.filename for i in files if i.filename.startswith(tuple(prefixes))}
             lines = [line for line in src.read(record).decode("utf-8").splitlines(keepends=True) if line.strip()]
-            kept = [line for line in lines if _record_path(line) not in cut]
-            listed = {_record_path(line) for line in kept}
+            kept = [line for line in lines if record_path(line) not in cut]
+            listed = {record_path(line) for line in kept}
             present = {i.filename for i in files} - cut
             if listed != present:
                 raise ValueError(f"{wheel_path.name}: RECORD and the files disagree (only in RECORD: "
@@ -140,7 +140,7 @@ def drop_from_wheel(wheel_path: str | Path, prefixes: tuple[str, ...]) -> Path:
 def _wheel_of(folder: Path, name: str, version: str) -> Path:
     """Return the one wheel of ``name==version`` in ``folder``."""
     found = [p for p in sorted(folder.glob("*.whl"))
-             if (_norm(_wheel_tags(p.name)[0]), _wheel_tags(p.name)[1]) == (_norm(name), version)]
+             if (normalized_name(wheel_tags(p.name)[0]), wheel_tags(p.name)[1]) == (normalized_name(name), version)]
     if len(found) != 1:
         raise FileNotFoundError(f"{folder} holds {len(found) or 'no'} wheel(s) of {name}=={version}; make the bundle "
                                 f"with `python -m bench unsloth --bundle {folder}` on a machine with PyPI")
@@ -158,18 +158,18 @@ def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB, re
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     plain = [f"{n}=={v}" for n, v in WHEELS if n not in DROP and n != "bitsandbytes"]
-    _pip_download(plain, folder)
+    pip_download(plain, folder)
     # The big originals go through a scratch folder, so they never land in (or linger in) the bundle.
     with tempfile.TemporaryDirectory(prefix="labkit-unsloth-wheels-") as scratch:
         scratch = Path(scratch)
         for name, version in WHEELS:
             if name in DROP or name == "bitsandbytes":
-                _pip_download([f"{name}=={version}"], scratch)
+                pip_download([f"{name}=={version}"], scratch)
                 wheel = _wheel_of(scratch, name, version)
                 repacked = drop_from_wheel(wheel, DROP[name]) if name in DROP else repack_bitsandbytes(wheel)
                 shutil.copyfile(repacked, folder / repacked.name)
     wheels = [_wheel_of(folder, name, version) for name, version in WHEELS]
-    wrong = [p.name for p in wheels if not _fits_target(p.name)]
+    wrong = [p.name for p in wheels if not fits_target(p.name)]
     if wrong:
         raise RuntimeError(f"these wheels do not fit Python {PYTHON_VERSION} on manylinux x86_64: {', '.join(wrong)}")
     others = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and p not in wheels)
@@ -193,8 +193,8 @@ def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB, re
                 "transformers 5.17); install with bench.unsloth_bundle.install_command",
         "python": PYTHON_VERSION,
         "platforms": list(PLATFORMS),
-        "wheels": [{"file": p.name, "name": _wheel_tags(p.name)[0], "version": _wheel_tags(p.name)[1],
-                    "bytes": p.stat().st_size, "sha256": _sha256(p),
+        "wheels": [{"file": p.name, "name": wheel_tags(p.name)[0], "version": wheel_tags(p.name)[1],
+                    "bytes": p.stat().st_size, "sha256": sha256_of(p),
                     "repacked": ("without " + ", ".join(DROP[n]) if n in DROP else
                                  "only " + ", ".join(KEEP_LIBRARIES) if n == "bitsandbytes" else None)}
                    for p, (n, _) in zip(wheels, WHEELS)],

@@ -204,7 +204,7 @@ def offline_download(tmp_path, monkeypatch, offline_pip):
         else:
             (index / name).write_bytes(name.encode() * 100)
     asked = []
-    monkeypatch.setattr(gpu_bundle, "_pip_download", offline_pip(index, asked))
+    monkeypatch.setattr(gpu_bundle, "pip_download", offline_pip(index, asked))
     return asked
 
 

@@ -127,7 +127,7 @@ def offline_index(tmp_path, monkeypatch, offline_pip):
         else:
             (index / file).write_bytes(file.encode() * 100)
     asked = []
-    monkeypatch.setattr(unsloth_bundle, "_pip_download", offline_pip(index, asked))
+    monkeypatch.setattr(unsloth_bundle, "pip_download", offline_pip(index, asked))
     return asked
 
 
