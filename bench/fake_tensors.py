@@ -407,14 +407,14 @@ def generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, com
         mask = torch.ones((prompts, prefill_len), dtype=torch.long)
         cache = DynamicCache(config=base.config)
 
-        def label_cache():
+        def label_cache(cache):
             for layer in cache.layers:
                 tracker.label(getattr(layer, "keys", None), "kv_cache")
                 tracker.label(getattr(layer, "values", None), "kv_cache")
 
         with torch.no_grad(), _autocast(plan):
             out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
-            label_cache()
+            label_cache(cache)
             done = 1
             while done < completion_len:
                 next_ids = sample(out)
@@ -430,10 +430,10 @@ def generate(model, plan, tracker: LiveBytes, prompts: int, prompt_len: int, com
                     ids = torch.cat([ids, ids.new_zeros((prompts, skip))], dim=-1)
                     mask = torch.cat([mask, mask.new_ones((prompts, skip))], dim=-1)
                     done += skip
-                label_cache()
+                label_cache(cache)
                 out = model(input_ids=next_ids, attention_mask=mask, past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
-                label_cache()
+                label_cache(cache)
                 done += 1
             ids = torch.cat([ids, sample(out)], dim=-1)
             del out

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     est = estimate(plan)
     rows = [("generation", est.bytes["generation_phase"]), ("training", est.bytes["training_phase"]),
             ("peak", est.bytes["total"])]
-    print(f"\npreflight's estimate (labkit.memory.estimate) vs the rehearsal, GiB:")
+    print("\npreflight's estimate (labkit.memory.estimate) vs the rehearsal, GiB:")
     print(f"{'phase':<11}{'estimated':>10}{'rehearsed':>11}{'ratio':>8}")
     for name, value in rows:
         rehearsed = result.peak if name == "peak" else max(

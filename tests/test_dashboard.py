@@ -17,7 +17,7 @@ from bench import dashboard as bench_dashboard
 from bench.dashboard import simulated_run
 from labkit.dashboard import GAUGE_COLOURS, PANELS, LiveDashboard, RunRecord, detect_frontend
 from labkit.dashboard.live import card, charts, text_line
-from labkit.dashboard.picture import FONT_PT, MIN_FONT_PX, draw_figure
+from labkit.dashboard.picture import MIN_FONT_PX, draw_figure
 from labkit.monitor import MemorySnapshot, VRAMMonitor, gauge_level, memory_snapshot
 
 GIB = 1024**3
@@ -831,7 +831,7 @@ def test_a_finished_run_shows_every_series_and_never_says_waiting(steps):
             assert label in lines and len(lines[label].get_xdata()) == steps, (panel.key, label, list(lines))
             if steps == 1:  # a one-point polyline draws nothing: a dot, and the value in the legend
                 assert f'<circle class="labkit-point" data-series="{name}"' in svg, (panel.key, name)
-                assert f'class="labkit-legend" ' in svg and f">{label}</text>" in svg, (panel.key, label)
+                assert 'class="labkit-legend" ' in svg and f">{label}</text>" in svg, (panel.key, label)
                 assert lines[label].get_marker() == "o" and label in [t.get_text() for t in ax.get_legend().texts]
             drawn += 1
     assert drawn >= 12  # the rewards, the two tool metrics, the spread, clip, entropy, length, loss, memory

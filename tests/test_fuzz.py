@@ -14,7 +14,6 @@ import string
 import tempfile
 from collections import Counter
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

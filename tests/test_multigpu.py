@@ -402,7 +402,6 @@ def test_two_processes_train_on_different_prompts_and_save_one_adapter(tmp_path)
 
 def test_fsdp_refuses_bitsandbytes_optimisers_and_qlora_saying_what_to_set(monkeypatch):
     """Every GPU preset uses a bitsandbytes 8-bit optimiser, which FSDP's sharded parameters break."""
-    from labkit import device as dev
     from labkit.presets import PRESETS, PresetError, get_preset
     from labkit.validation import validate
 

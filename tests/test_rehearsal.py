@@ -3,7 +3,6 @@
 Fast rows rehearse every GPU preset at full width, vocabulary, batch and lengths but two decoder layers
 (against the estimate of the same two-layer model); the slow rows rehearse the presets at full depth.
 """
-import weakref
 
 import pytest
 import torch

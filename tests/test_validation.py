@@ -6,7 +6,6 @@ folder; a damaged checkpoint is skipped for the newest intact one; the demo and 
 their inputs the same way.
 """
 import json
-import math
 import os
 import subprocess
 import sys
