@@ -11,8 +11,8 @@
 - ``labkit.oom`` does not import ``labkit.presets``; ``labkit.memory`` does not import ``labkit.nano``,
   ``labkit.dashboard`` or ``labkit.training``;
 - no import cycle anywhere in ``labkit``, counting imports inside functions too;
-- no module over 600 lines, in ``labkit``, ``bench`` or ``scripts``; every module says what it holds in an
-  ``__all__`` and a docstring;
+- no module over 600 lines, in ``labkit``, ``bench`` or ``scripts``; the installed package within its budget
+  (:data:`PACKAGE_BUDGET` lines); every module says what it holds in an ``__all__`` and a docstring;
 - no notebook imports from more than 8 labkit modules;
 - no ``except ImportError`` that could hide a real import error.
 """
@@ -25,6 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
+# The installed package's Python, all lines counted (docstrings and blank lines too). 14,637 on 2026-11-27, with
+# every feature the notebooks use; issue 41's note says why the first target (12,000) was restated. A ceiling
+# against growth, not a goal: raise it only in a commit that says what the new lines teach.
+PACKAGE_BUDGET = 14_700
 
 
 def _module_name(path: Path) -> str:
@@ -169,6 +173,18 @@ ALL_FILES = sorted([*PACKAGE.rglob("*.py"), *(p for folder in BESIDE for p in (R
 def test_no_module_over_600_lines(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(REPO)} has {lines} lines; split it by concept (at most {MAX_LINES})"
+
+
+def test_the_installed_package_stays_within_its_budget():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    total = sum(sizes.values())
+    largest = ", ".join(f"{name} {n}" for name, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:5])
+    assert total <= PACKAGE_BUDGET, (
+        f"labkit has {total:,} lines, over its budget of {PACKAGE_BUDGET:,} (largest: {largest}). Move measurement "
+        f"to bench/ and maintenance to scripts/, or simplify; raise PACKAGE_BUDGET only saying what the lines teach")
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"layout test holds it under {PACKAGE_BUDGET:,}." in readme, (
+        "the README's section on the package names another budget")
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "labkit.__main__"))
