@@ -244,7 +244,8 @@ class GenerationClock:
     ``compiled`` (graphs ``torch.compile`` made during the call: a warm compiled path makes none; one that does after
     a training step is recompiling, and its seconds are not steady ones).
     For ``"continuous"``, which casts the model to 16 bits to generate (grpo_trainer.py 1797-1800), every parameter
-    the cast changed gets its own tensor back afterwards: fp32 LoRA adapters stay fp32, bit for bit.
+    and buffer the cast changed gets its own tensor back afterwards: fp32 LoRA adapters stay fp32, bit for bit, and so
+    do the rotary frequencies (``inv_freq``, fp32 in a bf16 model: cast, they stay rounded for the rest of the run).
     """
 
     def __init__(self, trainer, path: str = "generate", *, bandwidth_gb_s: float | None = None,
@@ -273,7 +274,11 @@ class GenerationClock:
         watchdog = None
         if self.compile_limit_s and first and threading.current_thread() is threading.main_thread():
             watchdog = _Watchdog(self.compile_limit_s)
-        kept = [(p, p.data) for p in self.trainer.model.parameters()] if self.path == "continuous" else []
+        model = self.trainer.model
+        kept = [(p, p.data) for p in model.parameters()] if self.path == "continuous" else []
+        # Module.to() changes a parameter's .data but puts a new tensor in the module's _buffers
+        buffers = [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
+                   if b is not None] if self.path == "continuous" else []
         if self._cb_config is not None:
             # one seed for every call would draw the same random numbers at every step (tests/test_generation.py);
             # the recipe's seed plus the call's number keeps a run reproducible and each generation its own draws
@@ -296,6 +301,9 @@ class GenerationClock:
             for param, data in kept:
                 if param.data.dtype != data.dtype:
                     param.data = data
+            for module, name, buffer in buffers:
+                if module._buffers.get(name) is not None and module._buffers[name].dtype != buffer.dtype:
+                    module._buffers[name] = buffer
         seconds = self.clock() - start
         lengths = [len(c) for c in result[0]]
         call = dict(seconds=seconds, sequences=len(lengths), tokens=sum(lengths), decode_steps=max(lengths, default=0),

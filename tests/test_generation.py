@@ -164,18 +164,22 @@ def test_the_continuous_paths_cast_is_undone_bit_for_bit():
         trainer.model.to(torch.bfloat16)
         return [[1, 2]], None
 
+    def tensors(model):  # parameters and buffers: the rotary frequencies (inv_freq) are a buffer
+        return [*model.named_parameters(), *model.named_buffers()]
+
     trainer = _Trainer(casting_generate)
-    before = {n: (p.data_ptr(), p.dtype) for n, p in trainer.model.named_parameters()}
-    values = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    assert any(n.endswith("inv_freq") for n, _ in trainer.model.named_buffers())
+    before = {n: (t.data_ptr(), t.dtype) for n, t in tensors(trainer.model)}
+    values = {n: t.detach().clone() for n, t in tensors(trainer.model)}
     GenerationClock(trainer, "continuous")
     trainer._generate_single_turn([[1]], None, {}, 1)
-    after = {n: (p.data_ptr(), p.dtype) for n, p in trainer.model.named_parameters()}
+    after = {n: (t.data_ptr(), t.dtype) for n, t in tensors(trainer.model)}
     assert after == before
-    assert all(torch.equal(p, values[n]) for n, p in trainer.model.named_parameters())
+    assert all(torch.equal(t, values[n]) for n, t in tensors(trainer.model))
     trainer = _Trainer(casting_generate)  # without the path's restore, the cast would stay: the check can fail
     GenerationClock(trainer, "generate")
     trainer._generate_single_turn([[1]], None, {}, 1)
-    assert next(trainer.model.parameters()).dtype == torch.bfloat16
+    assert {t.dtype for _, t in tensors(trainer.model)} == {torch.bfloat16}
 
 
 def test_a_generation_past_its_limit_stops_with_a_clear_message():
