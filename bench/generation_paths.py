@@ -14,6 +14,12 @@ Two questions for SmolLM2-135M-Instruct (notebook 04's CPU recipe, ``cpu-smollm2
    batching has its own seeded sampler), so the two runs of a seed see different completions, as two seeds do: the
    paired test says whether two trained models differ, not whether a path does; the recipe's own spread over seeds
    (``generate``, seeds 0-2: results/smollm2_demo.json) is what a path's results are read against.
+3. **Where the paths part** (``--short-runs SEED ...``, alone: the other parts already recorded are kept). The
+   recipe's first ``--short-steps`` steps with each path from each seed: TRL's mean completion length, the share cut
+   at the token limit (``completions/clipped_ratio``) and the reward, step by step; and one model, its LoRA B
+   matrices drawn at random so that the adapters act, sampled through both paths with TRL's settings: mean length,
+   the share ended by EOS and the completions' mean token log-probability under the model's own forward pass (a
+   path that sampled from another distribution would show it there).
 
 Timings depend on the machine and on what else runs on it: the record says the load average.
 """
@@ -27,7 +33,7 @@ from pathlib import Path
 
 from bench import results_dir, write_json
 
-__all__ = ["main", "compare_tokens", "compare_learning", "other_seed"]
+__all__ = ["main", "compare_tokens", "compare_learning", "other_seed", "short_runs", "same_model_sampling"]
 
 CPU_PATHS = ("generate", "continuous", "static-compiled")
 
@@ -106,6 +112,75 @@ def other_seed(path: str, seed: int, eval_problems: int = 96, runs: str = "runs/
     return dict(path=path, seed=seed, **figures)
 
 
+def short_runs(seeds, steps: int = 6, paths=("generate", "continuous"),
+               runs: str = "runs/bench-generation-paths") -> list[dict]:
+    """Train the CPU recipe for ``steps`` steps per path and seed; return TRL's length, cut-off share and reward."""
+    import shutil
+
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+
+    rows = []
+    for seed in seeds:
+        for path in paths:
+            folder = Path(runs) / f"short-{path}-seed{seed}"
+            shutil.rmtree(folder, ignore_errors=True)  # a fresh run, never a resumed one
+            preset = get_preset("cpu-smollm2").replace(max_steps=steps, save_steps=None, generation=path, seed=seed)
+            run = build_run(preset, folder, print_logs=False)
+            start = time.perf_counter()
+            run.trainer.train()
+            logs = [h for h in run.trainer.state.log_history if "completions/mean_length" in h]
+            rows.append(dict(path=path, seed=seed, seconds=round(time.perf_counter() - start),
+                             mean_length=[round(h["completions/mean_length"], 2) for h in logs],
+                             cut_off=[round(h["completions/clipped_ratio"], 3) for h in logs],
+                             reward=[round(h["reward"], 3) for h in logs]))
+            print(f"{path}, seed {seed}: cut off {rows[-1]['cut_off']}", flush=True)
+    return rows
+
+
+def same_model_sampling(prompts: int = 8, lora_b_std: float = 0.02, repeats: int = 2,
+                        runs: str = "runs/bench-generation-paths") -> dict:
+    """Sample ``prompts`` x 8 completions ``repeats`` times per path from one model whose LoRA B matrices are drawn
+    at random (std ``lora_b_std``); return each draw's mean length, EOS-ended share and mean token log-probability."""
+    import torch
+
+    from labkit.presets import get_preset
+    from labkit.run import build_run
+
+    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_steps=None, generation="continuous")
+    run = build_run(preset, Path(runs) / "same-model", print_logs=False)
+    trainer, model = run.trainer, run.trainer.model
+    batch = [run.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
+             for r in run.train_dataset.select(range(prompts))]
+    batch = [p["input_ids"] if hasattr(p, "keys") else p for p in batch] * preset.num_generations
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, lora_b_std)
+
+    def mean_log_prob(prompt, completion) -> float:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).mean().item()
+
+    draws = {"generate": [], "continuous": []}
+    for _ in range(repeats):
+        for path in draws:
+            trainer.use_transformers_continuous_batching = path == "continuous"
+            completions, _ = trainer._generate_single_turn(batch, None, {}, 1)
+            completions = [list(map(int, c)) for c in completions]
+            model.eval()  # the log-probabilities without LoRA's dropout; TRL generates in training mode
+            log_probs = [mean_log_prob(p, c) for p, c in zip(batch, completions)]
+            model.train()
+            n = len(completions)
+            draws[path].append(dict(completions=n, mean_length=round(sum(map(len, completions)) / n, 2),
+                                    ended_by_eos=round(sum(c[-1] in trainer.eos_token_ids for c in completions) / n, 3),
+                                    mean_token_log_prob=round(sum(log_probs) / n, 3)))
+            print(f"{path}: {draws[path][-1]}", flush=True)
+    return dict(prompts=prompts, lora_b_std=lora_b_std, draws=draws)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench generation-paths", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,20 +191,33 @@ def main(argv: list[str] | None = None) -> int:
                         help="more runs of --learn-with alone, from these seeds (results/smollm2_demo.json has generate's)")
     parser.add_argument("--skip-learning", action="store_true",
                         help="only the tokens and the speed (minutes); a learning comparison already recorded is kept")
+    parser.add_argument("--short-runs", type=int, nargs="+", default=None, metavar="SEED",
+                        help="only part 3, from these seeds; the parts already recorded are kept")
+    parser.add_argument("--short-steps", type=int, default=6)
     parser.add_argument("--out", default=None, help="results folder (default results/)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from labkit.lab import provenance
 
-    record = dict(command="python -m bench generation-paths " + " ".join(argv or []),
-                  load_average_start=list(os.getloadavg()), tokens=compare_tokens(args.prompts))
     path = results_dir(args.out) / "generation_paths.json"
+    command = "python -m bench generation-paths " + " ".join(argv or [])
+    if args.short_runs:
+        record = json.loads(path.read_text()) if path.exists() else {}
+        record["where_paths_part"] = dict(
+            command=command, load_average_start=list(os.getloadavg()), steps=args.short_steps,
+            runs=short_runs(args.short_runs, args.short_steps), same_model=same_model_sampling(),
+            load_average_end=list(os.getloadavg()), date=time.strftime("%Y-%m-%d %H:%M:%S"), provenance=provenance())
+        write_json(path, record)
+        print(f"wrote {path}")
+        return 0
+    record = dict(command=command, load_average_start=list(os.getloadavg()), tokens=compare_tokens(args.prompts))
     if not args.skip_learning:
         record["learning"] = compare_learning(args.learn_with, args.eval_problems)
         record["other_seeds"] = [other_seed(args.learn_with, seed, args.eval_problems) for seed in args.other_seeds]
     elif path.exists():  # the tokens and speeds again (on an idle machine, say): the learning runs kept
         old = json.loads(path.read_text())
-        record.update({k: v for k, v in old.items() if k.startswith(("learning", "other_seeds", "history"))})
+        kept = ("learning", "other_seeds", "history", "where_paths_part")
+        record.update({k: v for k, v in old.items() if k.startswith(kept)})
     record.update(load_average_end=list(os.getloadavg()), date=time.strftime("%Y-%m-%d %H:%M:%S"),
                   machine=f"{os.cpu_count()} CPU cores", provenance=provenance())
     write_json(path, record)

@@ -82,10 +82,6 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
         if p.method == "full" and cuda:
             errors.append("generation='continuous' casts every weight to 16 bits for each generation: with full "
                           "fine-tuning's fp32 weights that is a second copy of the model. Set generation='generate'.")
-        warnings.append("generation='continuous': in the lab's CPU runs (python -m bench generation-paths) it wrote "
-                        "the same greedy tokens as 'generate', but its training runs learned less and their replies "
-                        "stayed at the token limit, for a cause not found yet (results/generation_paths.json): check "
-                        "what your run learns against 'generate'.")
     elif path == "vllm":
         import importlib.metadata
 

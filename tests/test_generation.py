@@ -96,8 +96,10 @@ def test_a_path_that_cannot_run_is_refused_before_any_model_loads(changes, devic
 def test_the_paths_that_can_run_pass_and_static_compiled_on_a_cpu_warns():
     assert validate(get_preset("laptop-16gb").replace(generation="static-compiled"), CUDA) == \
         validate(get_preset("laptop-16gb"), CUDA)
-    continuous = validate(get_preset("laptop-16gb").replace(generation="continuous"), CUDA)
-    assert [w for w in continuous if w.startswith("generation='continuous'")]  # what the lab's CPU runs found
+    # no warning for continuous batching with LoRA: its CPU runs that stayed at the token limit were the recipe's
+    # tipping point, which generate meets too (results/generation_paths.json, where_paths_part)
+    assert validate(get_preset("laptop-16gb").replace(generation="continuous"), CUDA) == \
+        validate(get_preset("laptop-16gb"), CUDA)
     warnings = validate(get_preset("cpu-tiny").replace(generation="static-compiled"))
     assert any("buys little on a CPU" in w for w in warnings)
     assert set(PATHS) == {"generate", "static-compiled", "continuous", "vllm"}
