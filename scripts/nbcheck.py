@@ -300,6 +300,11 @@ def check_notebook(path: str | Path, home: Home | None = None) -> list[str]:
     if len(cells) < 4:
         return problems + [f"only {len(cells)} cells: a lab notebook has a title, an install cell, parameters and content"]
 
+    ids = [cell.get("id") for cell in cells]
+    if nb.get("nbformat_minor", 0) >= 5 and (None in ids or len(set(ids)) < len(ids)):
+        missing = [i for i, cell_id in enumerate(ids) if cell_id is None]
+        what = f"cells {missing} have no id" if missing else "two cells share an id"
+        problems.append(what + " (nbformat 4.5: every cell has its own; JupyterLab adds them, which reads as a change)")
     for i, cell in enumerate(cells):
         if cell.get("cell_type") != "code":
             continue

@@ -52,6 +52,15 @@ def test_committed_outputs_are_caught(tmp_path):
     assert any("execution count" in p for p in problems)
 
 
+def test_a_cell_without_its_own_id_is_caught(tmp_path):
+    nb = _good_notebook()
+    del nb["cells"][2]["id"]
+    assert any("cells [2] have no id" in p for p in check_notebook(_write(tmp_path, nb)))
+    nb = _good_notebook()
+    nb["cells"][3]["id"] = nb["cells"][2]["id"]
+    assert any("two cells share an id" in p for p in check_notebook(_write(tmp_path, nb)))
+
+
 def test_syntax_errors_are_caught_but_magics_are_not(tmp_path):
     nb = _good_notebook()
     nb["cells"][3]["source"] = "%matplotlib inline\n!pip list\nx = (1,\n"
