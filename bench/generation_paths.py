@@ -38,6 +38,13 @@ __all__ = ["main", "compare_tokens", "compare_learning", "other_seed", "short_ru
 CPU_PATHS = ("generate", "continuous", "static-compiled")
 
 
+def _prompt_batch(run, prompts: int) -> list[list[int]]:
+    """Return the token ids of ``run``'s first ``prompts`` training prompts, each repeated ``num_generations`` times."""
+    batch = [run.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
+             for r in run.train_dataset.select(range(prompts))]
+    return [p["input_ids"] if hasattr(p, "keys") else p for p in batch] * run.preset.num_generations
+
+
 def compare_tokens(prompts: int = 4, paths=CPU_PATHS, runs: str = "runs/bench-generation-paths") -> dict:
     """Return, per path, the greedy completions' agreement with ``generate`` and its speed (see the docstring)."""
     from labkit.presets import get_preset
@@ -48,9 +55,7 @@ def compare_tokens(prompts: int = 4, paths=CPU_PATHS, runs: str = "runs/bench-ge
     for path in paths:
         run = build_run(preset.replace(generation=path), Path(runs) / path, print_logs=False,
                         generation_kwargs={"do_sample": False})
-        batch = [run.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
-                 for r in run.train_dataset.select(range(prompts))] * preset.num_generations
-        batch = [p["input_ids"] if hasattr(p, "keys") else p for p in batch]
+        batch = _prompt_batch(run, prompts)
         for _ in range(2):
             completions, _ = run.trainer._generate_single_turn(batch, None, {}, 1)
         completions = [list(map(int, c)) for c in completions]
@@ -150,9 +155,7 @@ def same_model_sampling(prompts: int = 8, lora_b_std: float = 0.02, repeats: int
     preset = get_preset("cpu-smollm2").replace(max_steps=1, save_steps=None, generation="continuous")
     run = build_run(preset, Path(runs) / "same-model", print_logs=False)
     trainer, model = run.trainer, run.trainer.model
-    batch = [run.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
-             for r in run.train_dataset.select(range(prompts))]
-    batch = [p["input_ids"] if hasattr(p, "keys") else p for p in batch] * preset.num_generations
+    batch = _prompt_batch(run, prompts)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
