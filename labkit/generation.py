@@ -298,7 +298,8 @@ class GenerationClock:
                 if param.data.dtype != data.dtype:
                     param.data = data
             for module, name, buffer in buffers:
-                if module._buffers.get(name) is not None and module._buffers[name].dtype != buffer.dtype:
+                current = module._buffers.get(name)
+                if current is not None and current.dtype != buffer.dtype:
                     module._buffers[name] = buffer
         seconds = self.clock() - start
         lengths = [len(c) for c in result[0]]

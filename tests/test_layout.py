@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
-# The installed package's Python, all lines counted (docstrings and blank lines too). 14,637 on 2026-11-27, with
+# The installed package's Python, all lines counted (docstrings and blank lines too). 14,642 on 2026-11-27, with
 # every feature the notebooks use; issue 41's note says why the first target (12,000) was restated. A ceiling
 # against growth, not a goal: raise it only in a commit that says what the new lines teach.
 PACKAGE_BUDGET = 14_700
