@@ -341,7 +341,7 @@ def _picture_text_px(page, cell_index: int) -> float:
 
 
 def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import Error as PlaywrightError, sync_playwright
 
     from labkit.dashboard.picture import MIN_FONT_PX
 
@@ -420,7 +420,12 @@ def test_dashboard_renders_and_updates_in_jupyterlab(jupyterlab, tmp_path):
                     board = page.locator(".labkit-dashboard").first
                     board.scroll_into_view_if_needed()
                     page.wait_for_timeout(300)
-                    board.screenshot(path=str(artifacts / "dashboard_nano.png"))
+                    try:
+                        board.screenshot(path=str(artifacts / "dashboard_nano.png"))
+                    except PlaywrightError as exc:  # the live display was redrawn between finding and photographing
+                        if "not attached to the DOM" not in str(exc):
+                            raise
+                        return  # the next poll photographs the new one
                     shot["state"] = state
 
             _wait_for_output(page, "LABKIT_NANO_DONE 10", NANO_TIMEOUT_MS, on_poll=photograph_midrun)
