@@ -254,7 +254,8 @@ def repo_root() -> Path | None:
     """Return the repository folder that holds this ``labkit`` (with ``results/``), or None for an installed copy.
 
     Notebooks find ``results/`` through here, so they work from any working directory (Colab's
-    ``/content``, a ``jupyter lab`` started at the repository root or inside ``notebooks/``).
+    ``/content``, or a ``jupyter lab`` started at the repository root, as the README says: there the notebooks'
+    links into ``docs/`` open too).
     """
     root = Path(__file__).resolve().parents[1]
     return root if (root / "pyproject.toml").is_file() and (root / "results").is_dir() else None

@@ -15,7 +15,9 @@ saved picture's caption and the printed summary read the same final time, shuts 
 it (the learner coming back the next day) and checks that the pictures are still there and that no "Error
 displaying widget" appears. The second notebook is built from notebook 05's own cells up to the estimator
 and checks that every control is labelled, that moving one redraws the figure, and that after reopening
-the picture and the sentence saying how to get the controls back are shown.
+the picture and the sentence saying how to get the controls back are shown. A third test starts the server the
+way the README opens the lab book (its `jupyter lab` command) on a copy of notebooks/00_setup.ipynb and docs/, clicks
+the notebook's glossary link and sees the glossary's heading in a tab of its own.
 
 Screenshots go to $LABKIT_ARTIFACTS (or the test's tmp folder); with LABKIT_SCREENSHOTS=docs the live
 nano dashboard and the estimator are also written to docs/dashboard.png and docs/estimator.png.
@@ -25,6 +27,7 @@ Playwright never downloads a browser here. Skipped, with the reason, when either
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -173,6 +176,18 @@ def _request(url: str, token: str, method: str = "GET", timeout: float = 5.0):
 @pytest.fixture
 def jupyterlab(tmp_path):
     """A JupyterLab server in tmp_path, shut down (kernels included) when the test ends."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _write_notebook(notebooks / "dashboard.ipynb", [MIDRUN_CELL, FINISH_CELL, NANO_CELL, TRL_CELL, ONE_STEP_CELL,
+                                                    ONE_STEP_CLOSE_CELL])
+    _write_notebook(notebooks / "estimator.ipynb", _estimator_cells())
+    with _jupyterlab_server(tmp_path, notebooks) as server:
+        yield {**server, "notebook": "dashboard.ipynb"}
+
+
+@contextlib.contextmanager
+def _jupyterlab_server(tmp_path: Path, root: Path):
+    """Run a JupyterLab server whose root folder is ``root`` (its settings in tmp_path); stop it, kernels included."""
     import psutil
 
     home = tmp_path / "jupyter"
@@ -180,11 +195,6 @@ def jupyterlab(tmp_path):
     # No news pop-up and no extension manager (both would reach the network and can cover the page).
     (home / "config" / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {
         "@jupyterlab/apputils-extension:announcements": True, "@jupyterlab/extensionmanager-extension": True}}))
-    notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    _write_notebook(notebooks / "dashboard.ipynb", [MIDRUN_CELL, FINISH_CELL, NANO_CELL, TRL_CELL, ONE_STEP_CELL,
-                                                    ONE_STEP_CLOSE_CELL])
-    _write_notebook(notebooks / "estimator.ipynb", _estimator_cells())
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     env.update(
@@ -200,10 +210,10 @@ def jupyterlab(tmp_path):
     log = log_path.open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--ServerApp.terminals_enabled=False",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.terminals_enabled=False",
          "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly",
          *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],  # CI containers run as root
-        cwd=notebooks, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     started = False
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
@@ -218,8 +228,7 @@ def jupyterlab(tmp_path):
             why = f"exited with code {server.returncode}" if server.poll() is not None else \
                 f"did not answer in {SERVER_START_TIMEOUT_S} s"
             pytest.fail(f"JupyterLab {why}:\n{log_path.read_text()[-3000:]}")
-        yield {"base": base, "token": token, "notebook": "dashboard.ipynb", "log": log_path, "pid": server.pid,
-               "root": notebooks}
+        yield {"base": base, "token": token, "log": log_path, "pid": server.pid, "root": root}
     finally:
         # Kernels run in their own sessions: remember every process the server started, by id.
         try:
@@ -593,5 +602,44 @@ def test_notebook_05_estimator_is_labelled_and_redraws(jupyterlab, tmp_path):
             outputs = page.locator(".jp-Cell").nth(3).locator(".jp-OutputArea")
             outputs.scroll_into_view_if_needed()
             outputs.screenshot(path=str(artifacts / "estimator_reopened.png"))
+        finally:
+            browser.close()
+
+
+def test_a_docs_link_in_a_notebook_opens_in_the_lab_the_readme_starts(tmp_path):
+    """Issue 55 item 1: the README's way of opening the lab book (its `jupyter lab ...` command) serves a folder from
+    which a notebook's links into docs/ open. Started inside notebooks/, a click on "glossary" in 00's cell 5
+    (`../docs/glossary.md`) gave only a notification and `404 GET /api/contents/docs/glossary.md`."""
+    from playwright.sync_api import sync_playwright
+
+    commands = re.findall(r"`jupyter lab((?: [^`]+)?)`", (REPO / "README.md").read_text())
+    assert commands and len(set(commands)) == 1, f"the README opens the lab book in more than one way: {commands}"
+    folder = commands[0].strip() or "."
+    lab = tmp_path / "lab"  # the repository's notebooks and docs, copied: other work may be editing the checkout
+    shutil.copytree(REPO / "docs", lab / "docs")
+    (lab / "notebooks").mkdir()
+    shutil.copy(REPO / "notebooks" / "00_setup.ipynb", lab / "notebooks")
+    root = (lab / folder).resolve()
+    notebook = (lab / "notebooks" / "00_setup.ipynb").relative_to(root).as_posix()
+    artifacts = Path(os.environ.get("LABKIT_ARTIFACTS") or tmp_path)
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with _jupyterlab_server(tmp_path, root) as server, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+                                             timeout=30_000)
+        try:
+            page = _open_notebook(browser, f"{server['base']}/lab/tree/{notebook}?token={server['token']}",
+                                  {"width": 1400, "height": 1000})
+            link = page.locator(".jp-MarkdownCell .jp-RenderedMarkdown a", has_text=re.compile(r"^glossary$")).first
+            link.scroll_into_view_if_needed()
+            link.click()
+            try:  # the document opens in a tab of its own, its first heading on screen
+                page.locator(".lm-TabBar-tab.jp-mod-current", has_text="glossary.md").wait_for(timeout=20_000)
+                page.locator(".jp-MarkdownViewer h1:visible", has_text="Glossary").wait_for(timeout=20_000)
+            except Exception:  # noqa: BLE001 - say what the learner saw and what the server logged
+                page.screenshot(path=str(artifacts / "docs_link.png"))
+                served = [line for line in server["log"].read_text().splitlines() if "glossary" in line]
+                pytest.fail(f"the glossary link opened no document with the lab started as `jupyter lab"
+                            f"{commands[0]}` (root {root.relative_to(lab)}/); the server logged: {served}")
+            page.screenshot(path=str(artifacts / "docs_link.png"))
         finally:
             browser.close()
