@@ -26,7 +26,7 @@ __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPR
            "safe_calculate", "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
            "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "record_batches",
            "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe",
-           "tools_demo_table", "tools_demo_tests", "plot_tools_demo",
+           "tools_demo_table", "tools_demo_tests", "plot_tools_demo", "text_table", "message_text", "loss_mask_table",
            "answers_match"]  # labkit.rewards': what the calculator environment's reward compares with (notebook 08)
 
 def _expression(question: str) -> str:
@@ -239,6 +239,55 @@ def loss_mask_view(tokenizer, completion_ids: list[int], tool_mask: list[int]) -
         text = tokenizer.decode([token for token, _ in run])
         parts.append(text if m else f"[[{text}]]")
     return "".join(parts)
+
+
+def loss_mask_table(tokenizer, batch: dict, rows: int = 4):
+    """Return a table of a recorded batch's first ``rows`` completions, as the loss sees them (notebook 08, section 6).
+
+    ``batch`` is one of :func:`record_batches`' dicts. Each row shows the completion with its masked tokens in
+    [[brackets]] (:func:`loss_mask_view`), its token counts, whether the model's own tokens hold a
+    ``<tool_response>`` it wrote itself, and its advantage. It is a :func:`text_table`: the tags show as text.
+    """
+    out = []
+    for i in range(min(rows, batch["completion_ids"].shape[0])):
+        keep = batch["completion_mask"][i].bool()
+        ids = batch["completion_ids"][i][keep].tolist()
+        mask = batch["tool_mask"][i][keep].tolist() if "tool_mask" in batch else [1] * len(ids)
+        own = tokenizer.decode([t for t, m in zip(ids, mask) if m])  # the model's own tokens: what the loss trains
+        out.append({"completion (masked tokens in [[ ]])": loss_mask_view(tokenizer, ids, mask),
+                    "tokens": len(ids), "trained on": sum(mask), "masked": len(mask) - sum(mask),
+                    "writes its own <tool_response>": "<tool_response>" in own,
+                    "advantage": float(batch["advantages"][i])})
+    return text_table(out, formats={"advantage": "{:+.2f}"})
+
+
+def text_table(rows: list[dict], *, index: str | None = None, formats: dict | None = None):
+    """Return a pandas Styler of ``rows`` that a browser shows as written: every cell whole, tags as text.
+
+    Cells and headers are HTML-escaped in one ``format`` call: a second ``Styler.format`` call resets the
+    escaping of every column, and the browser then reads ``<tool_call>`` as a tag and hides it. Text is
+    left-aligned, keeps its line breaks and is never cut. ``index`` names the column to use as row labels
+    (none: no row numbers); ``formats`` maps a column to a format string such as ``"{:+.2f}"``.
+    """
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    style = (table.set_index(index) if index else table).style.format(formats or {}, escape="html")
+    style = style.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
+    style = style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
+    style = style.set_table_styles([{"selector": "th", "props": [("text-align", "left")]}])
+    return style if index else style.hide(axis="index")
+
+
+def message_text(message: dict) -> str:
+    """Return one turn of a tool conversation as a line to read: who speaks, what it says, what it calls."""
+    said = [(message.get("content") or "").strip()]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments") or {}
+        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items()) if isinstance(arguments, dict) else repr(arguments)
+        said.append(f"calls {function.get('name')}({shown})")
+    return f"{message.get('role', '?')}: " + " ".join(part for part in said if part)
 
 
 def tool_round_tokens(tokenizer, expression: str = "123 * 456", result: str = "56088") -> dict:

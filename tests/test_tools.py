@@ -402,3 +402,64 @@ def test_an_exception_in_reset_or_get_reward_stops_the_script_as_it_stops_trl():
     verdict = _verdict(RewardRaises)
     assert "wrong on a right call" in verdict and "call 3 of 3, get_reward()" in verdict, verdict
     assert "TRL does not catch an exception of get_reward: training stops there" in verdict, verdict
+
+
+# --------------------------------------------------------------------------- what a learner's browser shows
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's: the test never downloads a browser
+
+
+def _no_browser() -> str | None:
+    import importlib.util
+    import os
+
+    if not os.path.exists(CHROMIUM):
+        return f"{CHROMIUM} not found (Debian: apt-get install -y chromium)"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install playwright; no browser download needed)"
+    return None
+
+
+def _shown_in_chromium(html: str) -> tuple[list[str], list[str]]:
+    """Return the header texts and the cell texts a browser shows for ``html`` (what a learner reads)."""
+    import os
+
+    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"], timeout=30_000)
+        try:
+            page = browser.new_page()
+            page.set_content(html)
+            return page.locator("th").all_inner_texts(), page.locator("td").all_inner_texts()
+        finally:
+            browser.close()
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(_no_browser() is not None, reason=str(_no_browser()))
+def test_the_loss_mask_table_shows_the_tags_in_a_browser():
+    import torch
+
+    from labkit.tools import loss_mask_table
+
+    pieces = ["<tool_call>calculate</tool_call>", "<tool_response> 1377 </tool_response>", "17 x 81 is 1377.",
+              "<tool_response> 1377 </tool_response>", "<|im_end|>"]
+
+    class Tokenizer:  # one piece of text a token: the table only decodes
+        def decode(self, ids):
+            return "".join(pieces[i] for i in ids)
+
+    batch = {"completion_ids": torch.tensor([[0, 1, 2, 3, 4, 4], [2, 4, 4, 4, 4, 4]]),
+             "completion_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]]),
+             "tool_mask": torch.tensor([[1, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]),
+             "advantages": torch.tensor([1.5, -0.5])}
+    headers, cells = _shown_in_chromium(loss_mask_table(Tokenizer(), batch).to_html())
+    assert "writes its own <tool_response>" in headers and "completion (masked tokens in [[ ]])" in headers, headers
+    first, second = cells[:6], cells[6:]
+    assert first[0] == ("<tool_call>calculate</tool_call>[[<tool_response> 1377 </tool_response>]]17 x 81 is 1377."
+                        "<tool_response> 1377 </tool_response><|im_end|>"), first
+    assert first[1:] == ["5", "4", "1", "True", "+1.50"], first  # its own <tool_response>: trained on
+    assert second == ["17 x 81 is 1377.<|im_end|>", "2", "2", "0", "False", "-0.50"], second
