@@ -19,6 +19,7 @@ from labkit.rewards import (accuracy_reward, answers_match, check_reward_functio
                             evaluate_expression, expression_reward, extract_answer, extract_last_number,
                             extract_stated_answer, format_reward, int_answer_reward, overlong_penalty, parse_number,
                             right_answer_reward, short_answer_reward, soft_format_reward, tag_count_reward)
+from labkit.rewards.functions import MAX_EQUATIONS
 
 GOOD = "<think>16 - 3 - 4 = 9 eggs; 9 * 2 = 18</think>\n<answer>18</answer>"
 
@@ -698,3 +699,111 @@ def test_a_huge_irrational_is_neither_whole_nor_equal_to_a_whole_number():
     assert R.int_answer_reward([completion]) == [0.0]
     assert accuracy_reward([completion], answer=["1" + "0" * 20]) == [0.0]
     assert R.int_answer_reward(["<think>w</think><answer>\\sqrt{16}</answer>"]) == [1.0]  # exactly 4
+
+
+# ----------------------------------------------------------------------------- issue 55: the equation a reply states
+
+
+@pytest.mark.parametrize("text, false", [
+    ("Emma has 3 * 2 * 2 = 6 apples", ["3 * 2 * 2 = 6"]),  # notebook 04: right_answer_reward pays it (states 6)
+    ("Tom has 4 * 5 * 4 = 60 pens in total.", ["4 * 5 * 4 = 60"]),  # 04's own question: 4 boxes of 5 pens
+    ("10 - 15 = 5\nZoe has 15 cards left.", ["10 - 15 = 5"]),  # the untrained model, results/false_equations.json
+    ("Sam has 7 x 4 = 27 pencils", ["7 x 4 = 27"]),
+    ("3 × 4 = 13 and 12 ÷ 4 = 4", ["3 × 4 = 13", "12 ÷ 4 = 4"]),
+    ("Tom has $1,200 + $300 = $1,600.", ["1,200 + $300 = $1,600"]),
+    ("2 + 3 = 5 = 6", ["2 + 3 = 5 = 6"]),  # a chain: its last link is false
+    ("2 + 3 = 6 = 6", ["2 + 3 = 6 = 6"]),  # ... or its first
+    ("3 + 2 = 5 apples, then 4 + 4 = 9", ["4 + 4 = 9"]),  # only the false one of two
+    ("2 / 3 = 0.66", ["2 / 3 = 0.66"]),  # 0.666..., not 0.66 to two places
+    ("7 / 2 = 3", ["7 / 2 = 3"]),  # a whole number is not a rounding of 3.5
+    ("Mia (so 3 + 2 = 6) has 6.", ["3 + 2 = 6"]), ("Mia has (3 + 2 = 6) apples", ["(3 + 2 = 6)"]),  # brackets
+])
+def test_equation_errors_finds_the_false_equations(text, false):
+    assert R.equation_errors(text) == false
+    assert R.equation_errors(conv(text)) == false
+
+
+@pytest.mark.parametrize("text", [
+    "Emma has 3 x 2 = 6 apples.", "3 × 4 = 12 and 12 ÷ 4 = 3", "Tom has $1,200 + $300 = $1,500.",
+    "2 + 3 = 5 = 5", "2 * (3 + 4) = 14 = 7 * 2", "(3 + 2) * 2 = 10", "Mia (so 3 + 2 = 5) has 5.",
+    "10 / 4 = 2.5", "1/2 + 1/4 = 3/4", "7 / 3 = 2.33", "2 / 3 = 0.67", "1 / 3 = 0.333", "5 - 8 = -3", "10 − 3 = 7",
+    "2.5 * 4 = 10", "0.1 + 0.2 = 0.3",  # exact decimals: 0.1 + 0.2 is 0.3 here, unlike in floats
+    "The answer is 3 + 4 = 7. 7 x 2 = 14.", "",
+])
+def test_equation_errors_passes_true_equations(text):
+    assert R.equation_errors(text) == []
+
+
+@pytest.mark.parametrize("text", [
+    "She has 3 bags x 2 = 6", "3 bags x 2 + 1 = 7",  # words before an operator: "2 + 1 = 7" is not the equation
+    "50% of 10 = 5", "Tom is 10 = 5 + 5 years",  # no operator before '=', then a true one
+    "x = 5", "2x = 10", "a = b = c", "a2 + 2 = 5", "Tom has x + 3 = 9 pens",  # algebra: names are not numbers
+    "__import__('os').system('touch pwned') = 0", "len('abc') = 4", "print(1) + 1 = 7",
+    "9**9**9 = 1", "1 / 0 = 5", "(1 + = 3", "1" * 150 + " + 1 = 2",  # refused: too big, undefined, broken, too long
+    "1 + 0 = " * 30 + "2",  # a chain longer than MAX_EQUATION_CHARS (200) is not read
+])
+def test_equation_errors_refuses_what_is_not_plain_arithmetic(text):
+    assert R.equation_errors(text) == []
+
+
+def test_equation_errors_never_hands_a_name_to_the_calculator(monkeypatch):
+    import labkit.rewards.functions as F
+
+    seen, ran = [], []
+    calculate = F.safe_calculate
+    monkeypatch.setattr(F, "safe_calculate", lambda expression: seen.append(expression) or calculate(expression))
+    monkeypatch.setattr(os, "system", lambda *a: ran.append(a) or 0)
+    texts = ["__import__('os').system('ls') + 1 = 1", "os.getcwd() * 2 = 3", "exec('1') - 1 = 0", "Tom's x + 3 = 5",
+             "f(2) * 3 = 6 and g(1) + 1 = 3", "lambda: 1 = 2 * 1", "Emma has 3 * 2 * 2 = 6 apples"]
+    for text in texts:
+        R.equation_errors(text)
+    assert seen and not ran
+    assert not [e for e in seen if any(c.isalpha() and c not in "xX" for c in e) or "_" in e], seen
+
+
+@pytest.mark.parametrize("text", ["1=1=" * 25_000, "1+1=3, " * 15_000, "1+1=3a" * 20_000, "(" * 50_000 + "= 1",
+                                  "9**9**9**9 = 1, " * 6_000, "1" * 4_400 + "**2 = 1", "2 " * 50_000 + "= 2",
+                                  "=" * 100_000, "1 + 1 = 3\n" * 10_000])
+def test_equation_errors_on_huge_inputs_returns_and_reads_at_most_the_last_few(text):
+    results = []
+    worker = threading.Thread(target=lambda: results.append(R.equation_errors(text)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), f"{text[:20]!r}... is still being read"
+    assert len(results[0]) <= MAX_EQUATIONS
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(text=completions_text())
+def test_equation_errors_returns_pieces_of_any_text(text):
+    errors = R.equation_errors(text)
+    assert isinstance(errors, list) and len(errors) <= MAX_EQUATIONS
+    assert all(isinstance(e, str) and "=" in e and e in text for e in errors)
+
+
+def test_bench_false_equations_counts_right_replies_with_false_equations(tmp_path):
+    import json
+
+    from bench import false_equations
+
+    def reply(before, after, gold="6"):
+        return {"question": "Emma has 3 bags with 2 apples in each bag. How many?", "gold": gold, "before": before,
+                "after": after}
+
+    (tmp_path / "smollm2_short.json").write_text(json.dumps({"examples": [
+        reply("Emma has 3 * 2 * 2 = 6 apples", "Emma has 3 x 2 = 6 apples."),  # right, false -> right, true
+        reply("Emma has 3 x 2 = 5", "Emma has 3 x 2 = 5"),  # wrong either way: not counted
+    ]}))
+    (tmp_path / "smollm2_long").mkdir()
+    (tmp_path / "smollm2_long" / "latest_completions.json").write_text(json.dumps({"completions": [
+        {**reply("6", "Emma has 2 + 2 = 6 apples."), "now": "Emma has 2 + 2 = 6 apples."}]}))
+    out = tmp_path / "false_equations.json"
+    assert false_equations.main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    counts = {(run["file"], stage): (run[stage]["scored_right"], run[stage]["right_with_false_equation"])
+              for run in record["runs"] for stage in ("before", "after")}
+    assert counts == {("smollm2_short.json", "before"): (1, 1), ("smollm2_short.json", "after"): (1, 0),
+                      ("smollm2_long/latest_completions.json", "before"): (1, 0),
+                      ("smollm2_long/latest_completions.json", "after"): (1, 1)}
+    assert record["runs"][0]["before"]["right_and_false"][0]["false_equations"] == ["3 * 2 * 2 = 6"]
+    assert {"date", "device", "versions"} <= set(record["provenance"])

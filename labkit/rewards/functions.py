@@ -19,6 +19,7 @@ import re
 from collections import Counter
 from fractions import Fraction
 
+from labkit.environments import ERROR_PREFIX, safe_calculate
 from labkit.rewards.parse import (
     ANSWER_CLOSE, ANSWER_OPEN, FORMAT_TAGS, MAX_MAGNITUDE, THINK_CLOSE, THINK_OPEN, _evaluate, _numbers_equal, _parse,
     answers_match, completion_text, extract_answer, extract_stated_answer,
@@ -26,8 +27,9 @@ from labkit.rewards.parse import (
 
 __all__ = [
     "format_reward", "soft_format_reward", "tag_count_reward", "accuracy_reward", "int_answer_reward",
-    "expression_reward", "right_answer_reward", "short_answer_reward", "overlong_penalty", "OverlongPenalty",
-    "combine_rewards", "CombinedReward", "weighted_sum", "gsm8k_rewards", "named_rewards", "score_completions",
+    "expression_reward", "right_answer_reward", "equation_errors", "short_answer_reward", "overlong_penalty",
+    "OverlongPenalty", "combine_rewards", "CombinedReward", "weighted_sum", "gsm8k_rewards", "named_rewards",
+    "score_completions",
 ]
 
 
@@ -169,6 +171,40 @@ def right_answer_reward(completions, answer, **kwargs) -> list[float | None]:
     A hedge (``"12 or 13"``) states no answer. Range {0, 1}.
     """
     return _gold_rewards(completions, answer, extract_stated_answer)
+
+
+# An equation: starts at a digit or "(" that no operator precedes ("bags x 2 = 6" is not "2 = 6"), runs over digits,
+# operators, brackets, spaces and "=", and keeps a "." "," or "$" only before a digit. One character class: linear.
+_EQUATION = re.compile(r"(?<![\w.+\-*/×÷=])(?<![+\-*/×÷=xX] )[\d(](?:[\d \t+\-*/×÷xX()=\u2212]|[.,$](?=\d))*")
+MAX_EQUATIONS, MAX_EQUATION_CHARS = 10, 200  # the last 10 equations of a reply are read; a longer chain is not
+
+
+def _agree(a: str, b: str) -> bool:
+    """Return whether two calculator results are one number, to the decimals the shorter one shows (7/3 = 2.33)."""
+    places = min(len(s.partition(".")[2]) for s in (a, b))
+    return a == b or places > 0 and abs(Fraction(a) - Fraction(b)) * 2 * 10**places <= 1
+
+
+def equation_errors(text: str) -> list[str]:
+    """Return the equations in ``text`` whose arithmetic is false: ``["3 * 2 * 2 = 6"]`` for "Emma has 3 * 2 * 2 = 6".
+
+    An equation is a run of numbers, operators (``x``, ``×`` and ``÷`` too), brackets and ``=``, with one operator
+    at least; a chain ``a = b = c`` is false where two neighbouring sides differ. The lab's calculator evaluates
+    each side (:func:`labkit.environments.safe_calculate`, never ``eval``), and a side it refuses (a name, over 100
+    characters, beyond 10^12) is not compared. The last :data:`MAX_EQUATIONS` of a reply are read, each at most
+    :data:`MAX_EQUATION_CHARS` long. Introduced in ``04_lora_grpo_16gb.ipynb``.
+    """
+    found = [m.group().rstrip(" \t+-*/×÷xX(=\u2212") for m in _EQUATION.finditer(completion_text(text))]
+    found = [e if e.count("(") == e.count(")") else e.strip("()") for e in found  # "(so 3 + 2 = 5)": "3 + 2 = 5"
+             if "=" in e and len(e) <= MAX_EQUATION_CHARS and re.search(r"[^\d\s.,=()$]", e)]
+    false = []
+    for equation in found[-MAX_EQUATIONS:]:
+        sides = [s.strip() for s in equation.replace("$", "").split("=")]
+        values = [safe_calculate(s if s.count("(") == s.count(")") else s.strip("() ")) for s in sides]
+        values = [v for v in values if not v.startswith(ERROR_PREFIX)]
+        if not all(_agree(a, b) for a, b in zip(values, values[1:])):
+            false.append(equation)
+    return false
 
 
 SHORT_ANSWER_WORDS = 10
