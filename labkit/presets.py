@@ -44,6 +44,11 @@ RECIPE_TARGETS = ("q_proj", "k_proj", "o_proj", "up_proj", "down_proj")
 class PresetError(ValueError):
     """A preset that cannot train on this machine; the message says what to change."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of a traceback: the message, which says what to change (a notebook's setting),
+        where a stack into labkit would bury it."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 @dataclass(frozen=True)
 class Preset:

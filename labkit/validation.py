@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from labkit.device import choose_precision, detect_device
@@ -28,7 +29,7 @@ from labkit.shapes import model_shape
 from labkit.tasks import WORD_PROBLEM_TASKS
 
 __all__ = ["validate", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
-           "trl_config_errors", "too_few_prompts"]
+           "trl_config_errors", "too_few_prompts", "in_notebook_terms"]
 
 
 # Fields holding a credential: never accepted in a recipe (it is saved in the run folder and every
@@ -411,8 +412,24 @@ def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
     return []
 
 
-def _error_message(name: str, device, errors: list[str], *, about_device: bool = True) -> str:
-    """Return one line for one error, a list for several (a bad value is not the device's fault)."""
+def in_notebook_terms(error: str, names: dict[str, str]) -> str:
+    """Return ``error`` in a notebook's terms: for each preset field that ``names`` maps to the settings-cell variable
+    that sets it (``{"max_steps": "MAX_STEPS"}``), the command line's ``--set max_steps=VALUE`` becomes
+    ``MAX_STEPS = VALUE in the settings cell``; an error about such a field without that hint gets the variable."""
+    for field, variable in names.items():
+        hinted = re.sub(rf"--set {re.escape(field)}=(\S+?)(?=[.,;)]?(\s|$))", rf"{variable} = \1 in the settings cell",
+                        error)
+        if hinted != error:
+            error = hinted
+        elif re.match(rf"{re.escape(field)}\b", error):
+            error += ("" if error.endswith(".") else ".") + f" Change {variable} in the settings cell."
+    return error
+
+
+def _error_message(name: str, device, errors: list[str], *, about_device: bool = True, names=None) -> str:
+    """Return one line for one error, a list for several (a bad value is not the device's fault); ``names``: see
+    :func:`in_notebook_terms`."""
+    errors = [in_notebook_terms(e, names) for e in errors] if names else errors
     head = f"preset {name!r} cannot run on {device}" if about_device else f"preset {name!r} has a value it cannot use"
     if len(errors) == 1:
         return f"{head}: {errors[0]}"
@@ -425,10 +442,15 @@ def _under_fsdp() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
 
-def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None) -> list[str]:
+def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None,
+             names: dict[str, str] | None = None) -> list[str]:
     """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
 
-    Every error message says what to change. Checked before anything is loaded:
+    Every error message says what to change: on the command line by default (``--set max_steps=VALUE``); in a
+    notebook, ``names`` maps the preset fields its settings cell sets to their variables
+    (``names={"max_steps": "MAX_STEPS"}``) and the message names the variable instead (:func:`in_notebook_terms`).
+    A :class:`PresetError` shows as its message alone in IPython, without a traceback. Checked before anything is
+    loaded:
 
     - TRL's batch rule: the generation batch, ``per_device_train_batch_size x processes x
       steps_per_generation`` (``steps_per_generation`` = ``gradient_accumulation_steps`` by
@@ -454,7 +476,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
 
     problems = field_errors(p)
     if problems:  # wrong types or ranges: the checks below would trip over them
-        raise PresetError(_error_message(p.name, device, problems, about_device=False))
+        raise PresetError(_error_message(p.name, device, problems, about_device=False, names=names))
     try:
         check_method(p.method)
     except ValueError as exc:
@@ -545,5 +567,5 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
     if not errors:  # the estimate needs every field sound
         errors.extend(_tool_errors(p, device, procs))
     if errors:
-        raise PresetError(_error_message(p.name, device, errors))
+        raise PresetError(_error_message(p.name, device, errors, names=names))
     return warnings

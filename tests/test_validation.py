@@ -459,3 +459,40 @@ def test_build_trainer_refuses_a_dataset_that_gives_no_step(tmp_path):
     args = grpo_config(tmp_path, device=CPU, max_steps=1, per_device_train_batch_size=8, num_generations=2)
     with pytest.raises(ValueError, match="3 training prompts give no training step: .* takes 4 prompts"):
         build_trainer("unused", [len], load_gsm8k("train", limit=3), args)
+
+
+# ----------------------------------------------------------------------------- issue 55 item 8: a notebook's settings
+
+NOTEBOOK_04_NAMES = {"model": "MODEL", "max_steps": "MAX_STEPS", "generation": "GENERATION"}  # 04's settings cell
+
+
+@pytest.mark.parametrize("setting, value, expected", [
+    ("MAX_STEPS", -1, "Set MAX_STEPS = VALUE in the settings cell."),
+    ("MAX_STEPS", "ten", "Set MAX_STEPS = VALUE in the settings cell."),
+    ("MODEL", "/no/such/folder", "Change MODEL in the settings cell."),
+    ("MODEL", "tiny:gpt9", "Change MODEL in the settings cell."),
+    ("GENERATION", "fast", "Change GENERATION in the settings cell."),
+])
+def test_a_bad_notebook_setting_is_one_line_naming_its_variable_without_a_traceback(capsys, setting, value, expected):
+    """Notebook 04's cells: the settings cell, then get_preset and validate as its cell 14 calls them, in IPython."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    field = {v: k for k, v in NOTEBOOK_04_NAMES.items()}[setting]
+    shell = InteractiveShell.instance()
+    try:
+        result = shell.run_cell(f"from labkit.presets import get_preset\nfrom labkit.run import validate\n"
+                                f"{setting} = {value!r}\npreset = get_preset('cpu-smollm2', {field}={setting})\n"
+                                f"validate(preset, names={NOTEBOOK_04_NAMES!r})")
+    finally:
+        InteractiveShell.clear_instance()
+    assert isinstance(result.error_in_exec, PresetError)
+    out = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(out) == 1 and out[0].startswith("PresetError: ") and out[0].endswith(expected), out
+    assert "--set" not in out[0] and "Traceback" not in out[0] and "validation.py" not in out[0]
+
+
+def test_the_command_line_keeps_its_own_wording(capsys):
+    line = _refused(capsys, "max_steps", "--set", "max_steps=-1")
+    assert line.endswith("Set --set max_steps=VALUE.") and "settings cell" not in line
+    with pytest.raises(PresetError, match=r"Set --set max_steps=VALUE\.$"):
+        validate(TINY.replace(max_steps=-1), CPU)  # names=None: the command line's terms
