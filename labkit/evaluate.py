@@ -36,7 +36,7 @@ import torch
 __all__ = ["EvalResult", "grade_completion", "gsm8k_accuracy", "before_after_table", "ci95", "wilson_interval",
            "McNemarResult", "mcnemar_test", "paired_bootstrap", "newcombe_interval", "PairedChange", "paired_change",
            "paired_columns", "pass_at_k", "held_out_scores", "describe_held_out", "short_answer_scores",
-           "held_out_table", "side_by_side", "sampled_pass_at_k"]
+           "held_out_table", "side_by_side", "answer_verdict", "sampled_pass_at_k"]
 
 
 def ci95(rate: float, n: int) -> float:
@@ -499,6 +499,29 @@ def side_by_side(dataset, before, after, rows: int = 8):
                                                      a_scores)][:rows])
     return table.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"}).set_table_styles(
         [{"selector": "th", "props": [("text-align", "left")]}]).hide(axis="index")
+
+
+def answer_verdict(reply: str, answer) -> str:
+    """Return one line on a reply to a learner's own question (notebook 04, section 9): right, wrong or unchecked.
+
+    The answer the reply states (:func:`labkit.rewards.extract_stated_answer`: what the reward reads) is compared
+    with ``answer``, the learner's ``MY_ANSWER`` (:func:`labkit.rewards.answers_match`). Every equation of the
+    reply whose arithmetic is false (:func:`labkit.rewards.equation_errors`) is named: the reward never checks
+    them. An ``answer`` that is not one number (``None``, a list, a word) gets a sentence, never an exception.
+    """
+    from labkit.rewards import answers_match, equation_errors, extract_stated_answer, parse_number
+
+    stated = extract_stated_answer(reply)
+    if parse_number(answer) is None:
+        shown = "not set" if answer is None else f"{answer!r}, not one number"
+        line = (f"states {stated or 'no number'}; not checked: MY_ANSWER is {shown} (set it in the parameters cell "
+                'to the answer you expect, e.g. MY_ANSWER = "20")')
+    elif stated is None:
+        line = f"states no number as its answer: wrong (MY_ANSWER is {answer})"
+    else:
+        line = f"states {stated}: {'right' if answers_match(stated, answer) else 'wrong'} (MY_ANSWER is {answer})"
+    false = equation_errors(reply)
+    return line + ("; its false arithmetic: " + "; ".join(false) if false else "")
 
 
 def _questions(dataset) -> list[str]:

@@ -275,3 +275,30 @@ def test_interval_shrinks_with_more_questions():
     assert ci95(0.5, 1319) == pytest.approx(0.027, abs=0.001)
     assert ci95(0.5, 30) == pytest.approx(0.179, abs=0.001)
     assert ci95(0.0, 10) == 0.0
+
+
+# --------------------------------------------------------------------------- a learner's own question (notebook 04)
+
+
+@pytest.mark.parametrize("reply, answer, says", [
+    ("Tom has 4 * 5 = 20 pens.", "20", "states 20: right (MY_ANSWER is 20)"),
+    ("Tom has 4 * 5 = 20 pens.", 20, "states 20: right (MY_ANSWER is 20)"),
+    ("Tom has 4 * 5 * 4 = 60 pens in total.", "20",
+     "states 60: wrong (MY_ANSWER is 20); its false arithmetic: 4 * 5 * 4 = 60"),
+    ("Tom has 4 * 5 * 2 = 20 pens.", "20", "states 20: right (MY_ANSWER is 20); its false arithmetic: 4 * 5 * 2 = 20"),
+    ("Tom has 4 * 5 = ", "20", "states no number as its answer: wrong (MY_ANSWER is 20)"),
+])
+def test_a_reply_to_the_learners_question_gets_its_stated_answer_and_its_false_arithmetic(reply, answer, says):
+    from labkit.evaluate import answer_verdict
+
+    assert answer_verdict(reply, answer) == says
+
+
+@pytest.mark.parametrize("answer, shown", [(None, "not set"), ([20], "[20], not one number"),
+                                           ("twenty", "'twenty', not one number"), ("", "'', not one number")])
+def test_a_missing_or_wrong_my_answer_gets_a_sentence_not_an_exception(answer, shown):
+    from labkit.evaluate import answer_verdict
+
+    verdict = answer_verdict("Tom has 4 * 5 * 4 = 60 pens.", answer)
+    assert verdict.startswith(f"states 60; not checked: MY_ANSWER is {shown} (set it in the parameters cell"), verdict
+    assert verdict.endswith("; its false arithmetic: 4 * 5 * 4 = 60"), verdict  # still named without an answer
