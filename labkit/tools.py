@@ -274,7 +274,7 @@ def text_table(rows: list[dict], *, index: str | None = None, formats: dict | No
     table = pd.DataFrame(rows)
     style = (table.set_index(index) if index else table).style.format(formats or {}, escape="html")
     style = style.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
-    style = style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
+    style = style.set_properties(**{"text-align": "left", "vertical-align": "top", "white-space": "pre-wrap"})
     style = style.set_table_styles([{"selector": "th", "props": [("text-align", "left")]}])
     return style if index else style.hide(axis="index")
 
