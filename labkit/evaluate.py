@@ -423,9 +423,10 @@ def held_out_scores(result) -> dict:
     (:func:`labkit.rewards.right_answer_reward`); ``right`` holds the verdict of each problem
     (for the paired test). ``short_answer`` (1-10 words with a number), ``last_number`` (the
     last number in the reply is the gold one, the lenient reading) and ``mean_words`` are
-    reported beside it.
+    reported beside it, and ``right_false_equation``: the share scored right whose reply holds an equation with
+    false arithmetic (:func:`labkit.rewards.equation_errors`), which the reward never checks.
     """
-    from labkit.rewards import right_answer_reward, short_answer_reward
+    from labkit.rewards import equation_errors, right_answer_reward, short_answer_reward
 
     texts = [r["completion"] for r in result.records]
     golds = [r["gold"] for r in result.records]
@@ -434,6 +435,7 @@ def held_out_scores(result) -> dict:
     return {
         "right_answer": sum(right) / n,
         "right": right,
+        "right_false_equation": sum(r and bool(equation_errors(t)) for r, t in zip(right, texts)) / n,
         "short_answer": sum(short_answer_reward(texts)) / n,
         "last_number": sum(bool(r["lenient_correct"]) for r in result.records) / n,
         "mean_words": sum(len(t.split()) for t in texts) / n,

@@ -302,3 +302,16 @@ def test_a_missing_or_wrong_my_answer_gets_a_sentence_not_an_exception(answer, s
     verdict = answer_verdict("Tom has 4 * 5 * 4 = 60 pens.", answer)
     assert verdict.startswith(f"states 60; not checked: MY_ANSWER is {shown} (set it in the parameters cell"), verdict
     assert verdict.endswith("; its false arithmetic: 4 * 5 * 4 = 60"), verdict  # still named without an answer
+
+
+def test_held_out_scores_counts_right_replies_with_false_arithmetic():
+    from labkit.evaluate import held_out_scores
+
+    replies = [("Emma has 3 x 2 x 2 = 6 apples.", "6"),  # right by the reward, false arithmetic
+               ("Emma has 3 x 2 = 6 apples.", "6"),  # right and true
+               ("Tom has 4 * 5 * 4 = 60 pens.", "20"),  # wrong and false: the reward already pays 0
+               ("She has 7 apples.", "7")]  # right, no equation
+    records = [{"completion": text, "gold": gold, "lenient_correct": True} for text, gold in replies]
+    scores = held_out_scores(EvalResult(n=4, strict_accuracy=0, lenient_accuracy=1, format_rate=1, records=records))
+    assert scores["right"] == [True, True, False, True]
+    assert scores["right_false_equation"] == 0.25
