@@ -289,7 +289,50 @@ def test_a_wrong_answer_left_in_place_does_not_reach_section_8_of_notebook_01(ca
     capsys.readouterr()
     _run_cells(section_8, namespace)
     out = capsys.readouterr().out
-    assert "✗ clipped_surrogate: your function failed its check" in out and "your loss equals" in out
+    assert "✗ clipped_surrogate: your function failed its check" in out
+    # labkit's three functions ran: the verdict says so, not "your loss equals"
+    assert ("✓ my_grpo_loss, with labkit's clipped_surrogate, kl_k3, aggregate_loss standing in for yours, equals "
+            "labkit.objective.grpo_loss in value and gradient") in out and "your loss" not in out, out
+
+
+def test_section_8_of_notebook_01_fails_a_detached_loss_and_credits_the_learner_whose_pieces_passed(capsys):
+    code = _notebook_cells("01_grpo_objective.ipynb", "code")
+    setup = [c for c in code if c.startswith("MODE =") or "AGGREGATIONS =" in c]
+    define, compare = [c for c in code if "def my_grpo_loss" in c], [c for c in code if "my_grpo_loss(*batch" in c]
+    namespace = {}
+    _run_cells(setup, namespace)
+    for name in ("clipped_surrogate", "kl_k3", "aggregate_loss"):  # the learner's pieces are right
+        namespace[f"my_{name.replace('kl_', '')}"] = ex.check(name, ex.exercise(name).reference)
+    _run_cells(define, namespace)
+    capsys.readouterr()
+    _run_cells(compare, namespace)
+    assert "✓ your loss equals labkit.objective.grpo_loss in value and gradient" in capsys.readouterr().out
+    right = namespace["my_grpo_loss"]
+    namespace["my_grpo_loss"] = lambda *args, **kwargs: right(*args, **kwargs).detach()
+    with pytest.raises(ExerciseFailed, match="the value is right, but it carries no gradient"):
+        _run_cells(compare, namespace)
+
+
+def test_the_k3_cell_of_notebook_01_says_when_labkit_stands_in(capsys):
+    # the stub left unfilled: the comparison of section 4 compares labkit's k3 with itself, and says so
+    code = _notebook_cells("01_grpo_objective.ipynb", "code")
+    cells = [c for c in code if c.startswith("MODE =") or "AGGREGATIONS =" in c or "def my_k1" in c
+             or "KL(pi || ref)" in c or "on the far reference" in c]
+    assert len(cells) == 5
+    _run_cells(cells, {})
+    out = capsys.readouterr().out
+    assert "labkit's k3 stands in for yours" in out and "your k3 equals" not in out, out
+
+
+def test_notebook_01_prints_the_rloo_identity_rounded(capsys):
+    code = _notebook_cells("01_grpo_objective.ipynb", "code")
+    cell = next(c for c in code if "(G-1)/G x RLOO" in c)
+    import pandas as pd
+
+    from labkit.objective import group_advantages
+    _run_cells([cell], {"torch": torch, "pd": pd, "group_advantages": group_advantages})
+    out = capsys.readouterr().out
+    assert "[0.625, -0.375, -0.375, 0.125] = [0.625, -0.375, -0.375, 0.125]" in out, out
 
 
 def test_the_extractor_table_of_notebook_02_shows_the_tags_and_none():
@@ -599,3 +642,195 @@ def test_a_class_is_called_your_class(capsys):
     capsys.readouterr()
     ex.checked("calculator_env")
     assert "✗ calculator_env: your class failed its check" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- answers right in value, without a gradient
+# (issue 54, medium 4): the optimiser only uses the gradient, so a detached answer fails and is told why.
+
+
+def _step_loss_by_hand(logps, rewards, completion_mask, num_generations, eps_in_sqrt=False):
+    grouped = rewards.view(-1, num_generations)
+    spread = (grouped.var(dim=1, keepdim=True) + 1e-4).sqrt() if eps_in_sqrt else grouped.std(dim=1, keepdim=True) + 1e-4
+    advantages = ((grouped - grouped.mean(dim=1, keepdim=True)) / spread).flatten()
+    per_token = -torch.exp(logps - logps.detach()) * advantages[:, None]
+    mask = completion_mask.float()
+    return (per_token * mask).sum() / mask.sum()
+
+
+def _aggregate_by_hand(per_token_loss, completion_mask, loss_type, max_completion_length):
+    m = completion_mask.float()
+    if loss_type == "grpo":
+        return ((per_token_loss * m).sum(1) / m.sum(1)).mean()
+    if loss_type == "dr_grpo":
+        return (per_token_loss * m).sum() / (m.size(0) * max_completion_length)
+    return (per_token_loss * m).sum() / m.sum()
+
+
+def _no_grad(fn):
+    def wrapped(*args, **kwargs):
+        with torch.no_grad():
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+@pytest.mark.parametrize("name, learner", [
+    ("clipped_surrogate", lambda lp, olp, a, **k: _surrogate(lp.detach(), olp, a, **k)),
+    ("clipped_surrogate", _no_grad(_surrogate)),
+    ("kl_k3", lambda logps, ref_logps: torch.tensor(_k3(logps, ref_logps).tolist())),  # rebuilt from the values
+    ("aggregate_loss", lambda *args: _aggregate_by_hand(*args).item()),
+    ("aggregate_loss", lambda *args: torch.tensor(_aggregate_by_hand(*args).item())),
+    ("sequence_ratio", lambda lp, olp, m: _gspo(lp, olp, m).detach()),
+    ("grpo_step_loss", lambda *args: torch.tensor(_step_loss_by_hand(*args).item())),
+])
+def test_an_answer_right_in_value_without_a_gradient_fails_and_says_so(name, learner):
+    verdict = _verdict(name, learner)
+    assert "what is wrong: the value is right, but it carries no gradient" in verdict, verdict
+    assert _named_mistakes(name, verdict) == [], verdict
+
+
+def test_the_hand_written_aggregation_passes_with_its_gradient():
+    ex.verify("aggregate_loss", _aggregate_by_hand)
+
+
+def test_a_surrogate_with_a_detached_clip_term_has_the_wrong_gradient():
+    # -min(ratio * A, clip(ratio).detach() * A): the same values; inside the clip range torch.min splits the
+    # gradient between the two equal terms, so half of it is lost there
+    def learner(logps, old_logps, advantages, epsilon=0.2, epsilon_high=0.2):
+        ratio, A = torch.exp(logps - old_logps), advantages[:, None]
+        return -torch.min(ratio * A, ratio.clamp(1 - epsilon, 1 + epsilon_high).detach() * A)
+
+    verdict = _verdict("clipped_surrogate", learner)
+    assert "the value is right, but its gradient with respect to logps is not the reference's" in verdict, verdict
+
+
+def test_a_k3_that_does_not_depend_on_logps_is_told_so():
+    # the value rebuilt from the reference's log-probs only: it carries a gradient, but not to logps
+    verdict = _verdict("kl_k3", lambda logps, ref_logps: _k3(logps.detach(), ref_logps) + 0 * ref_logps.sum()
+                       + torch.zeros((), requires_grad=True))
+    assert "does not depend on logps: its gradient is missing" in verdict, verdict
+
+
+def test_grpo_step_loss_with_the_epsilon_inside_the_square_root_fails_on_close_rewards():
+    verdict = _verdict("grpo_step_loss", lambda *args: _step_loss_by_hand(*args, eps_in_sqrt=True))
+    assert "std about 0.01" in verdict, verdict
+    assert [m[:30] for m in _named_mistakes("grpo_step_loss", verdict)] == ["1e-4 is added to the variance,"]
+    ex.verify("grpo_step_loss", _step_loss_by_hand)
+
+
+# --------------------------------------------------------------------------- messages that say only what is true
+# (issue 55 item 7, issue 54's low on "a constant factor is off")
+
+
+def test_a_wrong_scalar_is_no_constant_factor_unless_it_is_one_on_every_case():
+    # divides every loss_type by B * T: each case's value is some factor of the right one, a different one each time
+    def by_b_times_t(per_token_loss, completion_mask, loss_type, max_completion_length):
+        return (per_token_loss * completion_mask).sum() / per_token_loss.numel()
+
+    verdict = _verdict("aggregate_loss", by_b_times_t)
+    assert "times the reference" not in verdict and "constant" not in verdict, verdict
+    twice = _verdict("aggregate_loss", lambda *args: 2 * _aggregate_by_hand(*args))
+    assert "what is wrong: on every case, your value is 2.0 times the reference: a constant factor is off" in twice
+
+
+def test_an_answer_of_zero_is_called_zero(toy):
+    verdict = _verdict(toy.name, lambda x: torch.zeros_like(x))
+    assert "what is wrong: every value is 0 where the reference's is not" in verdict, verdict
+    assert "times" not in verdict and "upside down" not in verdict, verdict
+
+
+def test_zero_beside_a_large_reference_is_not_called_upside_down(monkeypatch):
+    # 1 / 6,193,152 is within 1e-6 of 0: notebook 04's count of 0 was once called "a ratio is upside down"
+    large = Exercise(name="_toy_large", reference=lambda x: x * 1e7, nudge="scale it",
+                     cases=lambda: [Case("three", (torch.tensor([1.0, 2.0, 3.0]),)),
+                                    Case("two", (torch.tensor([4.0, 5.0]),))])
+    monkeypatch.setitem(ex._REGISTRY, large.name, large)
+    verdict = _verdict(large.name, lambda x: torch.zeros_like(x))
+    assert "every value is 0 where the reference's is not" in verdict and "upside down" not in verdict, verdict
+    verdict = _verdict(large.name, lambda x: 1 / (x * 1e7))  # truly upside down: said so, on every case
+    assert "on every case, every value is 1 / the reference's: a ratio is upside down" in verdict, verdict
+
+
+def test_counting_with_the_whole_layer_name_is_named_no_layer_matched():
+    # notebook 04's lora_param_count, with `name in target_modules`: nothing matches, so the count is 0
+    def lora_param_count(model, rank, target_modules):
+        return sum(rank * (m.in_features + m.out_features) for name, m in model.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name in target_modules)
+
+    verdict = _verdict("lora_param_count", lora_param_count)
+    assert [m[:40] for m in _named_mistakes("lora_param_count", verdict)] == [
+        "no layer matched your target modules, so"], verdict
+    assert "upside down" not in verdict, verdict
+
+
+def test_a_wrong_shape_ends_with_a_hint_about_the_shape(toy):
+    group = ex.exercise("group_advantages")
+    not_flattened = lambda rewards, g, scale_rewards="group": _advantages(rewards, g, scale_rewards).view(-1, g)  # noqa: E731
+    verdict = _verdict_at_level_1("group_advantages", not_flattened)
+    assert "what is wrong: shape (2, 4) where (8,) was expected: the values are right, laid out in another shape" \
+        in verdict, verdict
+    assert "Hint: return shape (8,), as the reference does" in verdict and group.nudge not in verdict, verdict
+    # a wrong shape with other values: the shape is said, not that the values are right
+    verdict = _verdict(toy.name, lambda x: x[:1])
+    assert "shape (1,) where (4,) was expected\n" in verdict and "Hint: return shape (4,)" in verdict, verdict
+
+
+def test_get_reward_testing_the_exact_text_is_named():
+    class CalculatorEnv(ex.exercise("calculator_env").reference):
+        def get_reward(self) -> float:
+            return 1.0 if self.answer in self.results else 0.0
+
+    verdict = _verdict("calculator_env", CalculatorEnv)
+    assert [m[:45] for m in _named_mistakes("calculator_env", verdict)] == [
+        "get_reward looks for the gold's exact text am"], verdict
+
+
+def test_an_unfilled_class_is_called_a_class(capsys):
+    class CalculatorEnv:
+        def reset(self, answer=None, **example):
+            raise NotImplementedError
+
+    ex.check("calculator_env", CalculatorEnv)
+    assert "Fill in the class and run this cell again" in capsys.readouterr().out
+    ex.checked("calculator_env")
+    assert "… labkit's class stands in for calculator_env (not filled in)" in capsys.readouterr().out
+    assert ex.stand_ins("calculator_env", "kl_k3") == ["calculator_env", "kl_k3"]
+
+
+# --------------------------------------------------------------------------- the worked solution, a link in a notebook
+
+
+class _Kernel:
+    """Stands for a notebook's IPython shell: it has a kernel and IPython's events."""
+
+    def __init__(self):
+        from IPython.core.events import EventManager, available_events
+
+        self.kernel = object()
+        self.events = EventManager(self, available_events)
+
+
+def test_in_a_notebook_the_worked_solution_is_a_link_under_the_verdict(toy, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    shell = _Kernel()
+    monkeypatch.setattr(ex, "_notebook_shell", lambda: shell)
+    wrong = toy.mistakes["the std has no Bessel correction (unbiased=False)"]
+    with pytest.raises(ExerciseFailed):
+        ex.check(toy.name, wrong)
+    with pytest.raises(ExerciseFailed) as second:
+        ex.check(toy.name, wrong)
+    assert "Worked solution: the link under this message" in str(second.value), second.value
+    assert shown == []  # the link comes after the verdict: when the cell has run
+    shell.events.trigger("post_run_cell", None)
+    shell.events.trigger("post_run_cell", None)  # once only
+    assert [m.data for m in shown] == [
+        "Worked solution: [docs/solutions/toy.md#exercise-toy](../docs/solutions/toy.md#exercise-toy)"]
+    ex.hint(toy.name, level=2)
+    assert shown[-1].data == shown[0].data and len(shown) == 2
+
+
+def test_in_a_terminal_the_worked_solution_is_its_path(toy):
+    wrong = toy.mistakes["the std has no Bessel correction (unbiased=False)"]
+    assert "Worked solution: docs/solutions/toy.md#exercise-toy" in _verdict(toy.name, wrong)

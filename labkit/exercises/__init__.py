@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 __all__ = ["Case", "Exercise", "ExerciseFailed", "register", "exercise", "names", "check", "checked", "hint",
-           "verify", "diagnose"]
+           "verify", "diagnose", "gradient_compare", "assert_close_with_gradient", "stand_ins"]
 
 # Submodules that register exercises (one per notebook concept); imported on first use.
 _SUBMODULES: tuple[str, ...] = ("objective", "rewards", "nano", "memory", "tools")
@@ -231,6 +231,61 @@ def _default_compare(expected, got, rtol: float = _RTOL, atol: float = _ATOL) ->
     return None if same else _unequal(expected, got)
 
 
+def _leaves(output: torch.Tensor) -> list[torch.Tensor]:
+    """Return the leaf tensors (requires_grad) an output was computed from, by walking its autograd graph."""
+    found, stack, seen = [], [output.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad: a leaf
+            found.append(node.variable)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def gradient_compare(wrt: str) -> Callable[[Any, Any], str | None]:
+    """Return a ``compare`` for an exercise whose answer must carry a gradient: the value, then the gradient.
+
+    The cases give the input named ``wrt`` (e.g. ``"logps"``) ``requires_grad=True``. After the values agree
+    (:func:`_default_compare`), the gradients of the answers' sums with respect to that input must agree too
+    (assert_close, ``rtol=1e-4``, ``atol=1e-6``). A detached answer, one rebuilt from ``.item()`` or one computed
+    under ``torch.no_grad`` is right in value and fails here, and the message says so.
+    """
+    def compare(expected, got) -> str | None:
+        value = _default_compare(expected, got)
+        if value is not None or not (isinstance(expected, torch.Tensor) and expected.requires_grad):
+            return value
+        if not (isinstance(got, torch.Tensor) and got.requires_grad):
+            return (f"the value is right, but it carries no gradient (detached, rebuilt from .item(), or computed "
+                    f"under torch.no_grad): backward() could not follow it back to {wrt}")
+        leaves = _leaves(expected)
+        ours = torch.autograd.grad(expected.sum(), leaves, retain_graph=True)
+        theirs = torch.autograd.grad(got.sum(), leaves, retain_graph=True, allow_unused=True)
+        for e, g in zip(ours, theirs):
+            if g is None:
+                return f"the value is right, but it does not depend on {wrt}: its gradient is missing"
+            difference = _not_close(e, g, rtol=1e-4, atol=1e-6)
+            if difference is not None:
+                return (f"the value is right, but its gradient with respect to {wrt} is not the reference's: "
+                        + "; ".join(difference.splitlines()[:3]))
+        return None
+    return compare
+
+
+def assert_close_with_gradient(actual, expected, wrt: str = "logps") -> None:
+    """Raise :class:`ExerciseFailed` unless ``actual`` equals ``expected`` in value and in gradient.
+
+    The gradient is taken with respect to the tensors ``expected`` was computed from (those that require grad,
+    named ``wrt`` in the message). A notebook ends a derivation with it where ``torch.testing.assert_close`` would
+    let a detached answer pass.
+    """
+    difference = gradient_compare(wrt)(expected, actual)
+    if difference is not None:
+        raise ExerciseFailed(f"not equal to the reference: {difference}")
+
+
 def _digits(expected: torch.Tensor | None, got: torch.Tensor | None) -> int:
     """Return the fewest significant digits (4 to 9) that show the first value not close in ``got`` apart."""
     if expected is None or got is None or expected.shape != got.shape:
@@ -271,34 +326,70 @@ def _show(expected, got) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _numeric_reason(expected: torch.Tensor, got: torch.Tensor) -> str | None:
-    """Return a generic reason why the numbers ``got`` are wrong (shape, NaN, sign, 1 / x, a small constant, a
-    constant factor or term), or ``None`` when none fits."""
-    if expected.shape != got.shape and not expected.numel() == got.numel() == 1:
-        return f"shape {tuple(got.shape)} where {tuple(expected.shape)} was expected"
+def _shape_reason(expected: torch.Tensor, got: torch.Tensor) -> str | None:
+    """Return what is wrong with the shape of ``got``, or ``None`` when it is the reference's."""
+    if expected.shape == got.shape or expected.numel() == got.numel() == 1:
+        return None
+    same_values = expected.numel() == got.numel() and torch.allclose(got.flatten(), expected.flatten(), rtol=_RTOL,
+                                                                      atol=_ATOL, equal_nan=True)
+    return (f"shape {tuple(got.shape)} where {tuple(expected.shape)} was expected"
+            + (": the values are right, laid out in another shape" if same_values else ""))
+
+
+def _numeric_reason(expected: torch.Tensor, got: torch.Tensor,
+                    every_case: tuple[torch.Tensor, torch.Tensor] | None = None) -> str | None:
+    """Return a generic reason why the numbers ``got`` are wrong (shape, NaN, 0, sign, 1 / x, a small constant, a
+    constant factor or term), or ``None`` when none fits.
+
+    ``every_case``: the reference's and the learner's values on every case of the exercise, flattened. A relation
+    (sign, 1 / x, factor, term) is claimed only when it holds on all of them, or on this case when they are not
+    given, and only from two values or more: any single wrong number is some factor of the right one.
+    """
+    shape = _shape_reason(expected, got)
+    if shape:
+        return shape
     e, g = expected.flatten(), got.flatten()
     if g.isnan().any() and not e.isnan().any():
         return "the result has NaN where the reference has none (a division by zero? a log of 0?)"
     if not (e.isfinite().all() and g.isfinite().all()):
         return None
-    every = "every value" if e.numel() > 1 else "your value"
-    if torch.allclose(g, -e, rtol=_RTOL, atol=1e-6):
-        return "the sign is flipped"
-    if (e.abs() > _ATOL).all() and torch.allclose(g, 1 / e, rtol=_RTOL, atol=1e-6):
+    yours = "every value" if e.numel() > 1 else "your value"
+    if (g == 0).all() and (e != 0).any():
+        return f"{yours} is 0 where the reference's is not"
+    where = ""
+    if every_case is not None and all(t.isfinite().all() for t in every_case):
+        (e, g), where = every_case, "on every case, "
+    every = where + yours
+    nonzero = e.abs() > 1e-6
+    if nonzero.sum() >= 2 and torch.allclose(g, -e, rtol=_RTOL, atol=1e-6):
+        return f"{where}the sign is flipped"
+    if e.numel() >= 2 and (e != 0).all() and (g != 0).all() and torch.allclose(g, 1 / e, rtol=_RTOL, atol=0):
         return f"{every} is 1 / the reference's: a ratio is upside down (exp(-x) where exp(x) belongs?)"
-    if ((g - e).abs() <= 0.01 * e.abs() + _ATOL).all():
-        worst = ((g - e).abs() / e.abs().clamp_min(_ATOL)).max().item()
+    if ((g - e).abs() <= 0.01 * e.abs() + _ATOL).all() and nonzero.any():
+        worst = ((g - e)[nonzero].abs() / e[nonzero].abs()).max().item()
         return (f"{every} is within {worst:.2%} of the reference, yet outside the check's tolerance ({_RTOL:g} "
                 "relative): no formula slip makes so small a difference, a small constant does (an epsilon?)")
-    nonzero = e.abs() > 1e-6
-    if nonzero.any() and (g[~nonzero].abs() < 1e-6).all():
+    if nonzero.sum() >= 2 and (g[~nonzero].abs() < 1e-6).all():
         ratios = g[nonzero] / e[nonzero]
-        if torch.allclose(ratios, ratios[:1].expand_as(ratios), rtol=_RTOL, atol=0):
+        if ratios[0].abs() > 1e-4 and torch.allclose(ratios, ratios[:1].expand_as(ratios), rtol=_RTOL, atol=0):
             return f"{every} is {round(ratios[0].item(), 4)} times the reference: a constant factor is off"
     offset = g - e
     if e.numel() > 1 and torch.allclose(offset, offset[:1].expand_as(offset), rtol=_RTOL, atol=1e-6):
-        return f"every value is the reference's {offset[0].item():+.4g}: a constant term is off"
+        return f"{every} is the reference's {offset[0].item():+.4g}: a constant term is off"
     return None
+
+
+def _every_case(ex: "Exercise", fn: Callable, cases: list[Case] | None = None,
+                learner: list | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Return the reference's and ``fn``'s values on every case, each flattened into one tensor; ``None`` when
+    a case raises or gives no numbers, or the two differ in size."""
+    if learner is None:
+        cases = ex.cases()  # one set of inputs for both
+        learner = _outputs(fn, cases)
+    pairs = [(_numbers(e), _numbers(g)) for e, g in zip(_outputs(ex.runs(ex.reference), cases), learner)]
+    if any(e is None or g is None or e.numel() != g.numel() for e, g in pairs):  # _numbers(_RAISED) is None
+        return None
+    return torch.cat([e.flatten() for e, _ in pairs]), torch.cat([g.flatten() for _, g in pairs])
 
 
 _RAISED = object()  # stands for "this call raised" when two functions are compared case by case
@@ -348,7 +439,9 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
     if difference and difference not in (torch_says, _unequal(expected, got)):
         return difference  # the exercise's own comparison: what assert_close cannot see
     e, g = _numbers(expected), _numbers(got)
-    reason = _numeric_reason(e, g) if e is not None and g is not None else None
+    reason = None
+    if e is not None and g is not None:
+        reason = _numeric_reason(e, g, None if fn is None else _every_case(ex, fn, cases, learner))
     if reason:
         return reason
     if torch_says is None:
@@ -358,15 +451,55 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
             "this case tests")
 
 
-def _help(ex: Exercise, level: int) -> str:
-    """Return the help a verdict ends with: level 1, the nudge and how to get more; 2, the fuller hint and solution."""
+def _notebook_shell():
+    """Return IPython's shell when this runs in a notebook's kernel (which shows Markdown), else ``None``."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def _solution_line(ex: Exercise, now: bool = False) -> str:
+    """Return the line that gives the worked solution: its path in a terminal; in a notebook, a link it displays.
+
+    The link is relative to the notebook (``../docs/solutions/...``: the notebooks are in ``notebooks/``).
+    ``now``: display it at once; else under the cell's output, after the verdict (IPython's ``post_run_cell``).
+    """
+    shell = _notebook_shell() if ex.solution else None
+    if shell is None:
+        return f"\nWorked solution: {ex.solution}" if ex.solution else ""
+    from IPython.display import Markdown, display
+
+    link = Markdown(f"Worked solution: [{ex.solution}](../{ex.solution})")
+    if now:
+        display(link)
+        return ""
+
+    def show(*_):
+        shell.events.unregister("post_run_cell", show)
+        display(link)
+
+    shell.events.register("post_run_cell", show)
+    return "\nWorked solution: the link under this message"
+
+
+def _help(ex: Exercise, level: int, shape: tuple | None = None) -> str:
+    """Return the help a verdict ends with: level 1, the nudge and how to get more; 2, the fuller hint and solution.
+
+    ``shape``: the answer's shape is wrong (and no known mistake explains it); the first hint is about the shape.
+    """
     nudge = ex.nudge or ex.hint
+    if shape is not None:
+        nudge = (f"return shape {shape}, as the reference does: print the shape after each step of your "
+                 f"{_kind(ex.reference)} to see where it changes.")
     if level <= 1:
         more = (f"\nMore help: a second failing check adds the fuller hint and the worked solution; or ask now: "
                 f"labkit.exercises.hint({ex.name!r}, level=2)") if ex.hint and ex.nudge else ""
         return (f"\nHint: {nudge}" if nudge else "") + more
-    return ((f"\nHint: {ex.nudge}" if ex.nudge else "") + (f"\nFuller hint: {ex.hint}" if ex.hint else "")
-            + (f"\nWorked solution: {ex.solution}" if ex.solution else ""))
+    return ((f"\nHint: {nudge}" if ex.nudge else "") + (f"\nFuller hint: {ex.hint}" if ex.hint else "")
+            + _solution_line(ex))
 
 
 def hint(name: str, level: int = 1) -> None:
@@ -379,7 +512,7 @@ def hint(name: str, level: int = 1) -> None:
         print(f"{name}, hint 1 of 2: {ex.nudge}\n"
               f"  (labkit.exercises.hint({name!r}, level=2): the fuller hint and the worked solution)")
         return
-    print(f"{name}, hint 2 of 2: {ex.hint or ex.nudge}" + (f"\nWorked solution: {ex.solution}" if ex.solution else ""))
+    print(f"{name}, hint 2 of 2: {ex.hint or ex.nudge}" + _solution_line(ex, now=True))
 
 
 def verify(name: str, fn: Callable, level: int = 2) -> None:
@@ -400,9 +533,11 @@ def verify(name: str, fn: Callable, level: int = 2) -> None:
             raise ExerciseFailed(f"{name}: on {case.label} your {kind} raised {type(err).__name__}: {err}"
                                  + _help(ex, level)) from None
         if ex.differs(expected, got) is not None:
-            raise ExerciseFailed(
-                f"{name}: wrong on {case.label}.\n{_show(expected, got)}"
-                f"  what is wrong: {diagnose(ex, case, expected, got, fn)}" + _help(ex, level))
+            reason = diagnose(ex, case, expected, got, fn)
+            e, g = _numbers(expected), _numbers(got)
+            shape = e is not None and g is not None and reason == _shape_reason(e, g)
+            raise ExerciseFailed(f"{name}: wrong on {case.label}.\n{_show(expected, got)}  what is wrong: {reason}"
+                                 + _help(ex, level, tuple(e.shape) if shape else None))
 
 
 def _reference_name(ex: Exercise) -> str:
@@ -424,7 +559,7 @@ def check(name: str, fn: Callable) -> Callable:
     except NotImplementedError:
         _IN_USE[name] = ("unfilled", ex.reference)
         print(f"… {name}: not filled in yet, so the notebook goes on with the reference "
-              f"({_reference_name(ex)}). Fill in the function and run this cell again.")
+              f"({_reference_name(ex)}). Fill in the {_kind(fn)} and run this cell again.")
         return ex.reference
     except ExerciseFailed:
         _IN_USE[name] = ("failed", ex.reference)
@@ -443,7 +578,7 @@ def checked(*exercise_names: str):
     (it prints which exercise to fix, so a wrong answer left in place fails at its own check, not in a
     later cell), when the stub is unfilled, or when the exercise's cell has not run yet.
     """
-    functions, stand_ins = [], []
+    functions, unfilled, kinds = [], [], set()
     for name in exercise_names:
         ex = exercise(name)
         status, fn = _IN_USE.get(name, ("unchecked", ex.reference))
@@ -451,8 +586,18 @@ def checked(*exercise_names: str):
             print(f"✗ {name}: your {_kind(ex.reference)} failed its check, so labkit's ({_reference_name(ex)}) "
                   f"stands in here. Fix it in the cell that checks {name!r}, run that cell, then this one.")
         elif status != "passed":
-            stand_ins.append(f"{name} ({'not filled in' if status == 'unfilled' else 'its exercise cell has not run'})")
+            unfilled.append(f"{name} ({'not filled in' if status == 'unfilled' else 'its exercise cell has not run'})")
+            kinds.add(_kind(ex.reference))
         functions.append(fn)
-    if stand_ins:
-        print("… labkit's function stands in for " + ", ".join(stand_ins))
+    if unfilled:
+        print(f"… labkit's {'class' if kinds == {'class'} else 'function'} stands in for " + ", ".join(unfilled))
     return functions[0] if len(functions) == 1 else tuple(functions)
+
+
+def stand_ins(*exercise_names: str) -> list[str]:
+    """Return those of ``exercise_names`` whose last check did not pass: labkit's function stands in for them.
+
+    A cell that compares the learner's function with labkit's says so with it, rather than "yours equals labkit's"
+    when labkit's was compared with itself.
+    """
+    return [name for name in exercise_names if _IN_USE.get(name, ("unchecked",))[0] != "passed"]

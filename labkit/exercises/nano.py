@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from labkit.exercises import Case, Exercise, _default_compare, _not_close, register
+from labkit.exercises import Case, Exercise, gradient_compare, register
 from labkit.exercises.objective import _advantages
 
 __all__ = ["COMPLETION_MASK", "GRPO_STEP_LOSS", "PASS_AT_K"]
@@ -102,6 +102,9 @@ def _loss_cases() -> list[Case]:
              (logps, torch.tensor([1.5, 0.5, 0.5, 0.0, 1.5, 1.5, 0.5, 0.0]), mask, 4)),
         Case("4 prompts x G=2, one group all equal (it teaches nothing)",
              (logps, torch.tensor([1.0, 0.0, 0.5, 0.5, 1.5, 0.0, 0.0, 1.0]), mask, 2)),
+        # std about 0.01: where std + 1e-4 and sqrt(var + 1e-4) part (0.0097 against 0.0138)
+        Case("2 prompts x G=4, rewards 0.01 to 0.02 apart (a small length penalty): std about 0.01",
+             (logps, torch.tensor([0.50, 0.50, 0.51, 0.52, 1.0, 0.98, 1.0, 0.99]), mask, 4)),
         Case("1 prompt x G=8, rewards on another scale",
              (logps.detach()[:, :4].clone().requires_grad_(), torch.tensor([3.0, 1.0, 0.0, 2.0, 2.0, 0.0, 1.0, 3.0]),
               mask[:, :4], 8)),
@@ -126,50 +129,18 @@ def _loss_mistake(ratio=lambda logps: torch.exp(logps - logps.detach()), aggrega
     return wrong
 
 
-def _leaves(loss: torch.Tensor) -> list[torch.Tensor]:
-    """Return the leaf tensors (requires_grad) a loss was computed from, by walking its autograd graph."""
-    found, stack, seen = [], [loss.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if hasattr(node, "variable"):  # AccumulateGrad: a leaf
-            found.append(node.variable)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
-
-
-def _compare_loss_and_gradient(expected, got) -> str | None:
-    """Compare the losses' values, then their gradients with respect to the log-probabilities (assert_close both)."""
-    if not isinstance(got, torch.Tensor) or got.numel() != 1:
-        return _default_compare(expected, got)
-    if not got.requires_grad:
-        return ("the loss carries no gradient (detached, .item(), or computed under no_grad): "
-                "backward() would not move the policy")
-    value = _default_compare(expected, got)
-    if value is not None:
-        return value
-    leaves = _leaves(expected)
-    theirs = torch.autograd.grad(got, leaves, retain_graph=True, allow_unused=True)
-    ours = torch.autograd.grad(expected, leaves, retain_graph=True)
-    for g, e in zip(theirs, ours):
-        if g is None:
-            return "the loss's value is right but it does not depend on logps: its gradient is missing"
-        if _not_close(e, g, rtol=1e-4, atol=1e-6) is not None:
-            return "the loss's value is right but its gradient with respect to logps is not"
-    return None
-
-
 GRPO_STEP_LOSS = register(Exercise(
     name="grpo_step_loss",
     reference=_step_loss,
     reference_name="labkit.objective.grpo_loss with labkit.objective.group_advantages, equal to TRL's",
     cases=_loss_cases,
-    compare=_compare_loss_and_gradient,
+    compare=gradient_compare("logps"),
     mistakes={
         "the advantage is not divided by the group's standard deviation (that is scale_rewards='none', "
         "Dr. GRPO; TRL's default divides by the group's std + 1e-4)": _loss_mistake(scale=False),
+        "1e-4 is added to the variance, inside the square root: TRL divides by the group's std + 1e-4. The two "
+        "agree when the std is large; for rewards about 0.01 apart sqrt(var + 1e-4) is 0.0138 where std + 1e-4 is "
+        "0.0097, so the advantages shrink by 30 %": _loss_mistake(eps_in_sqrt=True),
         "the mean and std are taken over the whole batch, not within each group of num_generations completions "
         "of one prompt (the group is GRPO's baseline)": _loss_mistake(layout="batch"),
         "the std has no Bessel correction (unbiased=False); TRL, like torch.std, divides by G - 1":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from labkit import objective
-from labkit.exercises import Case, Exercise, register
+from labkit.exercises import Case, Exercise, gradient_compare, register
 
 __all__ = ["GROUP_ADVANTAGES", "CLIPPED_SURROGATE", "KL_K3", "AGGREGATE_LOSS", "K3_GRADIENT", "SEQUENCE_RATIO"]
 
@@ -128,11 +128,11 @@ def _surrogate_cases() -> list[Case]:
                            [0.7, 0.79, 1.1, 1.3, 2.0],
                            [0.7, 0.79, 1.1, 1.3, 2.0]])
     old_logps = -torch.linspace(0.5, 3.0, 20).view(4, 5)
-    logps = old_logps + ratios.log()
+    logps = (old_logps + ratios.log()).requires_grad_()  # the policy's: the loss's gradient flows to it
     advantages = torch.tensor([1.0, -1.0, 0.5, -1.5])
     g = torch.Generator().manual_seed(0)
     old2 = -3 * torch.rand(6, 7, generator=g)
-    logps2 = old2 + 0.4 * torch.randn(6, 7, generator=g)
+    logps2 = (old2 + 0.4 * torch.randn(6, 7, generator=g)).requires_grad_()
     adv2 = torch.tensor([1.2, -0.3, 0.0, 0.8, -1.1, 0.4])
     return [
         Case("ratios 0.5 to 2.0 on both sides of both bounds, epsilon=0.2, epsilon_high=0.28 (DAPO's clip-higher)",
@@ -183,6 +183,7 @@ CLIPPED_SURROGATE = register(Exercise(
     hint="ratio = exp(logps - old_logps), (B, T); A = advantages[:, None], (B, 1); per-token loss = "
          "-min(ratio * A, clamp(ratio, 1 - epsilon, 1 + epsilon_high) * A).",
     solution=f"{_SOLUTIONS_01}#exercise-clipped_surrogate",
+    compare=gradient_compare("logps"),
     reference_name="labkit.objective.grpo_loss(...).per_token_loss",
 ))
 
@@ -192,13 +193,14 @@ CLIPPED_SURROGATE = register(Exercise(
 
 def _kl_cases() -> list[Case]:
     g = torch.Generator().manual_seed(1)
-    logps = -4 * torch.rand(3, 6, generator=g)
+    base = -4 * torch.rand(3, 6, generator=g)
+    logps = base.clone().requires_grad_()  # the policy's: the KL's gradient flows to it, not to the reference's
     return [
         Case("a policy close to its reference (log-ratios within 0.1)",
-             (logps, logps + 0.1 * torch.randn(3, 6, generator=g))),
+             (logps, base + 0.1 * torch.randn(3, 6, generator=g))),
         Case("a policy far from its reference (log-ratios of about 1.5)",
-             (logps, logps + 1.5 * torch.randn(3, 6, generator=g))),
-        Case("equal log-probs (the first step: KL 0)", (logps, logps.clone())),
+             (logps, base + 1.5 * torch.randn(3, 6, generator=g))),
+        Case("equal log-probs (the first step: KL 0)", (logps, base.clone())),
     ]
 
 
@@ -223,6 +225,7 @@ KL_K3 = register(Exercise(
           "k3 row.",
     hint="x = ref_logps - logps (per token); k3 = exp(x) - x - 1.",
     solution=f"{_SOLUTIONS_01}#exercise-kl_k3",
+    compare=gradient_compare("logps"),
     reference_name="labkit.objective.kl_k3, TRL's per-token KL",
 ))
 
@@ -240,7 +243,7 @@ def _aggregate_cases() -> list[Case]:
     loss = torch.randn(4, 6, generator=g)
     mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
     # Padding holds junk, as it does in a real batch: a loss that forgets the mask counts it.
-    loss = torch.where(mask.bool(), loss, torch.full_like(loss, 7.0))
+    loss = torch.where(mask.bool(), loss, torch.full_like(loss, 7.0)).requires_grad_()
     return [Case(f"loss_type={lt!r}, 4 completions of 2, 6, 3 and 1 tokens, max_completion_length=8",
                  (loss, mask, lt, 8)) for lt in ("grpo", "bnpo", "dr_grpo", "dapo")]
 
@@ -281,6 +284,7 @@ AGGREGATE_LOSS = register(Exercise(
     hint="m = completion_mask.float(); grpo: ((loss * m).sum(1) / m.sum(1)).mean(); bnpo and dapo (one batch): "
          "(loss * m).sum() / m.sum(); dr_grpo: (loss * m).sum() / (B * max_completion_length).",
     solution=f"{_SOLUTIONS_01}#exercise-aggregate_loss",
+    compare=gradient_compare("per_token_loss"),
     reference_name="labkit.objective.aggregate_loss, the aggregation inside grpo_loss, equal to TRL's",
 ))
 
@@ -321,20 +325,23 @@ K3_GRADIENT = register(Exercise(
 
 
 def _sequence_ratio_reference(logps, old_logps, completion_mask):
-    out = objective.grpo_loss(logps, old_logps, torch.zeros(logps.size(0)), completion_mask,
-                              importance_sampling_level="sequence", loss_type="grpo")
-    return out.ratio
+    # grpo_loss's .ratio is detached (a diagnostic); with advantage 1 and no clipping each completion's per-token
+    # loss is -s, so -per_token_loss is the ratio the loss uses, with its gradient
+    out = objective.grpo_loss(logps, old_logps, torch.ones(logps.size(0)), completion_mask, epsilon=1.0,
+                              epsilon_high=float("inf"), importance_sampling_level="sequence", loss_type="grpo")
+    return -out.per_token_loss[:, :1]  # (B, 1)
 
 
 def _sequence_ratio_cases() -> list[Case]:
     g = torch.Generator().manual_seed(3)
-    logps = -3 * torch.rand(4, 6, generator=g)
-    old = logps + 0.3 * torch.randn(4, 6, generator=g)
+    base = -3 * torch.rand(4, 6, generator=g)
+    logps = base.clone().requires_grad_()  # the policy's: the ratio's gradient flows to it
+    old = base + 0.3 * torch.randn(4, 6, generator=g)
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]])
-    stale = logps + 0.8 * torch.randn(4, 6, generator=g)
+    stale = base + 0.8 * torch.randn(4, 6, generator=g)
     return [Case("4 completions of 6, 2, 4 and 1 tokens, slightly off-policy", (logps, old, mask)),
             Case("the same, further off-policy", (logps, stale, mask)),
-            Case("on-policy (old_logps = logps): every ratio 1", (logps, logps.clone(), mask))]
+            Case("on-policy (old_logps = logps): every ratio 1", (logps, base.clone(), mask))]
 
 
 def _seq(logps, old_logps, completion_mask, how):
@@ -369,5 +376,6 @@ SEQUENCE_RATIO = register(Exercise(
     hint="log_ratio = (logps - old_logps) * mask; s = exp(log_ratio.sum(1, keepdim=True) / mask.sum(1, keepdim=True)), "
          "shape (B, 1).",
     solution=f"{_SOLUTIONS_01B}#exercise-sequence_ratio",
-    reference_name="labkit.objective.grpo_loss(..., importance_sampling_level='sequence').ratio",
+    compare=gradient_compare("logps"),
+    reference_name="the ratio of labkit.objective.grpo_loss(..., importance_sampling_level='sequence')",
 ))
