@@ -41,6 +41,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -80,7 +81,8 @@ PENDING = {"unsloth": "needs Unsloth's own environment and bundle (python -m ben
 # What one run writes in its results folder: the lent GPU machine sends back at most 8 files from $OUT.
 RESULT_FILES = ("measurements.csv", "measurements.json", "status.json", "runs.log", "dashboard_laptop-16gb.json",
                 "dashboard_laptop-16gb.png")
-DEFAULT_PLAN_BUDGET_S = 540  # --plan without --budget-s: one 10-minute call less the install and the writes
+DEFAULT_PLAN_BUDGET_S = 540  # --plan without --budget-s: 10 minutes from the process's start, less the writes
+DISK_SPARE_GB = 1.0  # left free on the disk beside the random-weight folders (the results, the logs)
 # The OOM doctor on real OOMs. For each phase: a base recipe measured uncapped, the same capped between the peak of
 # the phases before it and its own peak (so it runs out of memory there: the doctor's report from the real
 # torch.OutOfMemoryError), and the same with the report's first change under the same cap (does it fit now; did
@@ -328,18 +330,40 @@ class _Log:
                 fh.write(text + "\n")
 
 
+def _process_age_s() -> float:
+    """Return the seconds since this process started (its imports included), or 0 where psutil cannot say."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # no psutil: the budget counts from here
+        return 0.0
+
+
+def _card_gib() -> float | None:
+    """Return the memory of the CUDA card here, as PyTorch reports it (from a probe process), or None without one."""
+    if not Path("/proc/driver/nvidia/gpus").exists() and not Path("/dev/nvidia0").exists():
+        return None
+    from bench import worker
+
+    probe = worker.run("probe", {"device": None}, timeout=300)
+    device = probe.get("device") or {}
+    return device.get("total_memory_gib") if device.get("kind") == "cuda" else None
+
+
 def _print_plan(args, results: Path) -> int:
-    """``--plan``: print the plan for a card of ``--device-gib`` GiB (an H100 unless told), on any machine."""
-    from bench.gpu_plan import DEFAULT_CONTEXT_GIB, DEFAULT_CORES, DEFAULT_DEVICE_GIB, build_plan
+    """``--plan``: print the plan for the card here, else a card of ``--device-gib`` GiB (an H100 80GB unless told),
+    on any machine."""
+    from bench.gpu_plan import DEFAULT_CONTEXT_GIB, DEFAULT_CORES, DEFAULT_DEVICE_GIB, DISK_GB, build_plan
 
     rows = recorded_rows(results) or recorded_rows(REPO_RESULTS)
     jobs = plan_jobs(args.parts, presets=args.presets, steps=args.steps, results=results)
     todo = jobs if args.redo else still_to_measure(jobs, results)
     contexts = sorted(r["context_gib"] for r in rows if r.get("context_gib") and r.get("cuda"))
-    plan = build_plan(todo, rows=rows, device_gib=args.device_gib or DEFAULT_DEVICE_GIB,
+    plan = build_plan(todo, rows=rows, device_gib=args.device_gib or _card_gib() or DEFAULT_DEVICE_GIB,
                       context_gib=contexts[len(contexts) // 2] if contexts else DEFAULT_CONTEXT_GIB,
                       cores=args.cores or DEFAULT_CORES, budget_s=args.budget_s or DEFAULT_PLAN_BUDGET_S,
-                      at_once=args.at_once, check=check_job() if todo else None)
+                      at_once=args.at_once, check=check_job() if todo else None, disk_gb=args.disk_gb or DISK_GB)
     done = sorted({j["name"] for j in jobs} - {j["name"] for j in todo})
     lines = plan.text(done).splitlines()
     print("\n".join([*lines[:-1], *_pending_lines(args.parts), lines[-1]]))
@@ -360,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     skipped, 2 on bad input (no CUDA device without --tiny or --plan, an unknown part).
     """
     from bench import worker
-    from bench.gpu_plan import build_plan
+    from bench.gpu_plan import DISK_GB, build_plan
+    from bench.gpu_run import Runner
 
-    started = time.monotonic()
+    started = time.monotonic() - _process_age_s()  # the budget counts from the process's start, imports included
     parser = argparse.ArgumentParser(prog="python -m bench gpu", description=main.__doc__)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="what to measure, in order")
     parser.add_argument("--presets", nargs="+", default=list(PRESET_ORDER), choices=PRESET_ORDER)
@@ -374,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="the same code on a CPU with two-layer models")
     parser.add_argument("--plan", action="store_true", help="print the plan only (any machine, no CUDA needed)")
     parser.add_argument("--device-gib", type=float, default=None,
-                        help="--plan: the card's memory as PyTorch reports it (default 79.1, an H100 80GB; an H200: 139)")
+                        help="--plan: the card's memory as PyTorch reports it (default: the card here, else 79.1, an "
+                             "H100 80GB; an H200: 139)")
+    parser.add_argument("--disk-gb", type=float, default=None,
+                        help="the disk the random-weight folders may fill (default: 20 GB, or less where less is free)")
     parser.add_argument("--cores", type=int, default=None, help="--plan: the GPU machine's host cores (default 16)")
     parser.add_argument("--at-once", type=int, default=None, help="at most this many rows at once (--tiny: 2)")
     parser.add_argument("--bundle", default=None, help="prepare an offline GPU machine's wheels in this folder")
@@ -388,10 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench.gpu_bundle import device_command, install_command, make_bundle
 
         make_bundle(args.bundle)
-        print(f"on a GPU machine, from the repository root:\n{install_command(args.bundle)}")
-        command = device_command(args.bundle)
-        print(f"on this workplace's lent machine (one run with carry [{args.bundle!r}]; {len(command)} characters; then "
-              f"copy $OUT/gpu to results/gpu):\n{command}")
+        print(f"on a GPU machine, from the repository root (with {args.bundle} copied there):\n"
+              f"{device_command(args.bundle)}")
         return 0
     if args.pictures:
         return _pictures(Path(args.results or "results/gpu"), Path(__file__).resolve().parents[1] / "docs")
@@ -440,33 +466,56 @@ def main(argv: list[str] | None = None) -> int:
     rows = recorded_rows(results) or recorded_rows(REPO_RESULTS)
     cores = probe.get("cpu_count") or os.cpu_count() or 1
     budget_s = args.budget_s or math.inf
-    # The check needs CUDA memory to compare; on a CPU (--tiny) the rows only rehearse the code, two at a time.
+    models = Path(tempfile.mkdtemp(prefix="labkit-gpu-models-"))  # the random-weight folders, shared by rows
+    free_gb = shutil.disk_usage(models).free / 1e9 - DISK_SPARE_GB
+    disk_gb = min(args.disk_gb or DISK_GB, free_gb)
+    # On a CPU (--tiny) the rows only rehearse the code, two at a time; the check compares their seconds only.
     plan = build_plan(jobs, rows=rows, device_gib=1e6 if args.tiny else device_gib,
                       context_gib=probe.get("context_gib") or 0.0, cores=cores,
                       budget_s=budget_s, at_once=args.at_once or (2 if args.tiny else None),
-                      check=None if args.tiny or not jobs else check_job())
+                      check=check_job(tiny=args.tiny) if jobs else None, start_s=time.monotonic() - started,
+                      disk_gb=disk_gb)
     say(plan.text())
     for line in _pending_lines(args.parts):
         say(line)
-    say(f"bench gpu: {len(jobs)} rows -> {results}")
-    from bench.gpu_run import Runner, mark_check
-
+    skipped += list(plan.refused)
+    if plan.refused:
+        say(f"{len(plan.refused)} rows need more disk than the {disk_gb:.1f} GB free in {models.parent} "
+            f"(--disk-gb, or free disk there): the run measures what fits")
     runner = Runner(plan, results=results, budget_s=budget_s, clock=lambda: time.monotonic() - started, say=say,
-                     cores=cores)
-    runner.run_alone(plan.alone_first)
-    runner.run_pool()
-    if runner.check.get("passed") is not None:
-        mark_check(results, runner.run_id, "passed" if runner.check["passed"] else "failed")
-    runner.run_alone(runner.reruns + plan.alone_last)
-    skipped += runner.skipped
-    # What results/ holds now and what a GPU session should measure next (a --tiny run measures no memory).
-    pending = [] if args.tiny else [j["name"] for j in still_to_measure(plan_jobs(PARTS, results=results), results)]
-    status = {"measured": [r["name"] for r in runner.rows] if args.tiny else sorted(measured_rows(results)),
-              "pending": pending, "not built yet": PENDING, "skipped_for_budget": skipped,
-              "this_run": [r["name"] for r in runner.rows], "at_once": plan.at_once,
-              "side_by_side_check": {k: v for k, v in runner.check.items() if k != "alone"}}
-    (results / "status.json").write_text(json.dumps(status, indent=1) + "\n")
+                    cores=cores, models=models)
+    if not plan.jobs():
+        say(f"nothing to run: no row fits {disk_gb:.1f} GB of free disk and this card" if plan.refused
+            else "nothing to run")
+    say(f"bench gpu: {len(plan.jobs())} rows -> {results}")
+    try:
+        runner.run_alone(plan.alone_first)
+        runner.run_pool()
+        if runner.check.get("passed") is not None:
+            runner.mark_check("passed" if runner.check["passed"] else "failed")
+        runner.run_alone(runner.reruns + plan.alone_last)
+    finally:  # whatever broke, the models go and the status is written
+        shutil.rmtree(models, ignore_errors=True)
+        skipped += runner.skipped
+        _write_status(args, results, runner, plan, skipped, say)
     if skipped:
-        say(f"skipped (budget): {', '.join(skipped)}")
-    say(f"wrote {results / 'measurements.csv'} and measurements.json ({len(runner.rows)} rows)")
-    return 1 if runner.broken or skipped else 0
+        say(f"skipped (budget or disk): {', '.join(skipped)}")
+    say(f"wrote {results / 'measurements.csv'} and measurements.json ({len(runner.rows) - len(runner.unwritten)} rows"
+        + (f"; not written: {', '.join(runner.unwritten)}" if runner.unwritten else "") + ")")
+    return 1 if runner.broken or skipped or runner.unwritten else 0
+
+
+def _write_status(args, results: Path, runner, plan, skipped: list, say) -> None:
+    """Write ``status.json``: what results/ holds, what this run measured, skipped or could not write, and what a
+    GPU session should measure next (a --tiny run measures no memory). A failed write is said, never raised."""
+    try:
+        pending = [] if args.tiny else [j["name"] for j in still_to_measure(plan_jobs(PARTS, results=results), results)]
+        status = {"measured": [r["name"] for r in runner.rows] if args.tiny else sorted(measured_rows(results)),
+                  "pending": pending, "not built yet": PENDING, "skipped_for_budget": skipped,
+                  "refused_for_disk": plan.refused, "not_written": runner.unwritten,
+                  "this_run": [r["name"] for r in runner.rows], "at_once": plan.at_once,
+                  "disk_peak_gb": runner.disk.peak,
+                  "side_by_side_check": {k: v for k, v in runner.check.items() if k != "alone"}}
+        (results / "status.json").write_text(json.dumps(status, indent=1) + "\n")
+    except Exception as exc:  # noqa: BLE001 - the status is the last word: say why it is missing
+        say(f"could not write {results / 'status.json'}: {type(exc).__name__}: {exc}")

@@ -312,21 +312,13 @@ def install_command(folder: str | Path, bench_args: str = "") -> str:
         + " ".join(branches)
         + f" && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target {SITE} "
         + always + ' "${LABKIT_DATASETS[@]}"'
-        + f" && export PYTHONPATH={SITE}:$PWD && python3 -m bench gpu"
+        + f" && export PYTHONPATH={SITE}:$PWD HF_HUB_OFFLINE=1 && python3 -m bench gpu"
         + (f" {bench_args}" if bench_args else "")
     )
 
 
 def device_command(folder: str | Path, budget_s: float = DEVICE_BUDGET_S) -> str:
-    """Return the one command for a lent GPU machine whose files come back from ``$OUT``: the rows recorded so far
-    are copied to ``$OUT/gpu`` (they travel with the repository), the bundle installs (:func:`install_command`)
-    and ``bench gpu`` measures what those rows lack, within ``budget_s`` seconds, writing to ``$OUT/gpu``.
-
-    Raises ValueError when the command is :data:`DEVICE_COMMAND_LIMIT` characters or more (the run tool refuses it).
-    """
-    command = ("mkdir -p $OUT && cp -r results/gpu $OUT/gpu && "
-               + install_command(folder, f"--results $OUT/gpu --budget-s {budget_s:g}"))
-    if len(command) >= DEVICE_COMMAND_LIMIT:
-        raise ValueError(f"the device command is {len(command)} characters; the run tool takes fewer than "
-                         f"{DEVICE_COMMAND_LIMIT}: shorten the bundle's folder name")
-    return command
+    """Return the one command for a CUDA machine without network, from the repository root: the bundle installs
+    (:func:`install_command`, Hugging Face offline) and ``bench gpu`` measures what ``results/gpu`` lacks, within
+    ``budget_s`` seconds of its process's start (its imports included)."""
+    return install_command(folder, f"--budget-s {budget_s:g}")

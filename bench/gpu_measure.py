@@ -17,7 +17,8 @@ from bench.gpu_speed import SPEED_COLUMNS
 from labkit.memory import GIB
 from labkit.oom import PhaseTracker
 
-__all__ = ["measure", "PhasePeaks", "bench_preset", "percent_error", "loader_of", "process_gpu_bytes", "LABEL",
+__all__ = ["measure", "PhasePeaks", "bench_preset", "row_precision", "model_folder_name", "folder_gb", "shared_model",
+           "card_reader", "watch_generations", "generation_columns", "percent_error", "loader_of", "process_gpu_bytes", "LABEL",
            "SIDE_BY_SIDE_LABEL", "TINY_SHAPE", "PHASE_ORDER", "COLUMNS", "SECONDS_COLUMNS"]
 
 LABEL = "measured on {device}, random weights, every completion at max_completion_length"
@@ -31,9 +32,10 @@ COLUMNS = [
     "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "generation", "loader", "weights_4bit", "embedding_dtype",
     "steps_done", "completion_mean_length", "side_by_side", "cap_from", "context_from", "tool_rounds",
     "longest_prompt_tokens",
-    "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "fits", "fraction_of_card", "oom_phase",
+    "peak_allocated_gib", "peak_reserved_gib", "peak_with_context_gib", "peak_card_gib", "fits", "fraction_of_card", "oom_phase",
     *[f"{p}_{k}" for p in PHASE_ORDER for k in ("s", "allocated_gib", "reserved_gib")],
-    "training_allocated_gib", "generation_tokens_per_s", *SPEED_COLUMNS,
+    "training_allocated_gib", "generation_tokens_per_s", "generation_mode", "cudagraph_recorded_after_first",
+    *SPEED_COLUMNS,
     "estimated_total_gib", "estimated_generation_gib", "estimated_training_gib", "estimate_error_pct",
     "estimate_generation_error_pct", "estimate_training_error_pct",
     "rehearsed_peak_gib", "rehearsal_error_pct", "first_change", "fits_after_first_change", "measured_fall_gib",
@@ -58,8 +60,8 @@ class PhasePeaks(PhaseTracker):
     peak. A running :class:`labkit.monitor.VRAMMonitor` (the dashboard's) gets the same phase marks.
     """
 
-    def __init__(self, cuda: bool, monitor=None):
-        self.cuda, self.monitor = cuda, monitor
+    def __init__(self, cuda: bool, monitor=None, *, card_used=None):
+        self.cuda, self.monitor, self.card_used = cuda, monitor, card_used
         self.peaks: dict[str, dict] = {}
         self._phase, self._since, self._mark = "setup", time.perf_counter(), None
         super().__init__()
@@ -94,6 +96,10 @@ class PhasePeaks(PhaseTracker):
         if self.cuda:
             row["allocated"] = max(row["allocated"], torch.cuda.max_memory_allocated())
             row["reserved"] = max(row["reserved"], torch.cuda.max_memory_reserved())
+            used = self.card_used() if self.card_used else None
+            if used is not None:  # the card's figure less the allocator's: context, cuBLAS, Triton, paged states
+                outside = used - torch.cuda.memory_reserved()
+                row["card"] = max(row.get("card", 0), row["reserved"] + outside)
             torch.cuda.reset_peak_memory_stats()
 
 
@@ -127,6 +133,102 @@ def process_gpu_bytes() -> int | None:
     return None
 
 
+def card_reader(beside: bool):
+    """Return a function that reads this process's memory on the card, outside the allocator's books: NVML's
+    figure for this process where NVML lists it, else (alone on the device only) ``mem_get_info``'s used memory;
+    None where neither can say (beside other rows without per-process NVML)."""
+    import torch
+
+    def alone() -> int:
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    if process_gpu_bytes() is not None:
+        return process_gpu_bytes
+    return None if beside else alone
+
+
+def watch_generations(trainer) -> list[dict]:
+    """Wrap ``trainer._generate_single_turn`` (over the generation clock, if any) and return the list it fills, one
+    dict a call: ``mode`` ("train" or "eval", the model's mode during the call: dropout runs in train mode only)
+    and ``cudagraph_recorded``, the rise of torch's own counter ``counters["inductor"]
+    ["cudagraph_recorded_non_static_inputs"]`` (torch/_inductor/cudagraph_trees.py 996: it rises at each new
+    recording of a CUDA graph, so a warm path that replays its graphs leaves it where it was)."""
+    from torch._dynamo.utils import counters
+
+    calls: list[dict] = []
+    inner = trainer._generate_single_turn  # noqa: SLF001 - what TRL 1.16 calls for every generation
+
+    def generate(*args, **kwargs):
+        before = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+        calls.append({"mode": "train" if trainer.model.training else "eval"})
+        out = inner(*args, **kwargs)
+        calls[-1]["cudagraph_recorded"] = counters["inductor"]["cudagraph_recorded_non_static_inputs"] - before
+        return out
+
+    trainer._generate_single_turn = generate  # noqa: SLF001
+    return calls
+
+
+def generation_columns(calls: list[dict]) -> dict:
+    """Return the row's columns from :func:`watch_generations`' calls: the mode its generations ran in, and the CUDA
+    graph recordings after the first generation (0: the graphs were replayed; more: each generation recorded again)."""
+    modes = sorted({c["mode"] for c in calls})
+    return dict(generation_mode="/".join(modes) or None,
+                cudagraph_recorded_after_first=sum(c.get("cudagraph_recorded", 0) for c in calls[1:]) if calls else None)
+
+
+def row_precision(spec: dict, *, cuda: bool) -> str:
+    """Return the precision a row trains in: the spec's, else the preset's, else its card's choice (fp32 on a CPU)."""
+    from labkit.device import choose_precision
+    from labkit.presets import card_device
+
+    preset, card = bench_preset(spec), card_device(spec["preset"])
+    return spec.get("precision") or (preset.precision or choose_precision(card) if cuda and card else "fp32")
+
+
+def model_folder_name(preset, precision: str, *, tiny: bool = False) -> str:
+    """Return the name of the random-weight folder a row loads: one per (architecture, dtype saved), shared by
+    every row that loads it. The weights are saved in the row's 16-bit dtype (fp32 on a CPU): a full fine-tuning row
+    loads them in fp32 (:func:`labkit.device.torch_dtype`), which needs their shapes, not their values."""
+    dtype = _saved_dtype(precision)
+    return f"{preset.model.replace('/', '--').replace(':', '-')}-{dtype}{'-tiny' if tiny else ''}"
+
+
+def _saved_dtype(precision: str) -> str:
+    return {"fp16": "float16", "fp32": "float32"}.get(precision, "bfloat16")
+
+
+def folder_gb(params: float, folder_name: str) -> float:
+    """Return the disk (GB) a random-weight folder of ``params`` parameters takes (2 or 4 bytes a parameter)."""
+    return params * (4 if "-float32" in folder_name else 2) / 1e9
+
+
+def shared_model(folder: Path, preset, precision: str, *, device: str, tiny: bool = False) -> str:
+    """Return ``folder``, a random-weight copy of the preset's architecture, saving it first if no row has: the
+    first row that needs it saves it (into a temporary name, then renamed whole) while the others wait on a lock."""
+    import fcntl
+
+    import torch
+
+    from bench.preset import save_random_architecture
+    from labkit.models import resolve_model
+
+    if preset.model.startswith("tiny:"):
+        return resolve_model(preset.model)
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "config.json").exists():
+            part = folder.with_name(f"{folder.name}.part")
+            shutil.rmtree(part, ignore_errors=True)
+            dtype = getattr(torch, _saved_dtype(precision))
+            save_random_architecture(preset.model, part, dtype=dtype, device=device, **(TINY_SHAPE if tiny else {}))
+            part.rename(folder)
+    return str(folder)
+
+
 def bench_preset(spec: dict):
     """Return the preset a spec measures: a named preset with ``overrides`` (the grid's, the doctor's), then the
     OOM doctor's ``change`` (``Preset.apply``: GRPOConfig fields such as ``steps_per_generation`` too)."""
@@ -158,8 +260,8 @@ def measure(spec: dict) -> dict:
     """
     import torch
 
-    from bench.preset import _fixed_length_prompts, _random_weights_model, card_cap_fraction
-    from labkit.device import choose_precision, detect_device
+    from bench.preset import _fixed_length_prompts, card_cap_fraction
+    from labkit.device import detect_device
     from labkit.lab import provenance
     from labkit.models import load_tokenizer
     from labkit.oom import TrainingOutOfMemory
@@ -174,7 +276,7 @@ def measure(spec: dict) -> dict:
     device = detect_device("cuda" if cuda else "cpu")
     preset = bench_preset(spec)
     card = card_device(spec["preset"])
-    precision = spec.get("precision") or (preset.precision or choose_precision(card) if cuda and card else "fp32")
+    precision = row_precision(spec, cuda=cuda)
     preset = preset.replace(precision=precision)
     plan = resolve_plan(preset, card)  # what the estimate and the rehearsal plan for: the preset on its card
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
@@ -216,10 +318,11 @@ def measure(spec: dict) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="labkit-gpu-"))
     recorder = LogRecorder(("num_tokens", "completions/mean_length", "tools/call_frequency"))
     monitor = dashboard = peaks = forced = run = states = None
+    generations: list[dict] = []
     started = time.perf_counter()
     try:
-        path = _random_weights_model(preset, folder / "model", precision, device="cuda" if cuda else "cpu",
-                                     **(TINY_SHAPE if tiny else {}))
+        path = shared_model(Path(spec.get("models") or folder) / model_folder_name(preset, precision, tiny=tiny),
+                            preset, precision, device="cuda" if cuda else "cpu", tiny=tiny)
         bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
         tokenizer = load_tokenizer(path)
         n = max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2)
@@ -243,13 +346,14 @@ def measure(spec: dict) -> dict:
                                       total_steps=bench.max_steps, monitor=monitor, autoshow=False, tick_s=None,
                                       budget_gib=card.total_memory_gib if card and cuda else None)
             callbacks.append(dashboard)
-        peaks = PhasePeaks(cuda, monitor)
+        peaks = PhasePeaks(cuda, monitor, card_used=card_reader(beside) if cuda else None)
         config = dict(spec.get("config", {}))
         if preset.generation != "continuous":  # continuous batching drops min_new_tokens: its lengths are its own
             config.setdefault("generation_kwargs", {"min_new_tokens": bench.max_completion_length})
         run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
                         callbacks=callbacks, print_logs=False, **config)
         peaks.install(run.trainer)
+        generations = watch_generations(run.trainer)
         if tools:  # random weights write no call: force one per turn, max_tool_calling_iterations rounds
             forced = forced_tools.install(run.trainer, tokenizer, tools, rounds=preset.max_tool_calling_iterations,
                                           budget=plan.config["max_completion_length"])
@@ -295,6 +399,7 @@ def measure(spec: dict) -> dict:
         (out / f"dashboard_{spec['name']}.json").write_text(json.dumps(record) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     _phase_columns(row, peaks.peaks if peaks else {}, cuda)
+    row.update(generation_columns(generations))
     if cuda and peaks:
         row["phase_peaks_gib"] = {name: round(p["allocated"] / GIB, 3) for name, p in peaks.peaks.items()}
     lengths = [x for x in recorder.values["completions/mean_length"] if x == x]
@@ -344,6 +449,9 @@ def _phase_columns(row: dict, peaks: dict, cuda: bool) -> None:
     if cuda and peaks:
         row["peak_allocated_gib"] = round(max(p["allocated"] for p in peaks.values()) / GIB, 3)
         row["peak_reserved_gib"] = round(max(p["reserved"] for p in peaks.values()) / GIB, 3)
+        cards = {name: p["card"] for name, p in peaks.items() if p.get("card") is not None}
+        row["phase_card_gib"] = {name: round(v / GIB, 3) for name, v in cards.items()} or None
+        row["peak_card_gib"] = round(max(cards.values()) / GIB, 3) if cards else None
         training = [row[f"{p}_allocated_gib"] for p in ("scoring", "forward", "backward", "optimizer")
                     if row[f"{p}_allocated_gib"] is not None]
         row["training_allocated_gib"] = max(training) if training else None
@@ -360,10 +468,13 @@ def _compare(row: dict) -> dict:
     if row.get("peak_reserved_gib") is not None:
         with_context = row["peak_reserved_gib"] + (row.get("context_gib") or 0)
         out["peak_with_context_gib"] = round(with_context, 3)
+        # what the card held: the allocator's reserved plus what was read outside it at each phase's end (cuBLAS,
+        # bitsandbytes, Triton and paged 8-bit AdamW's managed memory load after the context is read)
+        on_card = row.get("peak_card_gib") if row.get("peak_card_gib") is not None else with_context
         if row.get("cap_gib") is not None:  # a card's cap is that card less the context: the sum is the card
             given = row["cap_gib"] + (row.get("context_gib") or 0)
-            out["fits"] = row["status"] == "ok" and with_context <= given + 1e-6
-            out["fraction_of_card"] = round(with_context / given, 3)
+            out["fits"] = row["status"] == "ok" and on_card <= given + 1e-6
+            out["fraction_of_card"] = round(on_card / given, 3)
         out["estimate_error_pct"] = percent_error(row["estimated_total_gib"], row["peak_allocated_gib"])
         out["estimate_generation_error_pct"] = percent_error(row["estimated_generation_gib"], row.get("generation_allocated_gib"))
         out["estimate_training_error_pct"] = percent_error(row["estimated_training_gib"], row.get("training_allocated_gib"))

@@ -29,25 +29,41 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 __all__ = ["SpeedModel", "Scheduler", "RunPlan", "build_plan", "job_shape", "preset_shape", "footprint_gib",
-           "planner_cap", "expected_oom", "choose_at_once", "simulate", "measured_slowdown", "format_plan", "twin_of", "peaks_agree", "DEFAULT_DEVICE_GIB", "DEFAULT_CORES", "RESERVE_GIB",
-           "OUTSIDE_CAP_GIB", "DEFAULT_CONTEXT_GIB", "SIDE_BY_SIDE_SLOWDOWN", "CHECK_ROW", "AGREE_PCT", "PROBE_S"]
+           "planner_cap", "expected_oom", "choose_at_once", "simulate", "Disk", "measured_slowdown", "format_plan", "twin_of", "peaks_agree", "DEFAULT_DEVICE_GIB", "DEFAULT_CORES", "RESERVE_GIB",
+           "OUTSIDE_CAP_GIB", "DEFAULT_CONTEXT_GIB", "SIDE_BY_SIDE_SLOWDOWN", "CHECK_ROW", "AGREE_PCT", "PROBE_S",
+           "IMPORT_S", "DISK_GB", "MAX_SLOWDOWN"]
 
 DEFAULT_DEVICE_GIB = 79.1  # an H100 80GB as PyTorch reports it (an H200: about 139)
 DEFAULT_CORES = 16  # the lent GPU machine's host cores
 RESERVE_GIB = 1.0  # left free on the device whatever runs
 OUTSIDE_CAP_GIB = 0.5  # per process, beside its cap and context: what PyTorch's allocator does not hold (bitsandbytes' paged states)
 DEFAULT_CONTEXT_GIB = 0.51  # one process's CUDA context on the H100 (results/gpu, 2026-11-26); the probe measures it
-SIDE_BY_SIDE_SLOWDOWN = 1.25  # a guess until a run measures it: the check row beside others over the same alone
+# A guess until a run measures it (the check's twin's generation seconds beside the others over the same row's
+# alone). Eight processes without MPS share the GPU by time-slicing: kernels of two contexts never run at once, and
+# each switch costs. Alone, a host-bound decoding step keeps the GPU busy a fifth to a third of its 80 ms, so eight
+# such rows ask 1.6 to 2.7 GPUs' worth of kernel time, and 8 rows x their threads share 16 host cores: 1.5-2 is
+# likely; 1.75 is its middle. The check measures it in every run and the next plan takes that figure.
+SIDE_BY_SIDE_SLOWDOWN = 1.75
 CHECK_ROW = "grid-Qwen2.5-0.5B-lora-bf16"  # the cheapest row: measured alone first, and again beside the others
-AGREE_PCT = 1.0  # allocated peaks alone and beside others must agree within this, or the rest runs one at a time
+AGREE_PCT = 1.0  # the card's memory alone and beside others must agree within this, or the rest runs one at a time
+MAX_SLOWDOWN = 2.5  # beside others, generation may be this much slower than alone; past it the rest runs one at a time
 PROBE_S = 15.0  # the parent's probe of the device (a process that creates a CUDA context), before any row
+IMPORT_S = 30.0  # the parent's cold imports before its plan (20-45 s on a fresh machine): the budget counts them
+DISK_GB = 20.0  # the disk a plan may fill with random-weight folders (a 64 GiB machine also holds its system image)
 PLANNER_CAP_FACTOR, PLANNER_CAP_PLUS_GIB = 1.3, 1.0  # a cap for a row without one: estimate x 1.3 + 1 GiB
 PROCESS_START_S = 15.0  # a fresh worker's imports, when the recorded rows do not tell
 # The generation paths other than "generate" (labkit.generation.PATHS) until a speed row measures them: guesses.
 # static-compiled: CUDA graphs take the host out of a decode step (a 1.5B model's weights and a batch of 96's KV
 # cache read in about 2 ms on an H100; kernels and sampling more); its first generation compiles (60-120 s).
-GUESS_STEP_MS = {"static-compiled": 20.0}  # continuous: timed as generate (its scheduler is Python too)
+GUESS_STEP_MS = {"static-compiled": 20.0}  # continuous: SpeedModel.continuous_ms
 GUESS_COMPILE_S = 90.0
+# continuous without flash-attention packs every request of a decode step into one sequence with a block-diagonal
+# mask (transformers/generation/continuous_batching/input_outputs.py 489-551: q_size tokens against kv_size, the
+# mask sliced [..., :q_size, :k_len]; continuous_api.py 745-785 switches to flash only when it is installed): each
+# of the batch's B queries attends over all B sequences' cached tokens, so the step's attention costs
+# 4 x heads x head_dim x B x (B x context) FLOPs a layer and reads a B x (B x context) 16-bit mask. SDPA's kernel
+# with an arbitrary mask: about 100 TFLOP/s and 2,000 GB/s on an H100 (guesses until speed-continuous measures it).
+CB_ATTENTION_TFLOPS, CB_MASK_GB_S = 100.0, 2000.0
 
 
 # --------------------------------------------------------------------------- the shape of a row
@@ -80,7 +96,12 @@ def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | Non
     completion = plan.config["max_completion_length"]
     rounds = (preset.max_tool_calling_iterations or 0) if preset.environment else 0
     est = estimate(plan)
+    from bench.gpu_measure import folder_gb, model_folder_name
+
+    folder = model_folder_name(preset, precision)
     return dict(layers=shape.num_layers, params_b=shape.params / 1e9, method=preset.method, completion=completion,
+                heads=shape.num_heads, head_dim=shape.head_dim, prompt=preset.max_prompt_length,
+                folder=folder, folder_gb=round(folder_gb(shape.params, folder), 2),
                 path=preset.generation, generation_only=False, generations=steps,
                 # forced tool rounds fill the budget, then the last round writes max_completion_length more
                 decode_steps=completion * (2 if rounds else 1), tool_rounds=rounds,
@@ -228,7 +249,18 @@ class SpeedModel:
         if path != "generate" and self.path_ms.get(path):
             return self.path_ms[path]
         kind = "qlora" if shape["method"] == "qlora" else "lora"
-        return shape["layers"] * (self.per_layer_ms[kind] + self.per_seq_ms * shape["generation_batch"])
+        generate = shape["layers"] * (self.per_layer_ms[kind] + self.per_seq_ms * shape["generation_batch"])
+        return generate + (self.continuous_ms(shape) if path == "continuous" else 0.0)
+
+    @staticmethod
+    def continuous_ms(shape: dict) -> float:
+        """Return what ``continuous`` adds to a decoding step over ``generate`` without flash-attention: the packed
+        batch's attention (:data:`CB_ATTENTION_TFLOPS`) and mask (:data:`CB_MASK_GB_S`), both growing with the
+        batch squared, at the mean context of a generation (the prompt and half the completion)."""
+        batch, context = shape["generation_batch"], shape["prompt"] + shape["decode_steps"] / 2
+        keys = batch * batch * context  # query x key pairs a layer
+        flops = 4 * shape["heads"] * shape["head_dim"] * keys
+        return shape["layers"] * (flops / (CB_ATTENTION_TFLOPS * 1e12) + 2 * keys / (CB_MASK_GB_S * 1e9)) * 1000
 
     def step_ms_from(self, shape: dict) -> str:
         """Return where :meth:`step_ms`'s figure comes from, in words (for the printed plan)."""
@@ -237,6 +269,8 @@ class SpeedModel:
             return "generate"
         if path in self.path_from:
             return f"{path}, measured"
+        if path == "continuous":
+            return f"continuous: generate's step + {self.continuous_ms(shape):.0f} ms of packed attention (batch squared)"
         return f"{path}: a guess" if self.path_ms.get(path) else f"{path}: a guess, as generate"
 
     def seconds(self, job: dict, shape: dict) -> dict:
@@ -289,6 +323,43 @@ def choose_at_once(device_gib: float, cores: int, largest_gib: float, asked: int
     return limit, why
 
 
+class Disk:
+    """The random-weight folders on disk: one per (architecture, dtype), saved when the first row that loads it
+    starts and deleted when the last one ends (or is dropped). ``users``: row name -> folder; ``sizes``: folder -> GB.
+    A row whose folder is not on disk starts only if the folders already there leave it room within ``limit_gb``."""
+
+    def __init__(self, users: dict, sizes: dict, limit_gb: float = math.inf):
+        self.users, self.sizes, self.limit_gb = dict(users), dict(sizes), limit_gb
+        self.left = {}
+        for folder in self.users.values():
+            self.left[folder] = self.left.get(folder, 0) + 1
+        self.live: set[str] = set()
+        self.peak = 0.0
+
+    def used(self) -> float:
+        return sum(self.sizes[f] for f in self.live)
+
+    def fits(self, name: str) -> bool:
+        folder = self.users.get(name)
+        return folder is None or folder in self.live or self.used() + self.sizes[folder] <= self.limit_gb + 1e-9
+
+    def start(self, name: str) -> None:
+        if self.users.get(name):
+            self.live.add(self.users[name])
+            self.peak = max(self.peak, self.used())
+
+    def end(self, name: str) -> str | None:
+        """Count ``name`` as ended (or dropped); return its folder if no row needs it any more (to delete)."""
+        folder = self.users.pop(name, None)
+        if folder is None:
+            return None
+        self.left[folder] -= 1
+        if self.left[folder] == 0 and folder in self.live:
+            self.live.discard(folder)
+            return folder
+        return None
+
+
 class Scheduler:
     """Which rows start now (the rule the plan simulates and the run follows).
 
@@ -302,12 +373,14 @@ class Scheduler:
     """
 
     def __init__(self, jobs: list[dict], *, footprints: dict, expected: dict, device_gib: float, at_once: int,
-                 deadline: float, slowdown: float = SIDE_BY_SIDE_SLOWDOWN):
+                 deadline: float, slowdown: float = SIDE_BY_SIDE_SLOWDOWN, disk: Disk | None = None):
         self.waiting = list(jobs)
+        self.disk = disk or Disk({}, {})
         self.footprints, self.expected = footprints, expected
         self.device_gib, self.at_once, self.deadline, self.slowdown = device_gib, at_once, deadline, slowdown
         self.ended: set[str] = set()
         self.dropped: list[dict] = []  # expected to end after the deadline: left for a later run
+        self.freed: list[str] = []  # random-weight folders no row needs since a drop (the run deletes them)
 
     def seconds(self, job: dict) -> float:
         return self.expected[job["name"]] * (self.slowdown if self.at_once > 1 else 1.0)
@@ -326,8 +399,9 @@ class Scheduler:
             if now + seconds > self.deadline:
                 self.waiting.remove(job)
                 self.dropped.append(job)
+                self.freed += [f for f in (self.disk.end(job["name"]),) if f]
                 continue
-            if any(name not in self.ended for name in job.get("after", ())):
+            if any(name not in self.ended for name in job.get("after", ())) or not self.disk.fits(job["name"]):
                 continue
             need = self.footprints[job["name"]]
             if need <= free or not count:  # alone, a row larger than the device is refused where it runs
@@ -337,6 +411,7 @@ class Scheduler:
                     shadow = (shadow[0], shadow[1] - need)
                 self.waiting.remove(job)
                 started.append(job)
+                self.disk.start(job["name"])
                 ends.append((now + seconds, need))
                 free -= need
                 count += 1
@@ -349,29 +424,39 @@ class Scheduler:
                 shadow = (when, available - need)
         return started
 
-    def end(self, name: str) -> None:
+    def end(self, name: str) -> str | None:
+        """Count ``name`` as ended; return its random-weight folder when no row needs it any more (to delete)."""
         self.ended.add(name)
+        return self.disk.end(name)
 
 
 def simulate(alone_first: list[dict], pool: list[dict], alone_last: list[dict], *, footprints: dict, expected: dict,
-             device_gib: float, at_once: int, budget_s: float, slowdown: float = SIDE_BY_SIDE_SLOWDOWN) -> dict:
-    """Return the plan on a clock of expected seconds: ``entries`` (name, start, end, at once, footprint, seconds),
-    ``dropped`` (rows past the budget), ``end`` (seconds in all) and ``at_once`` (the most rows at once)."""
+             device_gib: float, at_once: int, budget_s: float, slowdown: float = SIDE_BY_SIDE_SLOWDOWN,
+             start_s: float = IMPORT_S + PROBE_S, folders: dict | None = None, disk_gb: float = math.inf) -> dict:
+    """Return the plan on a clock of expected seconds from the process's start (rows begin at ``start_s``, after
+    the parent's imports and probe): ``entries`` (name, start, end, at once, footprint, seconds), ``dropped`` (rows
+    past the budget), ``end`` (seconds in all), ``at_once`` (the most rows at once) and ``disk_peak_gb`` (the most
+    random-weight folders on disk at once; ``folders``: row -> (folder, GB), within ``disk_gb``)."""
     entries, dropped = [], []
+    folders = folders or {}
+    disk = Disk({n: f for n, (f, _) in folders.items()}, {f: gb for f, gb in folders.values()}, disk_gb)
 
     def one_at_a_time(jobs, now: float) -> float:  # rows that run alone, before or after the pool
         for job in jobs:
-            if now + expected[job["name"]] > budget_s:
+            if now + expected[job["name"]] > budget_s or not disk.fits(job["name"]):
                 dropped.append(job)
+                disk.end(job["name"])
                 continue
+            disk.start(job["name"])
             entries.append(dict(name=job["name"], start=now, end=now + expected[job["name"]], at_once=1, alone=True,
                                 footprint=footprints[job["name"]], seconds=expected[job["name"]]))
             now = entries[-1]["end"]
+            disk.end(job["name"])
         return now
 
-    now = one_at_a_time(alone_first, PROBE_S)
+    now = one_at_a_time(alone_first, start_s)
     scheduler = Scheduler(pool, footprints=footprints, expected=expected, device_gib=device_gib, at_once=at_once,
-                          deadline=budget_s, slowdown=slowdown)
+                          deadline=budget_s, slowdown=slowdown, disk=disk)
     for job in alone_first:
         scheduler.end(job["name"])
     running: dict[str, tuple[float, float]] = {}  # name -> (end, footprint)
@@ -390,8 +475,10 @@ def simulate(alone_first: list[dict], pool: list[dict], alone_last: list[dict], 
         del running[name]
         scheduler.end(name)
     dropped += scheduler.dropped + scheduler.waiting
+    for job in scheduler.waiting:
+        disk.end(job["name"])
     now = one_at_a_time(alone_last, now)
-    return dict(entries=entries, dropped=dropped, end=now, at_once=max(most, 1))
+    return dict(entries=entries, dropped=dropped, end=now, at_once=max(most, 1), disk_peak_gb=round(disk.peak, 1))
 
 
 def twin_of(job: dict) -> dict:
@@ -401,28 +488,47 @@ def twin_of(job: dict) -> dict:
     return twin
 
 
-def peaks_agree(alone: dict, beside: dict) -> tuple[bool | None, str]:
-    """Return whether two rows of the same spec have allocated peaks within :data:`AGREE_PCT` (None: not comparable,
-    on a CPU or when one failed), and the verdict in words."""
-    a, b = alone.get("peak_allocated_gib"), beside.get("peak_allocated_gib")
-    if alone.get("status") != "ok" or beside.get("status") != "ok" or not a or b is None:
-        return None, (f"not compared: alone {alone.get('status')}, beside {beside.get('status')}"
-                      + ("" if a else " (no CUDA memory measured)"))
-    diff = 100 * (b - a) / a
-    ok = abs(diff) <= AGREE_PCT
-    return ok, (f"allocated peak alone {a:.3f} GiB, beside others {b:.3f} GiB ({diff:+.2f} %): "
-                + ("side by side changes no peak" if ok else f"more than {AGREE_PCT:g} % apart"))
+def peaks_agree(alone: dict, beside: dict) -> tuple[bool | None, str, float | None]:
+    """Return the side-by-side check's verdict on two rows of the same spec, one alone and one beside the others:
+    whether side by side changed what the rows measure (None: not comparable, when one failed), the verdict in
+    words, and the slowdown (the generation phase's seconds beside over alone; None where one is missing).
+
+    Two things side by side can change: the card's memory, read outside the allocator (``peak_card_gib``: NVML's
+    figure for the process, or ``mem_get_info`` alone), which must agree within :data:`AGREE_PCT`; and the
+    generation's seconds, which may grow up to :data:`MAX_SLOWDOWN` times. The allocator's own peaks cannot
+    differ (each process counts its own tensors), so they are not compared."""
+    if alone.get("status") != "ok" or beside.get("status") != "ok":
+        return None, f"not compared: alone {alone.get('status')}, beside {beside.get('status')}", None
+    gen_a = alone.get("generation_s")
+    gen_b = (beside.get("seconds_beside") or {}).get("generation_s") or beside.get("generation_s")
+    slowdown = round(gen_b / gen_a, 2) if gen_a and gen_b else None
+    words, ok = [], True
+    if slowdown is not None:
+        ok = slowdown <= MAX_SLOWDOWN
+        words.append(f"generation {gen_a:.1f} s alone, {gen_b:.1f} s beside others (x {slowdown:g}"
+                     + ("" if ok else f", more than x {MAX_SLOWDOWN:g}") + ")")
+    a, b = alone.get("peak_card_gib"), beside.get("peak_card_gib")
+    if a and b is not None:
+        diff = 100 * (b - a) / a
+        ok = ok and abs(diff) <= AGREE_PCT
+        words.append(f"the card's memory alone {a:.3f} GiB, beside others {b:.3f} GiB ({diff:+.2f} %"
+                     + ("" if abs(diff) <= AGREE_PCT else f", more than {AGREE_PCT:g} % apart") + ")")
+    else:
+        words.append("the card's memory not compared (no CUDA figure outside the allocator)")
+    if slowdown is None and not (a and b is not None):
+        return None, "not compared: " + "; ".join(words), None
+    return ok, "; ".join(words) + (": side by side measures what alone does" if ok else ""), slowdown
 
 
 def measured_slowdown(rows: list[dict]) -> float | None:
-    """Return the last side-by-side check's slowdown (the twin's seconds beside others over the row's alone), or
-    None when no run has measured one."""
+    """Return the last side-by-side check's slowdown (the twin's generation seconds beside others over the row's
+    alone: a row's start and its model's save are not the GPU's sharing), or None when no run has measured one."""
     alone = {r["name"]: r for r in rows if r.get("cuda") and r.get("status") == "ok" and not r.get("side_by_side")}
     for row in reversed(rows):
         base = alone.get(row.get("twin_of") or "")
-        beside = (row.get("seconds_beside") or {}).get("wall_s")
-        if base and beside and base.get("wall_s"):
-            return round(beside / base["wall_s"], 2)
+        beside = (row.get("seconds_beside") or {}).get("generation_s")
+        if base and beside and base.get("generation_s"):
+            return round(beside / base["generation_s"], 2)
     return None
 
 
@@ -444,6 +550,10 @@ class RunPlan:
     device_gib: float
     budget_s: float
     simulated: dict
+    folders: dict = field(default_factory=dict)  # row -> (random-weight folder, GB)
+    disk_gb: float = math.inf
+    start_s: float = IMPORT_S + PROBE_S
+    refused: dict = field(default_factory=dict)  # row -> why it cannot run on this disk
 
     @property
     def expected(self) -> dict:
@@ -455,18 +565,37 @@ class RunPlan:
     def text(self, measured: list[str] = ()) -> str:
         return format_plan(dict(self.simulated, slowdown=self.slowdown), jobs=self.jobs(), shapes=self.shapes,
                            seconds=self.seconds, speed=self.speed, device_gib=self.device_gib, budget_s=self.budget_s,
-                           at_once_why=self.at_once_why, context_gib=self.context_gib, measured=list(measured))
+                           at_once_why=self.at_once_why, context_gib=self.context_gib, measured=list(measured),
+                           disk_gb=self.disk_gb, start_s=self.start_s, refused=self.refused)
+
+    def disk(self) -> Disk:
+        """Return the run's disk book: every planned row's folder, within the plan's disk."""
+        return Disk({n: f for n, (f, _) in self.folders.items()}, {f: gb for f, gb in self.folders.values()},
+                    self.disk_gb)
 
 
 def build_plan(jobs: list[dict], *, rows: list[dict], device_gib: float, context_gib: float, cores: int,
-               budget_s: float = math.inf, at_once: int | None = None, check: dict | None = None) -> RunPlan:
+               budget_s: float = math.inf, at_once: int | None = None, check: dict | None = None,
+               start_s: float = IMPORT_S + PROBE_S, disk_gb: float = DISK_GB) -> RunPlan:
     """Return the plan of a run of ``jobs`` (:func:`bench.gpu.plan_jobs`' specs, still to measure): the speed rows
     alone at the end, every other row side by side, with ``check`` (the :data:`CHECK_ROW` spec; None: no check)
     alone first and its twin first in the pool. A row without a cap gets :func:`planner_cap`'s (``cap_from``
     "planner"); the OOM doctor's rows wait for the rows their cap and change come from. Of a few orders of the
     pool, the plan keeps the one that leaves out the fewest memory rows within ``budget_s``, then the fewest speed
-    rows, then the shortest; then it moves a row left out to an earlier place while that leaves out fewer."""
+    rows, then the shortest; then it moves a row left out to an earlier place while that leaves out fewer. Rows
+    begin at ``start_s`` seconds from the process's start (the budget counts from there); their random-weight
+    folders share ``disk_gb`` (a row whose folder alone is larger is refused, in ``refused``)."""
     speed = SpeedModel.from_rows(rows)
+    refused, kept = {}, []
+    for job in jobs:
+        need = job_shape(job)["folder_gb"]
+        if need > disk_gb:
+            refused[job["name"]] = f"its random-weight folder needs {need:.1f} GB of disk, more than the {disk_gb:.1f} GB free"
+        else:
+            kept.append(job)
+    jobs = kept
+    if check and job_shape(check)["folder_gb"] > disk_gb:
+        check = None
     slowdown = measured_slowdown(rows) or SIDE_BY_SIDE_SLOWDOWN
     alone_last = [dict(job) for job in jobs if job["part"] == "speed"]
     pool = [dict(job) for job in jobs if job["part"] != "speed" and not (check and job["name"] == check["name"])]
@@ -502,9 +631,12 @@ def build_plan(jobs: list[dict], *, rows: list[dict], device_gib: float, context
               "largest memory x seconds first": sorted(rest, key=lambda j: -expected[j["name"]] * footprints[j["name"]])}
     last = {job["name"] for job in alone_last}  # the speed rows: only if time is left
 
+    folders = {name: (shape["folder"], shape["folder_gb"]) for name, shape in shapes.items()}
+
     def run(order):
         result = simulate(alone_first, order, alone_last, footprints=footprints, expected=expected,
-                          device_gib=device_gib, at_once=k, budget_s=budget_s, slowdown=slowdown)
+                          device_gib=device_gib, at_once=k, budget_s=budget_s, slowdown=slowdown, start_s=start_s,
+                          folders=folders, disk_gb=disk_gb)
         lost = [job["name"] in last for job in result["dropped"]]
         return (lost.count(False), lost.count(True), result["end"]), result
 
@@ -531,14 +663,15 @@ def build_plan(jobs: list[dict], *, rows: list[dict], device_gib: float, context
     _, label, order, result = best
     result["order"] = label
     return RunPlan(alone_first, order, alone_last, shapes, seconds, footprints, speed, k, why + f"; order: {label}",
-                   slowdown, context_gib, device_gib, budget_s, result)
+                   slowdown, context_gib, device_gib, budget_s, result, folders, disk_gb, start_s, refused)
 
 
 # --------------------------------------------------------------------------- the printed plan
 
 
 def format_plan(plan: dict, *, jobs: dict, shapes: dict, seconds: dict, speed: SpeedModel, device_gib: float,
-                budget_s: float, at_once_why: str, context_gib: float, measured: list[str]) -> str:
+                budget_s: float, at_once_why: str, context_gib: float, measured: list[str], disk_gb: float = math.inf,
+                start_s: float = IMPORT_S + PROBE_S, refused: dict | None = None) -> str:
     """Return the plan as printed: the model of seconds, one line a row in the order they start, what is left for
     a later run, and the last line ``<N> s in all, <K> at once``."""
     card = f"a {device_gib:g} GiB card" if device_gib < 1e5 else "a CPU (--tiny: no memory to plan)"
@@ -551,8 +684,11 @@ def format_plan(plan: dict, *, jobs: dict, shapes: dict, seconds: dict, speed: S
              f"  footprint = cap + context ({context_gib:.2f} GiB) + {OUTSIDE_CAP_GIB:g} GiB outside the allocator; "
              f"{RESERVE_GIB:g} GiB of the device kept free",
              f"  {'start':>5} {'end':>5}  {'at once':>7}  {'GiB':>5}  {'row':<38} {'s':>5}  how"]
-    lines.append(f"  {0:5.0f} {PROBE_S:5.0f}  {'alone':>7}  {'':>5}  {'(probe: the device and one context)':<38} "
-                 f"{PROBE_S:5.0f}")
+    imports = max(start_s - PROBE_S, 0.0)
+    lines.append(f"  {0:5.0f} {imports:5.0f}  {'':>7}  {'':>5}  {'(imports: the budget counts them)':<38} "
+                 f"{imports:5.0f}")
+    lines.append(f"  {imports:5.0f} {start_s:5.0f}  {'alone':>7}  {'':>5}  {'(probe: the device and one context)':<38} "
+                 f"{start_s - imports:5.0f}")
     for entry in plan["entries"]:
         name, shape, part = entry["name"], shapes[entry["name"]], seconds[entry["name"]]
         job = jobs[name]
@@ -586,6 +722,11 @@ def format_plan(plan: dict, *, jobs: dict, shapes: dict, seconds: dict, speed: S
                      f"{name:<38} {entry['seconds']:5.0f}  {how}")
     if plan["dropped"]:
         lines.append(f"  left for a later run (past the budget): {', '.join(j['name'] for j in plan['dropped'])}")
+    for name, why in (refused or {}).items():
+        lines.append(f"  refused: {name}: {why}")
+    limit = f" of the {disk_gb:.0f} GB it may use" if disk_gb < math.inf else ""
+    lines.append(f"  disk: random-weight folders, one per architecture and dtype, each deleted when its last row "
+                 f"ends: {plan.get('disk_peak_gb', 0):.1f} GB at the peak{limit}")
     if measured:
         lines.append(f"  already measured at today's settings: {', '.join(measured)}")
     lines.append(f"{plan['end']:.0f} s in all, {plan['at_once']} at once")

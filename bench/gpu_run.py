@@ -10,6 +10,7 @@ the rows measured side by side count as not measured (``side_by_side_check: fail
 """
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -57,9 +58,11 @@ class Runner:
     still running at the budget is killed and written as ``cut``.
     """
 
-    def __init__(self, plan, *, results: Path, budget_s: float, clock, say, cores: int):
+    def __init__(self, plan, *, results: Path, budget_s: float, clock, say, cores: int, models: Path | None = None):
         self.plan, self.results, self.budget_s, self.clock, self.say = plan, results, budget_s, clock, say
-        self.cores = cores
+        self.cores, self.models = cores, models
+        self.disk = plan.disk()  # the random-weight folders in ``models``: each deleted when its last row ends
+        self.unwritten: list[str] = []  # rows whose write failed (a full disk): kept in self.rows and the status
         self.rehearsed = _rehearsed()
         self.rows: list[dict] = []
         self.skipped: list[str] = []
@@ -77,17 +80,38 @@ class Runner:
         row["run"] = self.run_id
         if self.check.get("passed") is False and others:
             row["side_by_side_check"] = "failed"
-        _write(self.results, [row])
         self.rows.append(row)
+        self.save([row])
+        self._ended(job["name"])
         self.broken += row["status"] in ("error", "cut")
         if row["status"] == "over planner cap":
             self.reruns.append(dict(job, cap=None, cap_from=None, side_by_side=False))
         self.say(_show(row))
         return row
 
+    def save(self, rows: list[dict], *, replace: bool = False) -> bool:
+        """Write ``rows`` (:func:`_write`); a failed write (a full disk, say) costs those rows' files only: the run
+        goes on, the rows stay in memory and in the status, and the log says so."""
+        try:
+            _write(self.results, rows, replace=replace)
+            return True
+        except OSError as exc:
+            self.unwritten += [r["name"] for r in rows if r["name"] not in self.unwritten]
+            self.say(f"could not write {', '.join(r['name'] for r in rows)} to {self.results}: {exc}; the run goes on")
+            return False
+
+    def _ended(self, name: str) -> None:
+        """Delete the row's random-weight folder if no row left needs it."""
+        folder = self.disk.end(name)
+        if folder and self.models is not None:
+            shutil.rmtree(self.models / folder, ignore_errors=True)
+
     def _start(self, job: dict, env: dict | None = None):
         from bench import worker
 
+        self.disk.start(job["name"])
+        if self.models is not None:
+            job = dict(job, models=str(self.models))
         return worker.start("gpu", job, env)
 
     def _wait(self, job: dict):
@@ -128,9 +152,10 @@ class Runner:
                 scheduler.waiting.remove(job)
                 row = dict(part="doctor", name=job["name"], status="not isolated", error=planned, wall_s=0,
                            doctor=job["doctor"], run=self.run_id)
-                _write(self.results, [row])
                 self.rows.append(row)
+                self.save([row])
                 self.say(_show(row))
+                self._ended(job["name"])
                 scheduler.end(job["name"])
                 continue
             scheduler.waiting[index] = dict(planned, resolved=True)
@@ -140,10 +165,13 @@ class Runner:
         from bench.gpu_plan import peaks_agree
 
         alone = self.check.get("alone") or {}
-        passed, words = peaks_agree(alone, twin_row)
-        self.check.update(passed=passed, verdict=words)
-        if alone.get("wall_s") and (twin_row.get("seconds_beside") or {}).get("wall_s"):
-            self.check["slowdown"] = round(twin_row["seconds_beside"]["wall_s"] / alone["wall_s"], 2)
+        passed, words, slowdown = peaks_agree(alone, twin_row)
+        self.check.update(passed=passed, verdict=words, slowdown=slowdown)
+        if slowdown:  # the rows not started yet are timed with the slowdown this run measured
+            scheduler.slowdown = max(slowdown, 1.0)
+        if passed is None:  # a failed twin or row alone says nothing of side by side: the run goes on as planned
+            self.say(f"side-by-side check: {words}; the run goes on side by side")
+            return
         if passed:
             self.say(f"side-by-side check: {words}")
             return
@@ -151,7 +179,7 @@ class Runner:
         self.check["passed"] = False
         self.say(f"side-by-side check: {words}; the rows not started yet run one at a time, and the rows measured "
                  "side by side so far count as not measured")
-        mark_check(self.results, self.run_id, "failed")
+        self.mark_check("failed")
 
     def run_pool(self) -> None:
         """Run the pool: start what the scheduler allows, collect what ends, until nothing waits or runs."""
@@ -160,7 +188,7 @@ class Runner:
         plan = self.plan
         scheduler = Scheduler([dict(j) for j in plan.pool], footprints=dict(plan.footprints), expected=plan.expected,
                               device_gib=plan.device_gib, at_once=plan.at_once, deadline=self.budget_s,
-                              slowdown=plan.slowdown)
+                              slowdown=plan.slowdown, disk=self.disk)
         for job in plan.alone_first:
             scheduler.end(job["name"])
         threads = {"OMP_NUM_THREADS": max(1, self.cores // max(plan.at_once, 1))}
@@ -181,6 +209,10 @@ class Runner:
                         self._check_verdict(row, scheduler)
             self._resolve_doctor(scheduler)
             started = scheduler.startable(now, {n: (r[2], r[4]) for n, r in self.running.items()})
+            for folder in scheduler.freed:  # rows dropped for the budget: a folder no row left needs
+                if self.models is not None:
+                    shutil.rmtree(self.models / folder, ignore_errors=True)
+            scheduler.freed.clear()
             for job in started:
                 spec = dict(job, side_by_side=scheduler.at_once > 1, context_gib=plan.context_gib)
                 for other in self.running.values():
@@ -191,6 +223,14 @@ class Runner:
                 break  # what waits can never start: the rows it waits for were not measured
             time.sleep(POLL_S)
         self.skipped += [job["name"] for job in scheduler.dropped + scheduler.waiting]
+
+
+    def mark_check(self, verdict: str) -> None:
+        """:func:`mark_check` for this run's rows; a failed write costs the mark only."""
+        try:
+            mark_check(self.results, self.run_id, verdict)
+        except OSError as exc:
+            self.say(f"could not mark the side-by-side check ({verdict}) in {self.results}: {exc}")
 
 
 def mark_check(results: Path, run_id: str, verdict: str) -> None:

@@ -76,8 +76,12 @@ def generate_only(run, spec: dict, dataset, peaks) -> list[str]:
     """Generate a generation-only row's generations through TRL (``_generate_single_turn``, the clock's): one
     generation batch of the dataset's prompts, each repeated ``num_generations`` times as TRL's sampler does,
     with the LoRA adapters merged into the weights for the ones marked ``"merged"`` (``merge_adapter`` before,
-    ``unmerge_adapter`` after, outside the clock). Returns the adapters' state for each call, in order."""
+    ``unmerge_adapter`` after, outside the clock). The model generates in train mode, as in a full step: the
+    Trainer calls ``model.train()`` before each step (transformers/trainer.py 2072), so LoRA's dropout runs during
+    a training step's generation; ``from_pretrained`` leaves the model in eval mode. Returns the adapters' state for
+    each call, in order."""
     trainer = run.trainer
+    trainer.model.train()
     count, per_prompt = trainer.args.generation_batch_size, trainer.num_generations
     prompts = [dataset[(i // per_prompt) % len(dataset)]["prompt"] for i in range(count)]
     prompt_ids, images, fields = trainer._tokenize_prompts(prompts)  # noqa: SLF001 - what TRL's _generate does
@@ -128,7 +132,7 @@ def speed_columns(clock, spec: dict, model_config, states: list[str] | None = No
     out["compile_s"] = out["first_extra_s"] if clock.path == "static-compiled" else None
     # graphs torch.compile made after the first generation: 0 when the steady figures are steady; more means the
     # compiled path recompiled (after a training step, say) and its seconds include compilation
-    out["graphs_after_first"] = sum(c.get("compiled", 0) for c in calls[1:])
+    out["graphs_after_first"] = sum(c.get("compiled", 0) for c in calls[1:])  # dynamo's; CUDA graphs: bench.gpu_measure
     out["bandwidth_share"] = None  # on a card of labkit.cards only
     if clock.bandwidth_gb_s:  # the measuring card's limit at each steady call's batch and context
         shares = [clock.figures(c)["bandwidth_share"] for c in steady]
@@ -156,6 +160,9 @@ def speed_label(row: dict, device_name: str, *, cuda: bool) -> str:
         forced = "every completion at max_completion_length"
     mode = (f"generation only ({row.get('generation_calls')} generations, no training step)"
             if row.get("speed_mode") == "generation only" else "full GRPO steps")
+    mode += f", generating in {row.get('generation_mode') or 'an unrecorded'} mode"
+    if row.get("cudagraph_recorded_after_first"):  # torch's counter rose after the first generation
+        mode += "; CUDA graphs recorded again after the first generation (its seconds include recording)"
     share = row.get("bandwidth_share")
     bound = ("near the card's memory-bandwidth limit" if share is not None and share >= 0.5
              else "bound by the host")
