@@ -90,6 +90,11 @@ LORA_PARAM_COUNT = register(Exercise(
         "only A (r x d_in) is counted: B (d_out x r) trains too":
             lambda model, rank, targets: sum(rank * m.in_features for m in _adapted(model, targets)),
         "every Linear layer is counted, the LM head included, not only the target_modules": _lora_every_linear,
+        "no layer matched your target modules, so the count is 0: a name from model.named_modules() is the layer's "
+        "whole path ('model.layers.0.self_attn.q_proj'), never equal to 'q_proj'; compare its last part, "
+        "name.rsplit('.', 1)[-1]": lambda model, rank, targets: sum(
+            rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and n in targets),
     },
     nudge="LoRA adds two thin matrices to each targeted Linear layer, A (r x d_in) and B (d_out x r); other "
           "layers add nothing.",

@@ -68,6 +68,8 @@ _SCRIPTS = {
         [(0, "reset", _row("56")), (0, "calculate", "7 * 8"), (0, "calculate", "56 + 1"), (0, "get_reward", None)],
     "the gold as the dataset holds it, a number: reset(answer=56)":
         [(0, "reset", _row(56)), (0, "calculate", "7 * 8"), (0, "get_reward", None)],
+    "the gold as a float column holds it: reset(answer=56.0), the model computes 56":
+        [(0, "reset", _row(56.0)), (0, "calculate", "7 * 8"), (0, "get_reward", None)],
     "two rollouts on one environment (TRL reuses instances): the second makes no call":
         [(0, "reset", _row("56")), (0, "calculate", "7 * 8"), (0, "get_reward", None),
          (0, "reset", _row("56")), (0, "get_reward", None), (0, "calculate", "1 + 1"),
@@ -392,6 +394,11 @@ class _RewardsLastResult(CalculatorEnv):
         return 1.0 if self.results and answers_match(self.results[-1], self.answer) else 0.0
 
 
+class _RewardsExactText(CalculatorEnv):
+    def get_reward(self) -> float:
+        return 1.0 if self.answer in self.results else 0.0  # the text '56.0' is not the text '56'
+
+
 class _ComparesText(CalculatorEnv):
     def reset(self, answer=None, **example) -> None:
         super().reset(answer, **example)
@@ -445,6 +452,9 @@ CALCULATOR_ENV = register(Exercise(
         "with labkit.rewards.answers_match": _RewardsSubstring,
         "get_reward checks only the last result: a rollout that computed the gold and then made another call earns "
         "nothing, though the rule pays any result equal to the gold; check every result": _RewardsLastResult,
+        "get_reward looks for the gold's exact text among the results (self.answer in self.results): the gold 56.0 "
+        "is the result '56' written another way, as '1,200' is '1200'; compare numbers with "
+        "labkit.rewards.answers_match": _RewardsExactText,
         "get_reward compares text with the gold as the dataset holds it ('56' == 56 is False): TRL passes the "
         "column's value as it is; keep str(answer) and compare with labkit.rewards.answers_match": _ComparesText,
     },
