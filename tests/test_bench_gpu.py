@@ -141,8 +141,11 @@ def test_tiny_runs_two_at_once_forces_tool_rounds_and_a_killed_worker_loses_its_
     assert killed and code == 1  # a row broke: the exit code says so
     rows = {r["name"]: r for r in json.loads((out / "measurements.json").read_text())}
     assert set(rows) == {"laptop-16gb", "qlora-3b", "tools-16gb", "qlora-3b-prepare-kbit",
-                         "grid-Qwen2.5-0.5B-lora-bf16", "grid-Qwen2.5-0.5B-qlora-bf16"}
+                         "grid-Qwen2.5-0.5B-lora-bf16", "grid-Qwen2.5-0.5B-lora-bf16-beside",
+                         "grid-Qwen2.5-0.5B-qlora-bf16"}
     dead = rows.pop("grid-Qwen2.5-0.5B-qlora-bf16")
+    alone = rows.pop("grid-Qwen2.5-0.5B-lora-bf16")  # the side-by-side check's row, alone first
+    assert alone["status"] == "ok" and alone["side_by_side"] == 0
     assert dead["status"] == "error" and "killed by SIGKILL" in dead["error"]
     for row in rows.values():  # the kill took that row only
         assert row["status"] == "ok", (row["name"], row.get("error"))
