@@ -56,6 +56,9 @@ BENCHMARKS = {
     "reward-hacking": ("reward_hacking",
                        "a reward with a loophole vs the strict reward on the CPU nano task (3 seeds) "
                        "-> results/reward_hacking.json"),
+    "false-equations": ("false_equations", "replies right_answer_reward scores right that hold a false equation, in "
+                                           "the recorded SmolLM2 CPU runs (reads JSON only) -> "
+                                           "results/false_equations.json"),
 }
 
 
