@@ -7,15 +7,18 @@ and the card waits. A recipe chooses how TRL 1.16 generates with :attr:`labkit.p
 
 - ``"generate"``: TRL's default: transformers' ``generate`` with a growing (dynamic) KV cache, uncompiled
   (``GenerationConfig(..., disable_compile=True)``, trl/trainer/grpo_trainer.py 1173).
-- ``"static-compiled"``: a static KV cache (GRPOConfig ``cache_implementation="static"``), prompts padded to
-  ``max_prompt_length`` (``pad_to_multiple_of``) so every generation has the same shapes, and the decode step compiled
-  with ``torch.compile`` (CUDA graphs, ``mode="reduce-overhead"``): :func:`prepare_generation` turns compilation back
-  on in the trainer's ``generation_config`` once TRL has built it. The first generation compiles (minutes); a
-  generation slower than :data:`COMPILE_LIMIT_S` stops with :class:`GenerationTooSlow`, never a hang.
+- ``"static-compiled"``: a static KV cache (GRPOConfig ``cache_implementation="static"``), the prompts passed to
+  ``generate`` padded to ``max_prompt_length`` so every generation has the same shapes (the loss's tensors are not
+  padded: :class:`GenerationClock`), and the decode step compiled with ``torch.compile`` (CUDA graphs,
+  ``mode="reduce-overhead"``): :func:`prepare_generation` turns compilation back on in the trainer's
+  ``generation_config`` once TRL has built it. The first generation compiles (minutes); a generation slower than
+  :data:`COMPILE_LIMIT_S` stops with :class:`GenerationTooSlow`, never a hang.
 - ``"continuous"``: transformers' continuous batching (GRPOConfig ``use_transformers_continuous_batching``), its KV
-  pages sized from the recipe (:func:`generation_arguments`), not from the device's free memory.
-- ``"vllm"``: TRL's vLLM path in colocate mode (``use_vllm=True``), for a Linux GPU machine with network; vLLM
-  0.22-0.31 is what TRL 1.16 accepts (trl/import_utils.py 101-113), and 0.31 needs transformers < 5.18.
+  pages, batch tokens and memory gate set from the recipe (:func:`generation_arguments`); what it allocates is
+  :func:`continuous_footprint`, counted in the memory estimate and refused before any model loads when the card
+  cannot hold it.
+- ``"vllm"``: TRL's vLLM path in colocate mode (``use_vllm=True``), for a Linux GPU machine with network. TRL 1.16
+  supports vLLM 0.22-0.31 and warns about other versions (trl/import_utils.py 101-115); labkit refuses them.
 
 :func:`generation_problems` refuses, before any model loads, what a path cannot do. :class:`GenerationClock`
 times every generation of a run and logs, through TRL's own metrics (so the dashboard and ``LogRecorder`` see
@@ -31,17 +34,17 @@ import time
 
 __all__ = ["PATHS", "COMPILE_LIMIT_S", "GenerationTooSlow", "GenerationClock", "generation_problems",
            "generation_arguments", "prepare_generation", "decode_limit", "kv_bytes_per_token", "card_limit",
-           "paths_table", "dropped_settings_problem", "GENERATION_FIELDS"]
+           "paths_table", "dropped_settings_problem", "GENERATION_FIELDS", "continuous_footprint"]
 
 PATHS = {
     "generate": "TRL's default: transformers' generate, a growing KV cache, uncompiled; the host drives each kernel",
-    "static-compiled": "a static KV cache and a compiled decode step (CUDA graphs); prompts padded to "
-                       "max_prompt_length; the first generation compiles",
+    "static-compiled": "a static KV cache and a compiled decode step (CUDA graphs); the prompts it generates from "
+                       "padded to max_prompt_length; the first generation compiles",
     "continuous": "transformers' continuous batching (paged KV cache, finished sequences make room for others)",
     "vllm": "vLLM inside the training process (colocate), for a Linux GPU machine with network",
 }
 COMPILE_LIMIT_S = 900.0  # the first generation of "static-compiled", compilation included, may take this long
-VLLM_VERSIONS = ("0.22.0", "0.31.0")  # what TRL 1.16 accepts (trl/import_utils.py 107)
+VLLM_VERSIONS = ("0.22.0", "0.31.0")  # what TRL 1.16 supports; it warns outside (trl/import_utils.py 107-113)
 # Generation settings that transformers' continuous batching drops (MinNewTokens and RepetitionPenalty say
 # supports_continuous_batching = False, transformers/generation/logits_process.py 201 and 356): refused with it.
 _CONTINUOUS_DROPS = ("min_new_tokens", "min_length", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
@@ -61,9 +64,9 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
     if path == "static-compiled":
         if p.method == "qlora":
             errors.append("generation='static-compiled' cannot compile a 4-bit (QLoRA) model: transformers compiles "
-                          "only when the quantizer allows it, and bitsandbytes' does not (is_compileable is False), so "
-                          "it would decode uncompiled with a static cache, slower than the default. Set "
-                          "generation='generate' (or method='lora').")
+                          "a quantized model only when its quantizer says so (hf_quantizer.is_compileable), and its "
+                          "bitsandbytes 4-bit quantizer says no. It would decode uncompiled with a static cache, "
+                          "slower than the default. Set generation='generate' (or method='lora').")
         if p.environment:
             errors.append("generation='static-compiled' with tool rounds: every round generates on a longer prompt, "
                           "a new shape to compile each time. Set generation='generate' for a tool recipe.")
@@ -75,10 +78,8 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
                                            p.trl_options.get("repetition_penalty", 1.0))
         if dropped:
             errors.append(dropped)
-        if p.method == "qlora":
-            errors.append("generation='continuous' casts the model to the training precision before generating "
-                          "(trl/trainer/grpo_trainer.py 1797-1800), and transformers refuses to cast a bitsandbytes "
-                          "4-bit model. Set generation='generate' for QLoRA.")
+        if cuda and not errors and p.card_gib is not None:
+            errors.extend(_continuous_fit_problem(p, device))
         if p.method == "full" and cuda:
             errors.append("generation='continuous' casts every weight to 16 bits for each generation: with full "
                           "fine-tuning's fp32 weights that is a second copy of the model. Set generation='generate'.")
@@ -93,14 +94,15 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
             errors.append(f"generation='vllm' needs a CUDA GPU, not {device}: set generation='generate'.")
         elif version is None:
             errors.append(f"generation='vllm': vLLM is not installed. On a Linux GPU machine with network: pip install "
-                          f"'vllm>={VLLM_VERSIONS[0]},<={VLLM_VERSIONS[1]}' (0.31 needs transformers < 5.18); "
-                          "without it, set generation='static-compiled'.")
+                          f"'vllm>={VLLM_VERSIONS[0]},<={VLLM_VERSIONS[1]}'; without it, set "
+                          "generation='static-compiled'.")
         else:
             from packaging.version import Version
 
             if not Version(VLLM_VERSIONS[0]) <= Version(Version(version).base_version) <= Version(VLLM_VERSIONS[1]):
-                errors.append(f"generation='vllm': vLLM {version} is installed, but TRL 1.16 accepts "
-                              f"{VLLM_VERSIONS[0]}-{VLLM_VERSIONS[1]}. Install one of those, or set "
+                errors.append(f"generation='vllm': vLLM {version} is installed; TRL 1.16 supports "
+                              f"{VLLM_VERSIONS[0]}-{VLLM_VERSIONS[1]} and only warns about others. Install one of "
+                              "those, or set "
                               "generation='static-compiled'.")
         if p.card_gib is None and not errors:
             errors.append("generation='vllm' sizes vLLM's share of the card from card_gib: set card_gib.")
@@ -134,20 +136,90 @@ def card_limit(model, card, *, batch: int, prompt_tokens: float, completion_toke
                         prompt_tokens + completion_tokens / 2, card.bandwidth_gb_s * 1e9)
 
 
+def _continuous_sizes(generation_batch: int, max_prompt_length: int, max_completion_length: int) -> dict:
+    """``ContinuousBatchingConfig`` sizes: pages for every sequence at full length; ``max_batch_tokens`` for one
+    prompt or one decode step of the batch a forward pass (the default 8,192 makes a 2 GiB mask for ``laptop-16gb``);
+    ``max_memory_percent=1``: with both sizes set it only gates (continuous_batching/cache.py 692-701)."""
+    tokens = max_prompt_length + max_completion_length
+    page = 256 if tokens >= 256 else 64
+    return dict(page_size=page, num_blocks=generation_batch * math.ceil(tokens / page),
+                max_batch_tokens=page * math.ceil(max(max_prompt_length, generation_batch) / page),
+                max_memory_percent=1.0)
+
+
+def continuous_footprint(model, generation_batch: int, max_prompt_length: int, max_completion_length: int,
+                         dtype_bytes: int = 2) -> dict:
+    """Return the bytes continuous batching allocates for the recipe, by transformers' own sizing code
+    (``PagedAttentionMemoryHandler``, continuous_batching/cache.py 532-711): ``cache`` (KV pages), ``attention_mask``
+    (SDPA), ``reads`` (keys and values read back), ``batch_tokens``, ``fixed`` and ``total``. ``model``: a name,
+    config or model; ``dtype_bytes``: the model's as it generates (TRL casts to 16 bits)."""
+    import inspect
+
+    import torch
+    from transformers import AutoModelForCausalLM, ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import cache as cb, initialization, utils
+
+    from labkit.shapes import model_config
+
+    config = model_config(model)[1].get_text_config()
+    dtype = {2: torch.bfloat16, 4: torch.float32}[dtype_bytes]
+    sizes = _continuous_sizes(generation_batch, max_prompt_length, max_completion_length)
+    hints = utils.WorkloadHints(max_prompt_length=max_prompt_length, max_generated_length=max_completion_length,
+                                num_requests=generation_batch)
+    cb_config = initialization.resolve_continuous_batching_config(config, ContinuousBatchingConfig(**sizes), hints,
+                                                                  True, torch.device("cuda"))
+    # the sector geometry as PagedAttentionCache.__init__ computes it (cache.py 150-183), one allocator per kind
+    kv_heads = cb.find_num_key_value_heads(config)
+    allocators = [cb.ATTN_TYPE_TO_ALLOCATOR[kind](index=i, layer_indices=layers, num_key_value_heads=kv_heads,
+                                                  config=config, cache_dtype=dtype, page_size=cb_config.page_size,
+                                                  allow_block_sharing=cb_config.allow_block_sharing)
+                  for i, (kind, layers) in enumerate(cb.group_layers_by_attn_type(config).items())]
+    bytes_per_sector = math.lcm(*(a.bytes_per_block for a in allocators), 128)
+    tokens_per_sector = max((bytes_per_sector // a.bytes_per_block) * a.tokens_per_page for a in allocators)
+    bytes_per_block = config.num_hidden_layers * cb.FullAttentionCacheAllocator.get_bytes_per_page(
+        kv_heads, cb.find_head_dim(config), dtype, cb_config.page_size)
+    head = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    logits_to_keep = head is not None and "logits_to_keep" in inspect.signature(head.forward).parameters
+    handler = cb.PagedAttentionMemoryHandler(config, cb_config, dtype, bytes_per_sector, tokens_per_sector,
+                                             bytes_per_block, [*cb.group_layers_by_attn_type(config)], logits_to_keep)
+    tokens, sectors = cb_config.max_batch_tokens, handler.num_sectors_from_config()
+    return dict(cache=sectors * bytes_per_sector, attention_mask=handler.attention_mask_bytes(tokens, sectors),
+                reads=sectors * tokens_per_sector * handler.bytes_per_cache_token,
+                batch_tokens=tokens * handler.bytes_per_batch_token, fixed=handler.fixed_overhead_bytes,
+                total=handler.compute_memory_footprint(tokens, sectors))
+
+
+def _continuous_fit_problem(p, device) -> list[str]:
+    """The refusal of a continuous path whose footprint does not fit beside the run's persistent memory."""
+    from labkit.cards import SIZING_CONTEXT_GIB
+    from labkit.plan import resolve_plan
+    from labkit.preflight import estimate
+
+    try:
+        est = estimate(resolve_plan(p, device))
+    except (ValueError, KeyError):  # another field is unsound: validate says which
+        return []
+    card = getattr(device, "total_memory_gib", None) or p.card_gib
+    need = est.bytes["kv_cache"] / 2**30  # the estimate counts continuous_footprint there
+    has = card - SIZING_CONTEXT_GIB - (est.bytes["generation_phase"] - est.bytes["kv_cache"]) / 2**30
+    return [] if need <= has else [f"generation='continuous' needs {need:.1f} GiB for its KV pages, attention mask and read buffers "
+            f"(transformers' own sizing), and this {card:.1f} GiB card has {has:.1f} GiB beside the weights and "
+            "optimizer. Lower gradient_accumulation_steps or per_device_train_batch_size (the pages hold every "
+            "sequence of the generation batch) or max_completion_length, or set generation='generate'."]
+
+
 def generation_arguments(p) -> dict:
     """Return the ``GRPOConfig`` fields recipe ``p``'s generation path sets (none for ``"generate"``)."""
     if p.generation == "static-compiled":
-        # every prompt padded to max_prompt_length (the run drops longer ones): one shape, one compilation
-        return dict(cache_implementation="static", pad_to_multiple_of=p.max_prompt_length)
+        # the prompts passed to generate are padded by the clock (GenerationClock), not through GRPOConfig's
+        # pad_to_multiple_of, which TRL also applies to the loss's tensors (grpo_trainer.py 2443-2482)
+        return dict(cache_implementation="static")
     if p.generation == "continuous":
-        # Pages for every sequence of a generation batch at full length: the cache is what the recipe needs, decided
-        # here, not a share of whatever the device reports free (transformers reads torch.cuda.mem_get_info, which a
-        # per-process cap does not change: continuous_batching/utils.py 404-406).
-        tokens = p.max_prompt_length + p.max_completion_length
-        page = 256 if tokens >= 256 else 64
-        return dict(use_transformers_continuous_batching=True, transformers_continuous_batching_config=dict(
-            page_size=page, num_blocks=p.generation_batch_size * math.ceil(tokens / page), seed=p.seed,
-            drop_unsupported_processors=False))
+        # sized from the recipe, not a share of whatever the device reports free (transformers reads
+        # torch.cuda.mem_get_info, which a per-process cap does not change: continuous_batching/utils.py 404-406)
+        config = dict(_continuous_sizes(p.generation_batch_size, p.max_prompt_length, p.max_completion_length),
+                      seed=p.seed, drop_unsupported_processors=False)
+        return dict(use_transformers_continuous_batching=True, transformers_continuous_batching_config=config)
     if p.generation == "vllm":
         from labkit.shapes import model_shape
         from labkit.models import resolve_model
@@ -185,12 +257,13 @@ GENERATION_FIELDS = ("cache_implementation", "pad_to_multiple_of", "use_transfor
                      "vllm_gpu_memory_utilization")
 
 
-def prepare_generation(trainer, path: str = "generate", *,
-                       compile_limit_s: float | None = COMPILE_LIMIT_S) -> "GenerationClock":
+def prepare_generation(trainer, path: str = "generate", *, compile_limit_s: float | None = COMPILE_LIMIT_S,
+                       max_prompt_length: int | None = None) -> "GenerationClock":
     """Finish generation ``path`` (a recipe's ``generation``) on a built ``trainer``; return the clock that times it.
 
     ``"static-compiled"``: TRL builds its ``GenerationConfig`` with ``disable_compile=True``; this turns compilation
-    back on with a ``CompileConfig`` (static shapes; CUDA graphs on a GPU, inductor's default mode on a CPU).
+    back on with a ``CompileConfig`` (static shapes; CUDA graphs on a GPU, inductor's default mode on a CPU), and
+    the clock pads the prompts it generates from to ``max_prompt_length`` (one shape, one compilation).
     """
     # where the trainer really runs (a test may plan for a card on a CPU): what compiles, and which card's bandwidth
     kind = trainer.args.device.type
@@ -211,7 +284,8 @@ def prepare_generation(trainer, path: str = "generate", *,
         name = torch.cuda.get_device_name()
         bandwidth = next((c.bandwidth_gb_s for c in CARDS.values() if c.name == name), None)
     return GenerationClock(trainer, path, bandwidth_gb_s=bandwidth,
-                           compile_limit_s=compile_limit_s if path == "static-compiled" else None)
+                           compile_limit_s=compile_limit_s if path == "static-compiled" else None,
+                           pad_prompts_to=max_prompt_length if path == "static-compiled" else None)
 
 
 class _Watchdog(threading.Timer):
@@ -239,14 +313,19 @@ class GenerationClock:
     step), ``prompt_tokens`` (their mean), ``first`` (the first of its shape: it compiles on "static-compiled") and
     ``compiled`` (graphs ``torch.compile`` made during the call: a warm compiled path makes none; one that does after
     a training step is recompiling, and its seconds are not steady ones).
-    For ``"continuous"``, which casts the model to 16 bits to generate (grpo_trainer.py 1797-1800), every parameter
-    and buffer the cast changed gets its own tensor back afterwards: fp32 LoRA adapters stay fp32, bit for bit, and so
-    do the rotary frequencies (``inv_freq``, fp32 in a bf16 model: cast, they stay rounded for the rest of the run).
+    For ``"continuous"``, which casts the model to 16 bits to generate (grpo_trainer.py 1796-1800), every parameter,
+    gradient and buffer the cast changed gets its own tensor back afterwards: fp32 LoRA adapters and the gradients
+    they accumulate stay fp32, bit for bit, and so do the rotary frequencies (``inv_freq``, fp32 in a bf16 model:
+    cast, they stay rounded for the rest of the run). Under a per-process cap it sets ``max_memory_percent`` so that
+    transformers checks the cache against the cap's free memory, not the card's. Each generation turns gradient
+    checkpointing off and on (trl/models/utils.py 136-154), which adds a ``requires_grad_`` hook on the embeddings
+    (transformers/modeling_utils.py 2143-2170, 3183-3189, 3273): the clock removes the hooks the new ones replace.
+    ``pad_prompts_to``: TRL pads the prompts it generates from to it during the call only, not the loss's tensors.
     """
 
     def __init__(self, trainer, path: str = "generate", *, bandwidth_gb_s: float | None = None,
-                 compile_limit_s: float | None = None, clock=time.perf_counter):
-        self.trainer, self.path, self.clock = trainer, path, clock
+                 compile_limit_s: float | None = None, clock=time.perf_counter, pad_prompts_to: int | None = None):
+        self.trainer, self.path, self.clock, self.pad_prompts_to = trainer, path, clock, pad_prompts_to
         self.bandwidth_gb_s, self.compile_limit_s = bandwidth_gb_s, compile_limit_s
         self.calls: list[dict] = []
         self._inner = trainer._generate_single_turn
@@ -254,6 +333,7 @@ class GenerationClock:
         # continuous batching reseeds its sampler from its config at every call (__call__): the recipe's seed, read once
         self._cb_config = getattr(trainer, "continuous_batching_config", None) if path == "continuous" else None
         self._seed = (self._cb_config.seed or 0) if self._cb_config is not None else 0
+        self._percent = getattr(self._cb_config, "max_memory_percent", None)  # the recipe's, without a cap
         model = trainer.model
         # Module.parameters() yields a tied weight once (remove_duplicate=True): the bytes a decode step reads
         self.weight_bytes = sum(param.numel() * param.element_size() for param in model.parameters())
@@ -264,14 +344,20 @@ class GenerationClock:
         trainer._generate_single_turn = self
 
     def __call__(self, prompt_ids, *args, **kwargs):
-        shape = (len(prompt_ids), max(map(len, prompt_ids), default=0))
+        width, pad = max(map(len, prompt_ids), default=0), self.pad_prompts_to
+        shape = (len(prompt_ids), -(-width // pad) * pad if pad else width)  # the padded prompts' shape
         first = shape not in self._shapes
         self._shapes.add(shape)
         watchdog = None
         if self.compile_limit_s and first and threading.current_thread() is threading.main_thread():
             watchdog = _Watchdog(self.compile_limit_s)
         model = self.trainer.model
-        kept = [(p, p.data) for p in model.parameters()] if self.path == "continuous" else []
+        kept = [(p, p.data, None if p.grad is None else p.grad.data)
+                for p in model.parameters()] if self.path == "continuous" else []
+        hooks = {m: m.__dict__["_require_grads_hooks"] for m in model.modules() if "_require_grads_hooks" in m.__dict__}
+        padding = self.trainer.__dict__.get("pad_to_multiple_of")
+        if self.pad_prompts_to:
+            self.trainer.pad_to_multiple_of = self.pad_prompts_to
         # Module.to() changes a parameter's .data but puts a new tensor in the module's _buffers
         buffers = [(m, name, b) for m in model.modules() for name, b in m._buffers.items()
                    if b is not None] if self.path == "continuous" else []
@@ -279,6 +365,7 @@ class GenerationClock:
             # one seed for every call would draw the same random numbers at every step (tests/test_generation.py);
             # the recipe's seed plus the call's number keeps a run reproducible and each generation its own draws
             self._cb_config.seed = self._seed + len(self.calls)
+            self._cb_config.max_memory_percent = _memory_percent_under_cap(self._percent)
         graphs = _graphs_compiled()
         start = self.clock()
         try:
@@ -294,9 +381,17 @@ class GenerationClock:
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-            for param, data in kept:
+            if self.pad_prompts_to:
+                self.trainer.pad_to_multiple_of = padding
+            for module, handles in hooks.items():
+                if module.__dict__.get("_require_grads_hooks") is not handles:  # re-enabled: new hooks replace these
+                    for handle in handles:
+                        handle.remove()
+            for param, data, grad in kept:
                 if param.data.dtype != data.dtype:
                     param.data = data
+                if grad is not None and param.grad is not None and param.grad.dtype != grad.dtype:
+                    param.grad.data = grad
             for module, name, buffer in buffers:
                 current = module._buffers.get(name)
                 if current is not None and current.dtype != buffer.dtype:
@@ -338,6 +433,22 @@ class GenerationClock:
                 "seconds": sum(c["seconds"] for c in self.calls), "tokens_per_second": tokens / max(seconds, 1e-9),
                 "ms_per_decode_step": 1000 * seconds / max(1, steps),
                 "first_extra_s": max(0.0, self.calls[0]["seconds"] - median) if len(self.calls) > 1 else None}
+
+
+def _memory_percent_under_cap(default: float | None) -> float | None:
+    """The ``max_memory_percent`` that turns what transformers reads as free (the card's ``mem_get_info``:
+    continuous_batching/utils.py 398-410, cache.py 652-658) into what is free under this process's cap."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()) or \
+            torch.cuda.get_per_process_memory_fraction() >= 1:
+        return default
+    fraction = torch.cuda.get_per_process_memory_fraction()
+    torch.cuda.empty_cache()  # as transformers does before it reads
+    free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
+    seen = total - max(total - free, reserved)
+    return max(0.0, min(1.0, (fraction * total - reserved) / max(seen, 1)))
 
 
 def _graphs_compiled() -> int:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from labkit.device import detect_device
-from labkit.memory import GIB, estimate as _estimate_memory
+from labkit.generation import continuous_footprint
+from labkit.memory import GIB, MemoryEstimate, estimate as _estimate_memory
 from labkit.models import architecture_config
 from labkit.oom import candidate_changes
 from labkit.plan import Plan, resolve_plan
@@ -19,13 +22,14 @@ __all__ = ["estimate", "Preflight", "preflight"]
 
 
 def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None):
-    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width)."""
+    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width);
+    with ``generation="continuous"``, its ``kv_cache`` is :func:`labkit.generation.continuous_footprint`."""
     g, p = plan.config, plan.preset
     model = plan.shape_name
     if num_layers:
         model = architecture_config(plan.shape_name, num_hidden_layers=num_layers)
         model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
-    return _estimate_memory(
+    est = _estimate_memory(
         model, plan.method,
         per_device_train_batch_size=g["per_device_train_batch_size"],
         gradient_accumulation_steps=g["gradient_accumulation_steps"],
@@ -35,6 +39,19 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None)
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
         prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, device=device, padded=True,
         max_tool_calling_iterations=g.get("max_tool_calling_iterations") or 0)  # a tool recipe's rounds (notebook 08)
+    if not g.get("use_transformers_continuous_batching"):
+        return est
+    # continuous batching: transformers' paged cache, mask and read buffers instead of generate's cache, and the
+    # 16-bit copies TRL's cast makes of fp32 weights (grpo_trainer.py 1796-1800; the clock keeps the fp32 ones)
+    terms, s = dict(est.bytes), est.settings
+    fp32 = est.trainable_params if plan.adapter_dtype == torch.float32 else 0
+    fp32 += plan.shape.params - plan.shape.quantisable_params if p.prepare_model_for_kbit_training else 0
+    new = dict(kv_cache=continuous_footprint(model, s["generation_batch"], s["max_prompt_length"],
+                                             s["max_completion_length"], 4 if plan.precision == "fp32" else 2)["total"],
+               transients=2 * fp32 if plan.precision != "fp32" else 0)
+    terms["generation_phase"] += sum(new.values()) - terms["kv_cache"] - terms["transients"]
+    terms.update(new, total=max(terms["generation_phase"], terms["training_phase"]))
+    return MemoryEstimate(terms, dict(s, generation="continuous"), est.trainable_params, est.total_params)
 
 
 @dataclass

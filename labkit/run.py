@@ -552,7 +552,8 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
                             environment_factory=environment)
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
     match_adapter_dtype(trainer.model, plan.precision)
-    clock = prepare_generation(trainer, preset.generation)  # the generation path finished, and timed (labkit.generation)
+    # the generation path finished, and timed (labkit.generation)
+    clock = prepare_generation(trainer, preset.generation, max_prompt_length=preset.max_prompt_length)
     if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead
         from transformers import PrinterCallback
 

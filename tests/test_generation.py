@@ -75,7 +75,9 @@ def test_the_comparison_sees_a_different_model(default_tokens, tmp_path):  # the
     (dict(generation="continuous", trl_options={"generation_kwargs": {"min_new_tokens": 8}}), None,
      "drops min_new_tokens"),
     (dict(generation="continuous", trl_options={"repetition_penalty": 1.1}), None, "drops repetition_penalty"),
-    (dict(generation="continuous"), "qlora", "refuses to cast a bitsandbytes"),
+    (dict(generation="continuous", gradient_accumulation_steps=12), "cuda",  # 288 sequences at full length
+     "needs 12.7 GiB for its KV pages, attention mask and read buffers (transformers' own sizing), and this 15.7 GiB "
+     "card has 11.7 GiB beside the weights and optimizer. Lower gradient_accumulation_steps"),
     (dict(generation="continuous", method="full", optim="adamw_torch"), "cuda", "a second copy of the model"),
     (dict(generation="vllm"), None, "needs a CUDA GPU"),
     (dict(generation="vllm"), "cuda", "vLLM is not installed"),
@@ -114,8 +116,8 @@ def test_trl_options_may_not_set_a_paths_fields():
 def test_each_path_sets_its_grpo_config_fields():
     p = get_preset("laptop-16gb")
     assert generation_arguments(p) == {}
-    assert generation_arguments(p.replace(generation="static-compiled")) == dict(
-        cache_implementation="static", pad_to_multiple_of=p.max_prompt_length)  # one prompt shape: one compilation
+    # no pad_to_multiple_of: TRL would pad the loss's tensors too; the clock pads the prompts it generates from
+    assert generation_arguments(p.replace(generation="static-compiled")) == dict(cache_implementation="static")
     cb = generation_arguments(p.replace(generation="continuous"))
     config = cb["transformers_continuous_batching_config"]
     assert cb["use_transformers_continuous_batching"] is True and config["seed"] == p.seed
@@ -123,6 +125,8 @@ def test_each_path_sets_its_grpo_config_fields():
     assert config["num_blocks"] * config["page_size"] >= p.generation_batch_size * (
         p.max_prompt_length + p.max_completion_length)
     assert config["drop_unsupported_processors"] is False  # a setting it cannot honour fails instead of vanishing
+    # one whole prompt (256) or one decode step of the batch (96) a forward pass, not transformers' 8,192
+    assert config["max_batch_tokens"] == 256 and config["max_memory_percent"] == 1.0
 
 
 # --------------------------------------------------------------------------- the clock
@@ -284,3 +288,183 @@ def test_the_saved_dashboard_puts_the_generation_figures_on_a_line_of_their_own(
                    "generation/ms_per_decode_step": 437.0})
     title = draw_figure(record)[0]._suptitle.get_text().splitlines()
     assert title[2] == "generation: tok/s 73 · ms / decode step 437" and "generation" not in title[1]
+
+
+# --------------------------------------------------------------------------- continuous batching on a 16 GB card
+
+GIB = 2**30
+
+
+def _paged_cache(cb_kwargs: dict, *, total_gib: float, used_gib: float):
+    """transformers' own PagedAttentionCache for laptop-16gb's model and generation batch, built on the meta device
+    (no memory) while transformers reads a card of ``total_gib`` with ``used_gib`` in use: its sizing and its check."""
+    from unittest import mock
+
+    from transformers.generation import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import cache as cb
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+    from transformers.generation.continuous_batching.initialization import resolve_continuous_batching_config
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    from labkit.shapes import model_config
+
+    p = get_preset("laptop-16gb")
+    config = model_config(p.model)[1]
+    hints = WorkloadHints(max_prompt_length=p.max_prompt_length, max_generated_length=p.max_completion_length,
+                          num_requests=p.generation_batch_size)
+    resolved = resolve_continuous_batching_config(config, ContinuousBatchingConfig(**cb_kwargs), hints, True,
+                                                  torch.device("cuda"))
+    card = lambda: (torch.device("meta"), int(total_gib * GIB), 0, int(used_gib * GIB))  # noqa: E731
+    with mock.patch.object(cb, "get_device_and_memory_breakdown", card):
+        return cb.PagedAttentionCache(config, resolved, "meta", DistributedHelper(None, None), dtype=torch.bfloat16,
+                                      model_supports_logits_to_keep=True)
+
+
+def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
+    from labkit.preflight import estimate
+    from labkit.plan import resolve_plan
+    from labkit.cards import SIZING_CONTEXT_GIB
+    from labkit.generation import continuous_footprint
+
+    p = get_preset("laptop-16gb").replace(generation="continuous")
+    est = estimate(resolve_plan(p, CUDA))
+    used = (est.bytes["generation_phase"] - est.bytes["kv_cache"]) / GIB + SIZING_CONTEXT_GIB  # the 1.5B loaded
+    config = generation_arguments(p)["transformers_continuous_batching_config"]
+    trl = dict(config)  # what TRL builds from it (trl/trainer/grpo_trainer.py 802-806)
+    trl.setdefault("max_memory_percent", 0.5)
+    cache = _paged_cache(trl, total_gib=15.7, used_gib=used)  # raises MemoryError when it does not fit
+    # and within TRL's own default of half the free memory too
+    _paged_cache(dict(trl, max_memory_percent=0.5), total_gib=15.7, used_gib=used)
+    # labkit's estimate is transformers' footprint: the cache (less its two spare sectors) and the SDPA mask
+    footprint = continuous_footprint(p.model, p.generation_batch_size, p.max_prompt_length, p.max_completion_length)
+    assert footprint["cache"] == cache.cache_tensor.numel() - 2 * cache.bytes_per_sector
+    assert footprint["attention_mask"] == 2 * cache.max_batch_tokens * (cache.max_tokens_read + cache.max_batch_tokens)
+    assert est.bytes["kv_cache"] == footprint["total"]
+    assert round(footprint["total"] / GIB, 2) == 4.17  # cache 3.28, reads 0.76, mask 0.06
+    # without a max_batch_tokens (the old config), transformers' default 8,192 makes a 2 GiB mask: MemoryError
+    with pytest.raises(MemoryError):
+        _paged_cache(dict(page_size=256, num_blocks=480, max_memory_percent=0.5), total_gib=15.7, used_gib=used)
+
+
+def test_under_a_per_process_cap_transformers_checks_the_cache_against_the_cap(monkeypatch):
+    from types import SimpleNamespace
+
+    from transformers.generation import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching import cache as cb
+
+    in_use = 4 * GIB  # the weights and optimizer of laptop-16gb, about, on a 140 GiB card capped at 6 GiB
+    cap = {"fraction": 6 / 140}
+    for name, value in dict(is_available=lambda: True, is_initialized=lambda: True, empty_cache=lambda: None,
+                            synchronize=lambda *a: None, memory_reserved=lambda *a: in_use,
+                            mem_get_info=lambda *a: (140 * GIB - in_use, 140 * GIB),
+                            get_per_process_memory_fraction=lambda *a: cap["fraction"]).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    seen = []
+
+    def generate(prompts, *a, **k):  # what transformers reads as available when it builds its cache
+        seen.append(cb.PagedAttentionMemoryHandler.get_available_memory(SimpleNamespace(cb_config=config)))
+        return [[1]], None
+
+    config = ContinuousBatchingConfig(**generation_arguments(get_preset("laptop-16gb").replace(
+        generation="continuous"))["transformers_continuous_batching_config"])
+    trainer = _Trainer(generate)
+    trainer.continuous_batching_config = config
+    GenerationClock(trainer, "continuous")
+    trainer._generate_single_turn([[1]], None, {}, 1)
+    assert seen[-1] == pytest.approx(2 * GIB, rel=1e-6)  # the cap's 6 GiB less the 4 in use, not the card's 136
+    with pytest.raises(MemoryError):  # so laptop-16gb's 4.2 GiB cache is refused under a 6 GiB cap
+        _paged_cache(dict(vars(config)), total_gib=140, used_gib=140 - seen[-1] / GIB)
+    cap["fraction"] = 1.0  # no cap: the card's free memory
+    trainer._generate_single_turn([[1]], None, {}, 1)
+    assert seen[-1] == 136 * GIB
+
+
+def test_qlora_generates_with_continuous_batching_after_trls_cast():
+    # TRL casts the PeftModel (PeftModel.to is nn.Module.to, not transformers' guarded PreTrainedModel.to): the
+    # 4-bit weights stay uint8, and continuous batching writes the tokens generate writes
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers.generation import ContinuousBatchingConfig, GenerationConfig
+
+    from labkit.models import resolve_model
+
+    nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model("tiny:qwen2"), quantization_config=nf4,
+                                                dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cannot cast a bitsandbytes model"):
+        base.to(torch.bfloat16)  # transformers' guard, which TRL's cast does not meet
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.to(torch.bfloat16)  # grpo_trainer.py 1796-1797
+    assert base.model.layers[0].self_attn.q_proj.base_layer.weight.dtype == torch.uint8
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    config = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    outputs = model.generate_batch(prompts, generation_config=config, progress_bar=False,
+                                   continuous_batching_config=ContinuousBatchingConfig(
+                                       page_size=64, num_blocks=4, max_batch_tokens=64, max_memory_percent=1.0))
+    for prompt, output in zip(prompts, outputs.values()):
+        expected = model.generate(input_ids=torch.tensor([prompt]), generation_config=config)[0, len(prompt):]
+        assert output.generated_tokens == expected.tolist()
+    assert validate(get_preset("qlora-3b").replace(generation="continuous"), CUDA) == \
+        validate(get_preset("qlora-3b"), CUDA)  # no longer refused
+
+
+# --------------------------------------------------------------------------- generation leaves the model as it was
+
+
+def test_the_continuous_cast_leaves_the_gradients_of_an_accumulation_as_they_were():
+    def casting_generate(prompts, *a, **k):  # TRL's cast: nn.Module.to converts .grad too
+        trainer.model.to(torch.bfloat16)
+        return [[1, 2]], None
+
+    trainer = _Trainer(casting_generate)
+    for param in trainer.model.parameters():  # gradients of the accumulation's earlier micro-batches
+        param.grad = torch.randn_like(param) * 1e-3
+    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    GenerationClock(trainer, "continuous")
+    trainer._generate_single_turn([[1]], None, {}, 1)
+    assert {p.grad.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert all(torch.equal(p.grad, grads[n]) for n, p in trainer.model.named_parameters())
+
+
+def _tiny_run(tmp_path, path: str = "generate"):
+    from labkit.run import build_run
+
+    preset = get_preset("cpu-tiny").replace(max_steps=1, save_steps=None, generation=path, max_completion_length=8)
+    return build_run(preset, tmp_path / path, print_logs=False, generation_kwargs={"do_sample": False})
+
+
+def test_three_generations_leave_one_requires_grad_hook_on_the_embeddings(tmp_path):
+    run = _tiny_run(tmp_path)  # LoRA (a PeftModel) with gradient checkpointing, as every GPU preset
+    assert run.preset.gradient_checkpointing and hasattr(run.trainer.model, "get_base_model")
+    # what Trainer.train does first (transformers/trainer.py 1503-1514)
+    run.trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert run.trainer.model.is_gradient_checkpointing
+    embedding = run.trainer.model.get_input_embeddings()
+    before = len(embedding._forward_hooks)
+    assert before >= 1  # the requires_grad_ hook, which checkpointing a PEFT model needs
+    prompts = [[1, 2, 3, 4]] * 2
+    for _ in range(3):  # TRL turns checkpointing off and on around each (trl/models/utils.py 136-154)
+        run.trainer._generate_single_turn(prompts, None, {}, 1)
+    assert len(embedding._forward_hooks) == before
+    assert embedding(torch.tensor([[1, 2]])).requires_grad  # the hook still works
+
+
+def test_static_compiled_pads_the_prompts_it_generates_from_not_the_loss(tmp_path):
+    seen = {}
+    lengths = {}
+    for path in ("generate", "static-compiled"):
+        run = _tiny_run(tmp_path, path)
+        trainer = run.trainer
+        inner = run.generation._inner
+
+        def spy(prompt_ids, *a, **k):  # what TRL pads the prompts it passes to generate with
+            seen[path] = trainer.pad_to_multiple_of
+            return inner(prompt_ids, *a, **k)
+
+        run.generation._inner = spy
+        trainer.generation_config.disable_compile = True  # the padding is the subject here, not the compilation
+        batch = [run.train_dataset[i] for i in range(trainer.args.generation_batch_size)]
+        out = trainer._generate_and_score_completions(batch)
+        lengths[path] = (out["prompt_ids"].shape, out["completion_ids"].shape)
+    assert seen == {"generate": None, "static-compiled": run.preset.max_prompt_length}
+    assert lengths["static-compiled"] == lengths["generate"]  # the loss's tensors: not padded to 256
