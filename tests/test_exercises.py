@@ -37,6 +37,7 @@ def fresh_state(monkeypatch):
     # what checks left for later cells, and the failures counted for the hints: per test, as per kernel
     monkeypatch.setattr(ex, "_IN_USE", {})
     monkeypatch.setattr(ex, "_FAILURES", {})
+    monkeypatch.setattr(ex, "_LINKS_DUE", set())
 
 
 @pytest.fixture()
@@ -650,7 +651,8 @@ def test_a_class_is_called_your_class(capsys):
 
 def _step_loss_by_hand(logps, rewards, completion_mask, num_generations, eps_in_sqrt=False):
     grouped = rewards.view(-1, num_generations)
-    spread = (grouped.var(dim=1, keepdim=True) + 1e-4).sqrt() if eps_in_sqrt else grouped.std(dim=1, keepdim=True) + 1e-4
+    std = grouped.std(dim=1, keepdim=True)
+    spread = (grouped.var(dim=1, keepdim=True) + 1e-4).sqrt() if eps_in_sqrt else std + 1e-4
     advantages = ((grouped - grouped.mean(dim=1, keepdim=True)) / spread).flatten()
     per_token = -torch.exp(logps - logps.detach()) * advantages[:, None]
     mask = completion_mask.float()
@@ -764,7 +766,9 @@ def test_counting_with_the_whole_layer_name_is_named_no_layer_matched():
 
 def test_a_wrong_shape_ends_with_a_hint_about_the_shape(toy):
     group = ex.exercise("group_advantages")
-    not_flattened = lambda rewards, g, scale_rewards="group": _advantages(rewards, g, scale_rewards).view(-1, g)  # noqa: E731
+    def not_flattened(rewards, g, scale_rewards="group"):
+        return _advantages(rewards, g, scale_rewards).view(-1, g)
+
     verdict = _verdict_at_level_1("group_advantages", not_flattened)
     assert "what is wrong: shape (2, 4) where (8,) was expected: the values are right, laid out in another shape" \
         in verdict, verdict
@@ -821,6 +825,8 @@ def test_in_a_notebook_the_worked_solution_is_a_link_under_the_verdict(toy, monk
         ex.check(toy.name, wrong)
     with pytest.raises(ExerciseFailed) as second:
         ex.check(toy.name, wrong)
+    with pytest.raises(ExerciseFailed):
+        ex.check(toy.name, wrong)  # a third failure in the same cell: still one link
     assert "Worked solution: the link under this message" in str(second.value), second.value
     assert shown == []  # the link comes after the verdict: when the cell has run
     shell.events.trigger("post_run_cell", None)
@@ -834,3 +840,16 @@ def test_in_a_notebook_the_worked_solution_is_a_link_under_the_verdict(toy, monk
 def test_in_a_terminal_the_worked_solution_is_its_path(toy):
     wrong = toy.mistakes["the std has no Bessel correction (unbiased=False)"]
     assert "Worked solution: docs/solutions/toy.md#exercise-toy" in _verdict(toy.name, wrong)
+
+
+def test_a_function_that_raises_is_shown_the_inputs_it_raised_on():
+    def fixed_group_of_4(rewards, num_generations, scale_rewards="group"):
+        grouped = rewards.view(-1, 4)  # num_generations ignored
+        advantages = grouped - grouped.mean(dim=1, keepdim=True)
+        if scale_rewards == "group":
+            advantages = advantages / (grouped.std(dim=1, keepdim=True) + 1e-4)
+        return advantages.flatten()
+
+    verdict = _verdict("group_advantages", fixed_group_of_4)
+    assert "raised RuntimeError: shape '[-1, 4]' is invalid for input of size 9\n" \
+           "  the inputs: tensor of shape (9,), 3, scale_rewards='group'\n" in verdict, verdict

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -461,11 +462,14 @@ def _notebook_shell():
     return shell if getattr(shell, "kernel", None) is not None else None
 
 
+_LINKS_DUE: set[str] = set()  # exercises whose solution link shows when the running cell ends
+
+
 def _solution_line(ex: Exercise, now: bool = False) -> str:
     """Return the line that gives the worked solution: its path in a terminal; in a notebook, a link it displays.
 
     The link is relative to the notebook (``../docs/solutions/...``: the notebooks are in ``notebooks/``).
-    ``now``: display it at once; else under the cell's output, after the verdict (IPython's ``post_run_cell``).
+    ``now``: display it at once; else once under the cell's output, after the verdict (IPython's ``post_run_cell``).
     """
     shell = _notebook_shell() if ex.solution else None
     if shell is None:
@@ -474,14 +478,18 @@ def _solution_line(ex: Exercise, now: bool = False) -> str:
 
     link = Markdown(f"Worked solution: [{ex.solution}](../{ex.solution})")
     if now:
+        sys.stdout.flush()  # after the text printed before it
         display(link)
         return ""
 
     def show(*_):
         shell.events.unregister("post_run_cell", show)
+        _LINKS_DUE.discard(ex.name)
         display(link)
 
-    shell.events.register("post_run_cell", show)
+    if ex.name not in _LINKS_DUE:
+        _LINKS_DUE.add(ex.name)
+        shell.events.register("post_run_cell", show)
     return "\nWorked solution: the link under this message"
 
 
@@ -512,7 +520,21 @@ def hint(name: str, level: int = 1) -> None:
         print(f"{name}, hint 1 of 2: {ex.nudge}\n"
               f"  (labkit.exercises.hint({name!r}, level=2): the fuller hint and the worked solution)")
         return
-    print(f"{name}, hint 2 of 2: {ex.hint or ex.nudge}" + _solution_line(ex, now=True))
+    print(f"{name}, hint 2 of 2: {ex.hint or ex.nudge}")
+    line = _solution_line(ex, now=True)  # in a notebook it displays the link and returns ""
+    if line:
+        print(line.lstrip("\n"))
+
+
+def _inputs(case: Case) -> str:
+    """Return the verdict's line that shows a case's inputs, tensors by their shape; "" when none is a tensor."""
+    def show(value) -> str:
+        return f"tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else _short(value, 60)
+
+    if not any(isinstance(value, torch.Tensor) for value in case.args):
+        return ""
+    shown = [show(v) for v in case.args] + [f"{k}={show(v)}" for k, v in case.kwargs.items()]
+    return "\n  the inputs: " + ", ".join(shown)
 
 
 def verify(name: str, fn: Callable, level: int = 2) -> None:
@@ -531,7 +553,7 @@ def verify(name: str, fn: Callable, level: int = 2) -> None:
             raise
         except Exception as err:
             raise ExerciseFailed(f"{name}: on {case.label} your {kind} raised {type(err).__name__}: {err}"
-                                 + _help(ex, level)) from None
+                                 + _inputs(case) + _help(ex, level)) from None
         if ex.differs(expected, got) is not None:
             reason = diagnose(ex, case, expected, got, fn)
             e, g = _numbers(expected), _numbers(got)
