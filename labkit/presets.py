@@ -46,10 +46,12 @@ class PresetError(ValueError):
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a traceback: the message, which says what to change (a notebook's setting),
-        where a stack into labkit would bury it; wrapped between words (:func:`labkit.lab.wrap`)."""
-        from labkit.lab import wrap
+        where a stack into labkit would bury it; wrapped between words at 100 characters (``labkit.lab.TEXT_WIDTH``: the
+        recipe may not import the layer above it)."""
+        import textwrap
 
-        return wrap(f"{type(self).__name__}: {self}").splitlines()
+        return [part for line in f"{type(self).__name__}: {self}".splitlines()
+                for part in textwrap.wrap(line, 100, break_long_words=False, break_on_hyphens=False) or [line]]
 
 
 @dataclass(frozen=True)

