@@ -18,15 +18,16 @@ should use:
 - nothing: it raises :class:`ExerciseFailed` when a case fails, with the case, the expected and the
   returned answer (rounded), how they differ (numbers and tensors, and lists, tuples and dicts of them, by
   :func:`torch.testing.assert_close` with ``rtol=1e-4``, ``atol=1e-5``; other answers by ``==``, unless the
-  exercise brings its own ``compare``) and a diagnosis (:func:`diagnose`). The diagnosis names a *known
-  mistake* (each exercise lists its plausible wrong answers: the std without Bessel's correction, a missing
-  clip side, the KL the wrong way round...) only when that mistake gives the learner's output on **every**
-  case of the exercise: one that merely agrees on the failing case would name the wrong bug.
+  exercise brings its own ``compare``, as those whose answer must carry a gradient do: :func:`gradient_compare`)
+  and a diagnosis (:func:`diagnose`). The diagnosis names a *known mistake* (each exercise lists its plausible
+  wrong answers: the std without Bessel's correction, a missing clip side, the KL the wrong way round...) only
+  when that mistake gives the learner's output on **every** case of the exercise: one that merely agrees on the
+  failing case would name the wrong bug.
 
 Help comes in two steps, so that a hint does not give the answer away: a failing check ends with a
 one-line **nudge** (``Exercise.nudge``); the next failing check of the same exercise (or
 ``hint(name, level=2)`` at any time) adds the fuller hint (``Exercise.hint``, close to the solution)
-and the worked solution's place in ``docs/solutions``.
+and the worked solution's place in ``docs/solutions`` (a link, in a notebook).
 
 A cell further down that calls the learner's function again takes it from :func:`checked`, which
 gives the function whose check passed, or the reference (saying which exercise to fix) when the
@@ -247,12 +248,10 @@ def _leaves(output: torch.Tensor) -> list[torch.Tensor]:
 
 
 def gradient_compare(wrt: str) -> Callable[[Any, Any], str | None]:
-    """Return a ``compare`` for an exercise whose answer must carry a gradient: the value, then the gradient.
+    """Return a ``compare`` that checks the value, then the gradient of the answer's sum with respect to ``wrt``.
 
-    The cases give the input named ``wrt`` (e.g. ``"logps"``) ``requires_grad=True``. After the values agree
-    (:func:`_default_compare`), the gradients of the answers' sums with respect to that input must agree too
-    (assert_close, ``rtol=1e-4``, ``atol=1e-6``). A detached answer, one rebuilt from ``.item()`` or one computed
-    under ``torch.no_grad`` is right in value and fails here, and the message says so.
+    The cases give that input ``requires_grad=True``; gradients are compared with ``rtol=1e-4``, ``atol=1e-6``.
+    A detached, ``.item()``-rebuilt or ``no_grad`` answer is right in value and fails, and the message says so.
     """
     def compare(expected, got) -> str | None:
         value = _default_compare(expected, got)
@@ -276,12 +275,8 @@ def gradient_compare(wrt: str) -> Callable[[Any, Any], str | None]:
 
 
 def assert_close_with_gradient(actual, expected, wrt: str = "logps") -> None:
-    """Raise :class:`ExerciseFailed` unless ``actual`` equals ``expected`` in value and in gradient.
-
-    The gradient is taken with respect to the tensors ``expected`` was computed from (those that require grad,
-    named ``wrt`` in the message). A notebook ends a derivation with it where ``torch.testing.assert_close`` would
-    let a detached answer pass.
-    """
+    """Raise :class:`ExerciseFailed` unless ``actual`` equals ``expected`` in value and in gradient (with respect to
+    the tensors ``expected`` was computed from): ``torch.testing.assert_close`` would let a detached answer pass."""
     difference = gradient_compare(wrt)(expected, actual)
     if difference is not None:
         raise ExerciseFailed(f"not equal to the reference: {difference}")
@@ -340,12 +335,9 @@ def _shape_reason(expected: torch.Tensor, got: torch.Tensor) -> str | None:
 def _numeric_reason(expected: torch.Tensor, got: torch.Tensor,
                     every_case: tuple[torch.Tensor, torch.Tensor] | None = None) -> str | None:
     """Return a generic reason why the numbers ``got`` are wrong (shape, NaN, 0, sign, 1 / x, a small constant, a
-    constant factor or term), or ``None`` when none fits.
-
-    ``every_case``: the reference's and the learner's values on every case of the exercise, flattened. A relation
-    (sign, 1 / x, factor, term) is claimed only when it holds on all of them, or on this case when they are not
-    given, and only from two values or more: any single wrong number is some factor of the right one.
-    """
+    constant factor or term), or ``None`` when none fits. A relation is claimed only when it holds on
+    ``every_case`` (both answers on every case, flattened) when given, and from two values or more: any single
+    wrong number is some factor of the right one."""
     shape = _shape_reason(expected, got)
     if shape:
         return shape
@@ -382,8 +374,7 @@ def _numeric_reason(expected: torch.Tensor, got: torch.Tensor,
 
 def _every_case(ex: "Exercise", fn: Callable, cases: list[Case] | None = None,
                 learner: list | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Return the reference's and ``fn``'s values on every case, each flattened into one tensor; ``None`` when
-    a case raises or gives no numbers, or the two differ in size."""
+    """Return the reference's and ``fn``'s values on every case, flattened; ``None`` unless all are numbers."""
     if learner is None:
         cases = ex.cases()  # one set of inputs for both
         learner = _outputs(fn, cases)
@@ -466,11 +457,8 @@ _LINKS_DUE: set[str] = set()  # exercises whose solution link shows when the run
 
 
 def _solution_line(ex: Exercise, now: bool = False) -> str:
-    """Return the line that gives the worked solution: its path in a terminal; in a notebook, a link it displays.
-
-    The link is relative to the notebook (``../docs/solutions/...``: the notebooks are in ``notebooks/``).
-    ``now``: display it at once; else once under the cell's output, after the verdict (IPython's ``post_run_cell``).
-    """
+    """Return the line that gives the worked solution: its path in a terminal; in a notebook, a link it displays
+    (relative to the notebooks' folder) at once (``now``) or once under the cell's output (``post_run_cell``)."""
     shell = _notebook_shell() if ex.solution else None
     if shell is None:
         return f"\nWorked solution: {ex.solution}" if ex.solution else ""
@@ -495,9 +483,7 @@ def _solution_line(ex: Exercise, now: bool = False) -> str:
 
 def _help(ex: Exercise, level: int, shape: tuple | None = None) -> str:
     """Return the help a verdict ends with: level 1, the nudge and how to get more; 2, the fuller hint and solution.
-
-    ``shape``: the answer's shape is wrong (and no known mistake explains it); the first hint is about the shape.
-    """
+    ``shape``: the expected shape, when the answer's is wrong and no known mistake says why: the hint is about it."""
     nudge = ex.nudge or ex.hint
     if shape is not None:
         nudge = (f"return shape {shape}, as the reference does: print the shape after each step of your "
@@ -617,9 +603,5 @@ def checked(*exercise_names: str):
 
 
 def stand_ins(*exercise_names: str) -> list[str]:
-    """Return those of ``exercise_names`` whose last check did not pass: labkit's function stands in for them.
-
-    A cell that compares the learner's function with labkit's says so with it, rather than "yours equals labkit's"
-    when labkit's was compared with itself.
-    """
+    """Return those of ``exercise_names`` whose last check did not pass: labkit's function stands in for them."""
     return [name for name in exercise_names if _IN_USE.get(name, ("unchecked",))[0] != "passed"]
