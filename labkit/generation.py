@@ -78,8 +78,24 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
                                            p.trl_options.get("repetition_penalty", 1.0))
         if dropped:
             errors.append(dropped)
-        if cuda and not errors and p.card_gib is not None:
-            errors.extend(_continuous_fit_problem(p, device))
+        card = getattr(device, "total_memory_gib", None)
+        if cuda and card and not errors:  # the pages, mask and buffers beside the weights and optimizer
+            from labkit.cards import SIZING_CONTEXT_GIB
+            from labkit.memory import estimate
+
+            b = 4 if p.precision == "fp32" else 2
+            need = continuous_footprint(p.model, p.generation_batch_size, p.max_prompt_length,
+                                        p.max_completion_length, b)["total"] / 2**30
+            est = estimate(p.model, p.method, optim=p.optim, precision="fp32" if b == 4 else "bf16", beta=p.beta,
+                           lora_rank=p.lora_rank, lora_targets=list(p.target_modules), max_completion_length=1,
+                           prepare_model_for_kbit_training=p.prepare_model_for_kbit_training).bytes
+            has = card - SIZING_CONTEXT_GIB - (est["weights"] + est["reference"] + est["optimizer"]) / 2**30
+            if need > has:
+                errors.append(f"generation='continuous' needs {need:.1f} GiB for its KV pages, attention mask and "
+                              f"read buffers (transformers' own sizing), and this {card:.1f} GiB card has {has:.1f} "
+                              "GiB beside the weights and optimizer. Lower gradient_accumulation_steps or "
+                              "per_device_train_batch_size (the pages hold every sequence of the generation batch) "
+                              "or max_completion_length, or set generation='generate'.")
         if p.method == "full" and cuda:
             errors.append("generation='continuous' casts every weight to 16 bits for each generation: with full "
                           "fine-tuning's fp32 weights that is a second copy of the model. Set generation='generate'.")
@@ -178,7 +194,7 @@ def continuous_footprint(model, generation_batch: int, max_prompt_length: int, m
     tokens_per_sector = max((bytes_per_sector // a.bytes_per_block) * a.tokens_per_page for a in allocators)
     bytes_per_block = config.num_hidden_layers * cb.FullAttentionCacheAllocator.get_bytes_per_page(
         kv_heads, cb.find_head_dim(config), dtype, cb_config.page_size)
-    head = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    head = AutoModelForCausalLM._model_mapping.get(type(config), None)  # as GenerationMixin._supports_logits_to_keep
     logits_to_keep = head is not None and "logits_to_keep" in inspect.signature(head.forward).parameters
     handler = cb.PagedAttentionMemoryHandler(config, cb_config, dtype, bytes_per_sector, tokens_per_sector,
                                              bytes_per_block, [*cb.group_layers_by_attn_type(config)], logits_to_keep)
@@ -187,25 +203,6 @@ def continuous_footprint(model, generation_batch: int, max_prompt_length: int, m
                 reads=sectors * tokens_per_sector * handler.bytes_per_cache_token,
                 batch_tokens=tokens * handler.bytes_per_batch_token, fixed=handler.fixed_overhead_bytes,
                 total=handler.compute_memory_footprint(tokens, sectors))
-
-
-def _continuous_fit_problem(p, device) -> list[str]:
-    """The refusal of a continuous path whose footprint does not fit beside the run's persistent memory."""
-    from labkit.cards import SIZING_CONTEXT_GIB
-    from labkit.plan import resolve_plan
-    from labkit.preflight import estimate
-
-    try:
-        est = estimate(resolve_plan(p, device))
-    except (ValueError, KeyError):  # another field is unsound: validate says which
-        return []
-    card = getattr(device, "total_memory_gib", None) or p.card_gib
-    need = est.bytes["kv_cache"] / 2**30  # the estimate counts continuous_footprint there
-    has = card - SIZING_CONTEXT_GIB - (est.bytes["generation_phase"] - est.bytes["kv_cache"]) / 2**30
-    return [] if need <= has else [f"generation='continuous' needs {need:.1f} GiB for its KV pages, attention mask and read buffers "
-            f"(transformers' own sizing), and this {card:.1f} GiB card has {has:.1f} GiB beside the weights and "
-            "optimizer. Lower gradient_accumulation_steps or per_device_train_batch_size (the pages hold every "
-            "sequence of the generation batch) or max_completion_length, or set generation='generate'."]
 
 
 def generation_arguments(p) -> dict:
