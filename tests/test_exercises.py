@@ -37,7 +37,7 @@ def fresh_state(monkeypatch):
     # what checks left for later cells, and the failures counted for the hints: per test, as per kernel
     monkeypatch.setattr(ex, "_IN_USE", {})
     monkeypatch.setattr(ex, "_FAILURES", {})
-    monkeypatch.setattr(ex, "_LINKS_DUE", set())
+    monkeypatch.setattr(ex, "_LINKS_DUE", set(), raising=False)
 
 
 @pytest.fixture()
@@ -854,3 +854,12 @@ def test_a_function_that_raises_is_shown_the_inputs_it_raised_on():
     verdict = _verdict("group_advantages", fixed_group_of_4)
     assert "raised RuntimeError: shape '[-1, 4]' is invalid for input of size 9\n" \
            "  the inputs: tensor of shape (9,), 3, scale_rewards='group'\n" in verdict, verdict
+
+
+def test_a_detached_answer_with_a_known_value_mistake_gets_both_named():
+    def learner(logps, old_logps, advantages, epsilon=0.2, epsilon_high=0.2):  # epsilon_high ignored, and detached
+        return _surrogate(logps, old_logps, advantages, epsilon, epsilon).detach()
+
+    verdict = _verdict("clipped_surrogate", learner)
+    assert [m[:26] for m in _named_mistakes("clipped_surrogate", verdict)] == ["epsilon_high is ignored: t"], verdict
+    assert "; and your answer carries no gradient" in verdict, verdict

@@ -397,8 +397,8 @@ def _outputs(fn: Callable, cases: list[Case]) -> list:
     return outputs
 
 
-def _same_outputs(ex: Exercise, ours: list, theirs: list) -> bool:
-    return all((a is _RAISED) == (b is _RAISED) and (a is _RAISED or ex.differs(a, b) is None)
+def _same_outputs(differs: Callable, ours: list, theirs: list) -> bool:
+    return all((a is _RAISED) == (b is _RAISED) and (a is _RAISED or differs(a, b) is None)
                for a, b in zip(ours, theirs))
 
 
@@ -412,21 +412,25 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
     (shape, NaN, sign, 1 / x, a small constant, a constant factor or term), or that this case is the one to read.
     """
     cases = learner = None  # fn's outputs on every case, computed when a mistake first matches this case
+    # a wrong value that also lost the reference's gradient: its value mistake is looked for, and both are said
+    detached = (isinstance(expected, torch.Tensor) and expected.requires_grad and not getattr(got, "requires_grad", 0)
+                and _default_compare(expected, got) is not None)
+    differs, also = (_default_compare, "; and your answer carries no gradient") if detached else (ex.differs, "")
     for message, wrong in ex.mistakes.items():
         wrong = ex.runs(wrong)
         try:
             theirs = wrong(*case.args, **case.kwargs)
         except Exception:  # a mistake that cannot run on this case does not reproduce it
             continue
-        if ex.differs(theirs, got) is not None:
+        if differs(theirs, got) is not None:
             continue
         if fn is None:
-            return message
+            return message + also
         if learner is None:
             cases = ex.cases()  # one set of inputs for both: a comparison may follow a loss back to its inputs
             learner = _outputs(fn, cases)
-        if _same_outputs(ex, _outputs(wrong, cases), learner):
-            return message
+        if _same_outputs(differs, _outputs(wrong, cases), learner):
+            return message + also
     difference, torch_says = ex.differs(expected, got), _torch_difference(expected, got)
     if difference and difference not in (torch_says, _unequal(expected, got)):
         return difference  # the exercise's own comparison: what assert_close cannot see
