@@ -17,7 +17,7 @@ only predict:
   plain-TRL cell does; TRL 1.16 never calls ``prepare_model_for_kbit_training``): what the upcast costs.
 - **doctor**: the OOM doctor on real OOMs: a base recipe uncapped, then capped between the peak of the phases
   before a target phase and its own (generation, backward, optimiser step), then with the report's first change
-  under the same cap (:data:`DOCTOR_BASES`, :func:`doctor_cap`, :func:`doctor_verdict`).
+  under the same cap (:data:`DOCTOR_BASES`, :func:`bench.gpu_rows.doctor_cap`, :func:`bench.gpu_rows.doctor_verdict`).
 - **grid**: Qwen2.5-0.5B / 1.5B / 3B x full / LoRA / QLoRA with short completions, each beside the estimate.
 - **speed** (:mod:`bench.gpu_speed`): the ``laptop-16gb`` recipe's generation paths (``generate``,
   ``static-compiled``, ``continuous``: the preset's ``generation`` field), a full GRPO step each under its 15.7 GiB
@@ -32,12 +32,11 @@ row alone, then again beside the others; if their allocated peaks differ by more
 time. The speed rows always run alone, last. ``--budget-s`` starts only what its expected seconds let finish;
 ``--plan`` prints the plan on any machine; ``--tiny`` runs the same code on a CPU with two-layer models, two
 processes at once (a test in the suite); ``--bundle DIR`` prepares an offline GPU machine
-(:mod:`bench.gpu_bundle`); ``--pictures`` renders the docs' pictures from the saved dashboard. docs/gpu.md says how.
+(:mod:`scripts.gpu_bundle`); ``--pictures`` renders the docs' pictures from the saved dashboard. docs/gpu.md says how.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -49,12 +48,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.gpu_measure import COLUMNS, LABEL, PHASE_ORDER, PhasePeaks, bench_preset, measure
+from bench.gpu_rows import recorded_rows
+from bench.gpu_run import Runner
 from bench.gpu_speed import PENDING as SPEED_PENDING
 from bench.gpu_speed import speed_jobs
-from labkit.memory import GIB
 
-__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "recorded_rows", "measured_rows", "doctor_cap",
-           "doctor_spec", "doctor_verdict", "check_job", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL",
+__all__ = ["main", "measure", "PhasePeaks", "plan_jobs", "still_to_measure", "measured_rows", "check_job", "PRESET_ORDER", "GRID", "DOCTOR_BASES", "COLUMNS", "LABEL",
            "PARTS", "RESULT_FILES", "PENDING"]
 
 REPO_RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
@@ -78,7 +77,7 @@ TINY_TOOL_COMPLETION = 300
 PARTS = ("presets", "qlora", "doctor", "grid", "speed")
 PENDING = {"unsloth": "needs Unsloth's own environment and bundle (python -m bench unsloth --random-weights, docs/unsloth.md)",
            **SPEED_PENDING}
-# What one run writes in its results folder: the lent GPU machine sends back at most 8 files from $OUT.
+# What one run writes in its results folder, and all a maintainer copies back from the GPU machine.
 RESULT_FILES = ("measurements.csv", "measurements.json", "status.json", "runs.log", "dashboard_laptop-16gb.json",
                 "dashboard_laptop-16gb.png")
 DEFAULT_PLAN_BUDGET_S = 540  # --plan without --budget-s: 10 minutes from the process's start, less the writes
@@ -93,7 +92,6 @@ DOCTOR_BASES = {"doctor-lora-base": ("laptop-16gb", {"max_completion_length": 25
                                                    "max_completion_length": 64})}
 DOCTOR_TARGETS = (("generation", "doctor-lora-base"), ("backward", "doctor-lora-base"),
                   ("optimizer", "doctor-full-base"))
-CAP_POSITION = 0.6  # the cap sits 60 % of the way from the earlier phases' peak to the target phase's
 
 
 
@@ -136,67 +134,6 @@ def plan_jobs(parts=PARTS, *, tiny: bool = False, presets=PRESET_ORDER, steps: i
     for job in jobs:
         job["tiny"] = tiny
     return sorted(jobs, key=lambda job: PARTS.index(job["part"]))  # stable: each part keeps its own order
-
-
-def _rehearsed() -> dict:
-    """Return the rehearsal's preset rows (``python -m bench rehearsal`` wrote them), by preset name."""
-    path = Path(__file__).resolve().parents[1] / "results" / "rehearsal.csv"  # the repository's, wherever rows go
-    if not path.exists():
-        return {}
-    with path.open() as fh:
-        return {r["name"]: r for r in csv.DictReader(fh) if r["kind"] == "preset"}
-
-
-def doctor_cap(base_row: dict, target: str) -> float | None:
-    """Return the cap (GiB) that makes the base recipe run out of memory in ``target`` first, or None if none can:
-    above the peak of every phase before it (setup, then a step's phases in order), below its own."""
-    peaks = base_row.get("phase_peaks_gib") or {}
-    order = ("setup", *PHASE_ORDER)
-    earlier = [peaks[p] for p in order[:order.index(target)] if p in peaks]
-    if target not in peaks or not earlier or peaks[target] <= max(earlier):
-        return None
-    return round(max(earlier) + CAP_POSITION * (peaks[target] - max(earlier)), 3)
-
-
-def doctor_spec(job: dict, rows: dict) -> dict | str:
-    """Return the doctor job with its cap (and, for the fix, the report's first change), or why it cannot run."""
-    stage, target = job["doctor"]["stage"], job["doctor"].get("target")
-    if stage == "base":
-        return job
-    base = rows.get(job["doctor"]["base"])
-    if base is None or base.get("status") != "ok" or not base.get("phase_peaks_gib"):
-        return f"its base row {job['doctor']['base']} was not measured on a GPU"
-    cap = doctor_cap(base, target)
-    if cap is None:
-        return f"no cap makes {job['doctor']['base']} fail in {target} first: its peak there is below an earlier phase's"
-    if stage == "oom":
-        return dict(job, cap=cap)
-    oom = rows.get(f"doctor-{target}-oom")
-    if oom is None or oom.get("oom_phase") != target:
-        return f"doctor-{target}-oom did not run out of memory in {target} (it was {oom and oom.get('oom_phase')})"
-    if not oom.get("first_change"):
-        return f"the doctor offered no change for {target}"
-    return dict(job, cap=cap, change=oom["first_change"])
-
-
-def doctor_verdict(row: dict, rows: dict) -> dict:
-    """Return the fix row's verdict: did the first change fit, and how far the target phase's peak fell, measured
-    (the base row, uncapped, against this row) and predicted (the estimator's phase memory, as the doctor reads it)."""
-    from labkit.phase_memory import phase_memory
-
-    target = row["doctor"]["target"]
-    base = rows[row["doctor"]["base"]]
-    before, after = (phase_memory(r.get("settings") or {}, target) for r in (base, row))
-    measured = (base.get(f"{target}_allocated_gib") or 0) - (row.get(f"{target}_allocated_gib") or 0)
-    predicted = None if before is None or after is None else round((before - after) / GIB, 3)
-    return dict(fits_after_first_change=row["status"] == "ok", measured_fall_gib=round(measured, 3),
-                predicted_fall_gib=predicted, predicted_from=f"labkit.phase_memory.phase_memory(settings, {target!r})")
-
-
-def recorded_rows(results: Path) -> list[dict]:
-    """Return every row in ``results/measurements.json``, oldest first (none when the file does not exist)."""
-    path = Path(results) / "measurements.json"
-    return json.loads(path.read_text()) if path.exists() else []
 
 
 def measured_rows(results: Path) -> dict:
@@ -253,49 +190,6 @@ def check_job(tiny: bool = False) -> dict:
     from bench.gpu_plan import CHECK_ROW
 
     return next(job for job in plan_jobs(("grid",), tiny=tiny) if job["name"] == CHECK_ROW)
-
-
-def _write(results: Path, rows: list[dict], *, replace: bool = False) -> None:
-    """Add ``rows`` to ``measurements.json`` (the full records: the OOM report, the settings; ``replace``: write
-    ``rows`` as the whole file) and write ``measurements.csv`` again from it (its columns); each file is replaced
-    whole, so a kill leaves the old one or the new one, never half of one."""
-    json_path, csv_path = results / "measurements.json", results / "measurements.csv"
-    every = rows if replace else recorded_rows(results) + rows
-    tmp = json_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(every, indent=1) + "\n")
-    os.replace(tmp, json_path)
-    tmp = csv_path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in COLUMNS} for r in every)
-    os.replace(tmp, csv_path)
-
-
-def _show(row: dict) -> str:
-    if row["status"] in ("error", "cut", "not isolated", "over planner cap"):
-        return f"{row['name']:<34} {row['status']}: {row.get('error')}"
-    peak = row.get("peak_allocated_gib")
-    mem = (f"peak {peak:.2f} GiB allocated, {row['peak_reserved_gib']:.2f} reserved"
-           + (f" (+{row['context_gib']:.2f} context) of {row['cap_gib'] + row['context_gib']:.2f}"
-              if row.get("cap_gib") and row.get("cap_from") == "card" else "")
-           + f"; estimate {row['estimated_total_gib']:.2f} ({row['estimate_error_pct']:+.1f} %)"
-           if peak is not None else "no CUDA memory (CPU)")
-    tools = (f", {row['tool_rounds']:g} tool rounds, longest prompt {row['longest_prompt_tokens']} tokens"
-             if row.get("tool_rounds") is not None else "")
-    if row.get("side_by_side"):
-        return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
-               f"{mem}{tools} (beside {row['side_by_side']} other rows: memory only)"
-    speed = f", {row['generation_tokens_per_s']:.0f} completion tok/s" if row.get("generation_tokens_per_s") else ""
-    if row.get("ms_per_decode_step"):  # a speed row (bench.gpu_speed): steady state, and the first generation apart
-        speed += (f" ({row.get('generation')}, {row['ms_per_decode_step']:.1f} ms a decode step"
-                  + (f", {row['bandwidth_share']:.1%} of the card's bandwidth limit" if row.get("bandwidth_share") else "")
-                  + (f"; compiled in {row['compile_s']:.0f} s" if row.get("compile_s") is not None else "")
-                  + (f"; merged adapters {row['merged_tokens_per_s']:.0f} tok/s" if row.get("merged_tokens_per_s") else "")
-                  + (f"; laptop limit {row['laptop_limit_tokens_per_s']:.0f} tok/s, an estimate"
-                     if row.get("laptop_limit_tokens_per_s") else "") + ")")
-    return f"{row['name']:<34} {row['status']}{' in ' + str(row['oom_phase']) if row.get('oom_phase') else ''}: " \
-           f"{mem}{tools}{speed}, {row['wall_s']} s"
 
 
 def _pictures(results: Path, docs: Path) -> int:
@@ -385,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     from bench import worker
     from bench.gpu_plan import DISK_GB, build_plan
-    from bench.gpu_run import Runner
 
     started = time.monotonic() - _process_age_s()  # the budget counts from the process's start, imports included
     parser = argparse.ArgumentParser(prog="python -m bench gpu", description=main.__doc__)
@@ -413,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure every row again (default: only rows the results lack at today's settings)")
     args = parser.parse_args(argv)
     if args.bundle:
-        from bench.gpu_bundle import device_command, install_command, make_bundle
+        from scripts.gpu_bundle import device_command, make_bundle
 
         make_bundle(args.bundle)
-        print(f"on a GPU machine, from the repository root (with {args.bundle} copied there):\n"
-              f"{device_command(args.bundle)}")
+        print(f"on the GPU machine, with the repository and {args.bundle}/ there, from the repository root (the rows "
+              f"go to results/gpu/):\n{device_command(args.bundle)}")
         return 0
     if args.pictures:
         return _pictures(Path(args.results or "results/gpu"), Path(__file__).resolve().parents[1] / "docs")

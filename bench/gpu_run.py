@@ -3,7 +3,7 @@
 The side-by-side check's row alone first, then the pool, several workers at once (:mod:`bench.worker`), started
 by :class:`bench.gpu_plan.Scheduler`'s rule on the real clock, then the rows that run alone (a row the planner's
 cap was short for, again uncapped; the generation speeds). Each row is written as it ends
-(:func:`bench.gpu._write`): a worker that dies or is killed loses its own row only, and a row still running at
+(:func:`bench.gpu_rows.write_rows`): a worker that dies or is killed loses its own row only, and a row still running at
 the budget is killed and written as ``cut``. When the check's twin ends, its allocated peak is compared with the
 row's alone (:func:`bench.gpu_plan.peaks_agree`); if they differ, the rows not started yet run one at a time and
 the rows measured side by side count as not measured (``side_by_side_check: failed``).
@@ -14,8 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.gpu import _rehearsed, _show, _write, doctor_spec, doctor_verdict, recorded_rows
 from bench.gpu_measure import SECONDS_COLUMNS, SIDE_BY_SIDE_LABEL, percent_error
+from bench.gpu_rows import doctor_spec, doctor_verdict, recorded_rows, rehearsed_presets, show_row, write_rows
 
 __all__ = ["Runner", "finish_row", "mark_check", "POLL_S"]
 
@@ -54,7 +54,7 @@ def finish_row(job: dict, row: dict, others: set, recorded: dict, rehearsed: dic
 class Runner:
     """Run a :class:`bench.gpu_plan.RunPlan`: the check alone, the pool side by side, the rest alone.
 
-    Every row is written as it ends (:func:`_write`); a worker that dies or is killed loses its own row only. A row
+    Every row is written as it ends (:func:`write_rows`); a worker that dies or is killed loses its own row only. A row
     still running at the budget is killed and written as ``cut``.
     """
 
@@ -63,7 +63,7 @@ class Runner:
         self.cores, self.models = cores, models
         self.disk = plan.disk()  # the random-weight folders in ``models``: each deleted when its last row ends
         self.unwritten: list[str] = []  # rows whose write failed (a full disk): kept in self.rows and the status
-        self.rehearsed = _rehearsed()
+        self.rehearsed = rehearsed_presets()
         self.rows: list[dict] = []
         self.skipped: list[str] = []
         self.broken = 0
@@ -86,14 +86,14 @@ class Runner:
         self.broken += row["status"] in ("error", "cut")
         if row["status"] == "over planner cap":
             self.reruns.append(dict(job, cap=None, cap_from=None, side_by_side=False))
-        self.say(_show(row))
+        self.say(show_row(row))
         return row
 
     def save(self, rows: list[dict], *, replace: bool = False) -> bool:
-        """Write ``rows`` (:func:`_write`); a failed write (a full disk, say) costs those rows' files only: the run
+        """Write ``rows`` (:func:`write_rows`); a failed write (a full disk, say) costs those rows' files only: the run
         goes on, the rows stay in memory and in the status, and the log says so."""
         try:
-            _write(self.results, rows, replace=replace)
+            write_rows(self.results, rows, replace=replace)
             return True
         except OSError as exc:
             self.unwritten += [r["name"] for r in rows if r["name"] not in self.unwritten]
@@ -139,7 +139,7 @@ class Runner:
 
     def _resolve_doctor(self, scheduler) -> None:
         """Give each doctor row whose rows it waits for have ended its cap and change, or write why it cannot run."""
-        from bench.gpu_plan import OUTSIDE_CAP_GIB
+        from bench.gpu_cost import OUTSIDE_CAP_GIB
 
         for job in list(scheduler.waiting):
             stage = (job.get("doctor") or {}).get("stage")
@@ -154,7 +154,7 @@ class Runner:
                            doctor=job["doctor"], run=self.run_id)
                 self.rows.append(row)
                 self.save([row])
-                self.say(_show(row))
+                self.say(show_row(row))
                 self._ended(job["name"])
                 scheduler.end(job["name"])
                 continue
@@ -240,4 +240,4 @@ def mark_check(results: Path, run_id: str, verdict: str) -> None:
     for row in rows:
         if row.get("run") == run_id and row.get("side_by_side"):
             row["side_by_side_check"] = verdict
-    _write(results, rows, replace=True)
+    write_rows(results, rows, replace=True)

@@ -8,7 +8,7 @@ recipe's real model from the hub, evaluated on GSM8K after training.
 Two more doors, for a GPU machine without network: ``--random-weights`` (:mod:`bench.unsloth_measure`) measures both
 loaders as ``python -m bench gpu`` measures its rows (random weights saved from the architecture's config, the
 card's cap, peak memory and seconds per phase) into ``results/gpu/unsloth_vs_trl.csv``, and ``--bundle DIR``
-(:mod:`bench.unsloth_bundle`) makes the offline wheels and the command that installs them and runs it.
+(:mod:`scripts.unsloth_bundle`) makes the offline wheels and the command that installs them and runs it.
 """
 from __future__ import annotations
 
@@ -187,11 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     Exit codes: 0 both measured, 1 a run failed, 2 Unsloth cannot run here (the reason is printed).
     ``--random-weights`` measures both loaders as ``bench gpu`` measures its rows, on the recipe's architecture with
     random weights under its card's cap, into results/gpu/ (:mod:`bench.unsloth_measure`; no download: what the
-    offline GPU machine runs); ``--bundle DIR`` makes that machine's Unsloth wheels (:mod:`bench.unsloth_bundle`).
+    offline GPU machine runs); ``--bundle DIR`` makes that machine's Unsloth wheels (:mod:`scripts.unsloth_bundle`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(arg == "--bundle" or arg.startswith("--bundle=") for arg in argv):
-        from bench.unsloth_bundle import main as bundle_main
+        from scripts.unsloth_bundle import main as bundle_main
 
         return bundle_main(argv)
     if "--random-weights" in argv:

@@ -17,7 +17,7 @@ Each row runs in a fresh process (``python -m bench.unsloth_measure SPEC OUT``):
 process that measured nothing before, and once unsloth is imported it has patched TRL and transformers for good.
 Where Unsloth cannot run (no CUDA, not installed, versions outside its pins) its rows are skipped with the reason in
 one line; ``--tiny`` rehearses the command on a CPU (two-layer model, plain-TRL side; no memory measured).
-The environment is Unsloth's (``requirements-unsloth.txt``, or the offline bundle of :mod:`bench.unsloth_bundle`):
+The environment is Unsloth's (``requirements-unsloth.txt``, or the offline bundle of :mod:`scripts.unsloth_bundle`):
 both loaders then run the same TRL 1.15 and transformers 5.17.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu, gpu_measure, gpu_plan, gpu_run
+from bench import gpu, gpu_cost, gpu_measure, gpu_plan, gpu_rows, gpu_run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu"
 
@@ -90,7 +90,7 @@ def _seconds(monkeypatch, table, default=1.0):
         total = table.get(job["name"], table.get(job.get("twin_of"), default))
         return dict(start=0.0, setup=0.0, generation=total, training=0.0, total=total)
 
-    monkeypatch.setattr(gpu_plan.SpeedModel, "seconds", seconds)
+    monkeypatch.setattr(gpu_cost.SpeedModel, "seconds", seconds)
 
 
 def test_no_cuda_says_so_in_one_line_and_writes_nothing(tmp_path, capsys):
@@ -111,12 +111,12 @@ def test_tiny_never_writes_beside_gpu_rows(tmp_path, capsys):
     assert (folder / "measurements.json").read_text() == before and not (folder / "measurements.csv").exists()
 
 
-def _kill_worker_of(row_name, seen):
-    """Kill (SIGKILL) the worker process measuring ``row_name`` as soon as it exists: one row, nothing else."""
+def _kill_worker_of(row_name, seen, stop):
+    """Kill (SIGKILL) the worker process measuring ``row_name`` as soon as it exists, until ``stop`` is set (the run
+    ended): one row, nothing else. No deadline: on a loaded CPU the row may start minutes into the run."""
     import psutil
 
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not seen:
+    while not stop.is_set() and not seen:
         for child in psutil.Process().children(recursive=True):
             try:
                 cmdline = " ".join(child.cmdline())
@@ -132,12 +132,13 @@ def _kill_worker_of(row_name, seen):
 @pytest.mark.slow
 def test_tiny_runs_two_at_once_forces_tool_rounds_and_a_killed_worker_loses_its_row_only(tmp_path):
     out = tmp_path / "gpu"
-    killed = []
-    killer = threading.Thread(target=_kill_worker_of, args=("grid-Qwen2.5-0.5B-qlora-bf16", killed), daemon=True)
+    killed, stop = [], threading.Event()
+    killer = threading.Thread(target=_kill_worker_of, args=("grid-Qwen2.5-0.5B-qlora-bf16", killed, stop), daemon=True)
     killer.start()
     code = gpu.main(["--tiny", "--parts", "presets", "qlora", "grid", "--presets", "laptop-16gb", "qlora-3b",
                      "tools-16gb", "--results", str(out)])
-    killer.join(timeout=1)
+    stop.set()
+    killer.join(timeout=5)
     assert killed and code == 1  # a row broke: the exit code says so
     rows = {r["name"]: r for r in json.loads((out / "measurements.json").read_text())}
     assert set(rows) == {"laptop-16gb", "qlora-3b", "tools-16gb", "qlora-3b-prepare-kbit",
@@ -171,8 +172,8 @@ def test_tiny_runs_two_at_once_forces_tool_rounds_and_a_killed_worker_loses_its_
     header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
     assert header == gpu.COLUMNS
     assert (out / "dashboard_laptop-16gb.png").stat().st_size > 10_000
-    # what comes back from the lent machine: at most 8 files, all named in RESULT_FILES
-    assert {p.name for p in out.iterdir()} <= set(gpu.RESULT_FILES) and len(gpu.RESULT_FILES) <= 8
+    # what a maintainer copies back from the GPU machine: the files named in RESULT_FILES
+    assert {p.name for p in out.iterdir()} <= set(gpu.RESULT_FILES)
     status = json.loads((out / "status.json").read_text())
     assert status["at_once"] == 2 and "grid-Qwen2.5-0.5B-qlora-bf16" in status["this_run"]
     assert "s in all, 2 at once" in (out / "runs.log").read_text()  # the plan, printed first, is in the log too
@@ -189,7 +190,7 @@ def test_tiny_survives_a_failed_twin_and_a_full_disk_with_every_other_row_kept(t
     def failing_twin(kind, spec, env=None):  # the twin's worker fails: a preset that does not exist
         return start(kind, dict(spec, preset="no-such-preset") if spec.get("twin_of") else spec, env)
 
-    real = gpu_run._write
+    real = gpu_run.write_rows
 
     def full_disk(results, rows, *, replace=False):
         if any(r["name"] == "workshop" for r in rows) and not replace:
@@ -197,7 +198,7 @@ def test_tiny_survives_a_failed_twin_and_a_full_disk_with_every_other_row_kept(t
         return real(results, rows, replace=replace)
 
     monkeypatch.setattr(worker, "start", failing_twin)
-    monkeypatch.setattr(gpu_run, "_write", full_disk)
+    monkeypatch.setattr(gpu_run, "write_rows", full_disk)
     out = tmp_path / "gpu"
     assert gpu.main(["--tiny", "--parts", "presets", "--presets", "workshop", "laptop-16gb", "--results", str(out)]) == 1
     rows = {r["name"]: r for r in json.loads((out / "measurements.json").read_text())}
@@ -272,7 +273,7 @@ def test_the_plan_for_an_h200_runs_more_at_once_and_sooner(capsys):
     h100, h200 = _plan(["--device-gib", "79.1"], capsys), _plan(["--device-gib", "139"], capsys)
     left = [len(_entries(text)) for text in (h100, h200)]
     at_once = [int(text.strip().splitlines()[-1].split()[4]) for text in (h100, h200)]
-    assert left[1] >= left[0] and at_once[1] >= at_once[0] and "a 139 GiB card" in h200
+    assert left[1] >= left[0] and at_once[1] >= at_once[0] and "a card of 139 GiB" in h200
 
 
 def test_a_cap_that_cannot_fit_n_processes_runs_fewer_and_says_so(capsys):
@@ -288,16 +289,16 @@ def test_the_plans_seconds_come_from_the_recorded_rows():
     from labkit.presets import Preset
 
     rows = [r for r in json.loads((RESULTS / "measurements.json").read_text()) if r["status"] == "ok"]
-    model = gpu_plan.SpeedModel.from_rows(rows)
+    model = gpu_cost.SpeedModel.from_rows(rows)
     assert set(model.fitted_on) == {r["name"] for r in rows if not r.get("side_by_side")}
     for row in rows:  # each recorded row, from its shape: generation within 5 %, the row within 10 %
-        shape = gpu_plan.preset_shape(Preset.from_dict(row["settings"]), row["settings"]["name"],
+        shape = gpu_cost.preset_shape(Preset.from_dict(row["settings"]), row["settings"]["name"],
                                       precision=row["precision"])
         seconds = model.seconds({}, shape)
         assert seconds["generation"] == pytest.approx(row["generation_s"], rel=0.05), row["name"]
         assert seconds["total"] - seconds["start"] == pytest.approx(row["wall_s"], rel=0.1), row["name"]
     # about 80 ms a decoding step whatever the batch: 24x the batch costs a few per cent more
-    laptop = gpu_plan.preset_shape(Preset.from_dict(rows[0]["settings"]), "laptop-16gb", precision="bf16")
+    laptop = gpu_cost.preset_shape(Preset.from_dict(rows[0]["settings"]), "laptop-16gb", precision="bf16")
     small = dict(laptop, generation_batch=4)
     assert 70 < model.step_ms(small) < model.step_ms(laptop) < 1.15 * model.step_ms(small) < 100
     assert 10 < model.start_s < 30  # the gap between recorded rows: a worker's start
@@ -393,14 +394,14 @@ def test_a_failed_write_costs_that_row_only_and_the_status_is_written(tmp_path, 
     import errno
 
     _seconds(monkeypatch, {})
-    real = gpu_run._write
+    real = gpu_run.write_rows
 
     def write(results, rows, *, replace=False):
         if any(r["name"] == "grid-Qwen2.5-1.5B-lora-bf16" for r in rows) and not replace:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(results, rows, replace=replace)
 
-    monkeypatch.setattr(gpu_run, "_write", write)
+    monkeypatch.setattr(gpu_run, "write_rows", write)
     assert gpu.main(["--parts", "grid", "--results", str(tmp_path)]) == 1
     rows = {r["name"] for r in json.loads((tmp_path / "measurements.json").read_text())}
     assert "grid-Qwen2.5-1.5B-lora-bf16" not in rows and len(rows) == 12  # every other row kept
@@ -460,8 +461,8 @@ def test_generation_only_rows_generate_in_train_mode_and_count_cuda_graph_record
 def test_continuous_batchings_planned_step_grows_with_the_batch_squared():
     from labkit.presets import get_preset
 
-    shape = gpu_plan.preset_shape(get_preset("laptop-16gb", generation="continuous"), "laptop-16gb", precision="bf16")
-    model = gpu_plan.SpeedModel()
+    shape = gpu_cost.preset_shape(get_preset("laptop-16gb", generation="continuous"), "laptop-16gb", precision="bf16")
+    model = gpu_cost.SpeedModel()
     generate = model.step_ms(dict(shape, path="generate"))
     assert model.step_ms(shape) > generate  # the packed attention comes on top of generate's step
     small = dict(shape, generation_batch=8)
@@ -704,10 +705,10 @@ def test_the_readme_and_docs_state_the_measured_figures():
 def test_the_doctor_cap_sits_between_the_earlier_phases_and_the_target():
     base = {"phase_peaks_gib": {"setup": 3.0, "generation": 6.5, "scoring": 3.0, "forward": 7.8, "backward": 10.3,
                                 "optimizer": 3.1}}
-    assert gpu.doctor_cap(base, "generation") == pytest.approx(3.0 + 0.6 * 3.5)
-    assert gpu.doctor_cap(base, "backward") == pytest.approx(7.8 + 0.6 * 2.5)
-    assert gpu.doctor_cap(base, "optimizer") is None  # its peak is below the backward pass's: no cap isolates it
-    assert gpu.doctor_cap(base, "scoring") is None
+    assert gpu_rows.doctor_cap(base, "generation") == pytest.approx(3.0 + 0.6 * 3.5)
+    assert gpu_rows.doctor_cap(base, "backward") == pytest.approx(7.8 + 0.6 * 2.5)
+    assert gpu_rows.doctor_cap(base, "optimizer") is None  # its peak is below the backward pass's: no cap isolates it
+    assert gpu_rows.doctor_cap(base, "scoring") is None
 
 
 def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, fake_device):
@@ -829,8 +830,8 @@ def test_a_measured_path_replaces_the_guess(capsys):
 
     row = dict(part="speed", name="speed-static-compiled", generation="static-compiled", cuda="13.0", status="ok",
                speed_mode="full step", ms_per_decode_step=12.5, compile_s=70.0)
-    model = gpu_plan.SpeedModel.from_rows([row])
-    shape = gpu_plan.preset_shape(get_preset("laptop-16gb", generation="static-compiled"), "laptop-16gb")
+    model = gpu_cost.SpeedModel.from_rows([row])
+    shape = gpu_cost.preset_shape(get_preset("laptop-16gb", generation="static-compiled"), "laptop-16gb")
     assert model.step_ms(shape) == 12.5 and model.compile_s == 70.0
     assert model.step_ms_from(shape) == "static-compiled, measured"
     seconds = model.seconds({}, shape)
@@ -856,7 +857,7 @@ def test_a_budget_cut_drops_the_speed_rows_from_the_end(tmp_path, fake_device, m
     assert [s["name"] for s in fake_device["started"]] == SPEED_ORDER[:3]
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["skipped_for_budget"] == SPEED_ORDER[3:]
-    assert "vLLM cannot be installed" in status["not built yet"]["speed-vllm"]
+    assert "vLLM is not in the offline bundle" in status["not built yet"]["speed-vllm"]
     rows = json.loads((tmp_path / "measurements.json").read_text())
     assert [r["name"] for r in rows] == SPEED_ORDER[:3] and all(r["side_by_side"] == 0 for r in rows)
 
@@ -865,7 +866,7 @@ def test_old_rows_stay_readable_with_the_new_columns_empty(tmp_path):
     import csv
 
     old = {"name": "laptop-16gb", "part": "presets", "status": "ok", "generation_tokens_per_s": 1142.6}
-    gpu._write(tmp_path, [old])
+    gpu_rows.write_rows(tmp_path, [old])
     with (tmp_path / "measurements.csv").open() as fh:
         row = next(csv.DictReader(fh))
     assert row["generation_tokens_per_s"] == "1142.6"
@@ -903,5 +904,5 @@ def test_tiny_runs_the_speed_rows_with_their_figures(tmp_path):
     header = (out / "measurements.csv").read_text().splitlines()[0].split(",")
     assert header == gpu.COLUMNS and "ms_per_decode_step" in header and "laptop_limit_tokens_per_s" in header
     status = json.loads((out / "status.json").read_text())
-    assert "vLLM cannot be installed" in status["not built yet"]["speed-vllm"]
+    assert "vLLM is not in the offline bundle" in status["not built yet"]["speed-vllm"]
     assert "pending, never measured here: speed-vllm" in (out / "runs.log").read_text()

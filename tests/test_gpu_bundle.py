@@ -1,7 +1,9 @@
-"""The offline GPU machine bundle (bench.gpu_bundle), offline and without torch.
+"""The offline GPU machine bundle (scripts.gpu_bundle), offline and without torch.
 
 - the bitsandbytes repack, on a synthetic wheel: only the kept libraries stay, RECORD lists exactly the files
-  left, the file name is kept, a missing CUDA 13.0 library or a broken RECORD is a clear error;
+  left, the file name is kept, a missing kept library or a broken RECORD is a clear error;
+- the CUDA check: for every torch CUDA version from 11.8 to 13.3 (and none), the install goes on exactly when
+  bitsandbytes' own library choice (its installed cextension.py) finds a kept library at or below it;
 - the install command: valid bash (``bash -n``), and run for real against a folder of fake wheels with a stub
   ``python3`` on PATH (it records pip's and the benchmark's arguments; a fake pyarrow package answers the version
   probe), it installs exactly one wheel per package, the right datasets set for pyarrow 26, 24, 23 and 21,
@@ -22,12 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_bundle
-from bench.gpu_bundle import BundleTooLarge, device_command, install_command, make_bundle, repack_bitsandbytes
+from scripts import gpu_bundle
+from scripts.gpu_bundle import BundleTooLarge, device_command, install_command, make_bundle, repack_bitsandbytes
 
 BNB = "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
-LIBS = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda118.so", "libbitsandbytes_cuda128.so",
-        "libbitsandbytes_cuda130.so", "libbitsandbytes_rocm72.so"]
+LIBS = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda118.so", "libbitsandbytes_cuda124.so",
+        "libbitsandbytes_cuda126.so", "libbitsandbytes_cuda128.so", "libbitsandbytes_cuda130.so",
+        "libbitsandbytes_cuda132.so", "libbitsandbytes_rocm72.so"]
+KEPT = ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda126.so", "libbitsandbytes_cuda128.so",
+        "libbitsandbytes_cuda130.so", "libbitsandbytes_cuda132.so"]
 # The wheels of a real bundle, by file name (multiprocess ships one wheel per Python: py312).
 WHEELS = ["trl-1.16.0-py3-none-any.whl", "transformers-5.23.0-py3-none-any.whl", "peft-0.21.2-py3-none-any.whl",
           BNB, "datasets-5.2.0-py3-none-any.whl", "dill-0.4.1-py3-none-any.whl",
@@ -66,7 +71,7 @@ def record_paths(wheel: Path) -> list[str]:
 
 # --- the repack -----------------------------------------------------------------------------------------------
 
-def test_repack_keeps_only_the_cuda130_and_cpu_libraries(tmp_path):
+def test_repack_keeps_only_the_cuda_12_6_to_13_and_cpu_libraries(tmp_path):
     wheel = make_wheel(tmp_path / BNB)
     before = wheel.stat().st_size
     out = repack_bitsandbytes(wheel)
@@ -75,7 +80,7 @@ def test_repack_keeps_only_the_cuda130_and_cpu_libraries(tmp_path):
         assert zf.testzip() is None
         names = zf.namelist()
         libs = sorted(n.split("/")[1] for n in names if "/libbitsandbytes_" in n)
-        assert libs == ["libbitsandbytes_cpu.so", "libbitsandbytes_cuda130.so"]
+        assert libs == KEPT
         assert zf.read("bitsandbytes/libbitsandbytes_cuda130.so") == b"libbitsandbytes_cuda130.so" * 2000
         assert (zf.getinfo("bitsandbytes/libbitsandbytes_cuda130.so").external_attr >> 16) & 0o111  # executable
         assert names[-1].endswith(".dist-info/RECORD")
@@ -105,10 +110,10 @@ def test_repack_twice_changes_nothing_more(tmp_path):
         assert {i.filename: zf.read(i) for i in zf.infolist()} == first
 
 
-def test_repack_without_the_cuda130_library_is_a_clear_error(tmp_path):
-    wheel = make_wheel(tmp_path / BNB, libs=["libbitsandbytes_cpu.so", "libbitsandbytes_cuda128.so"])
+def test_repack_without_a_kept_library_is_a_clear_error(tmp_path):
+    wheel = make_wheel(tmp_path / BNB, libs=[lib for lib in LIBS if lib != "libbitsandbytes_cuda130.so"])
     original = wheel.read_bytes()
-    with pytest.raises(ValueError, match=r"no bitsandbytes/libbitsandbytes_cuda130\.so.*CUDA 13\.0"):
+    with pytest.raises(ValueError, match=r"no bitsandbytes/libbitsandbytes_cuda130\.so; the bundle keeps it"):
         repack_bitsandbytes(wheel)
     assert wheel.read_bytes() == original  # left untouched
     assert not list(tmp_path.glob("*.repacking"))
@@ -130,9 +135,20 @@ def fake_bundle(root: Path) -> Path:
     return folder
 
 
-def run_install(root: Path, pyarrow_version: str, monkeypatch, run_with_stub_python3):
-    """Run install_command('.whl') in ``root`` with a stub python3: pip and the benchmark are recorded, not run."""
+def fake_torch(root: Path, cuda: str | None) -> None:
+    """A torch package with only ``version.py``, first on the stub python3's path (run_with_stub_python3 puts
+    ``root/fakepyarrow`` there): what the CUDA check reads."""
+    folder = root / "fakepyarrow" / "torch"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("raise ImportError('the CUDA check must not import torch')\n")
+    (folder / "version.py").write_text(f"__version__ = '2.11.0'\ncuda = {cuda!r}\nhip = None\n")
+
+
+def run_install(root: Path, pyarrow_version: str, monkeypatch, run_with_stub_python3, cuda: str | None = "13.0"):
+    """Run install_command('.whl') in ``root`` with a stub python3 and a torch for ``cuda``: pip and the benchmark
+    are recorded, not run."""
     fake_bundle(root)
+    fake_torch(root, cuda)
     monkeypatch.chdir(root)  # install_command finds the wheels where the command will run
     return run_with_stub_python3(root, install_command(".whl"), pyarrow_version)
 
@@ -175,6 +191,46 @@ def test_install_command_stops_before_pip_on_a_too_old_pyarrow(tmp_path, monkeyp
     assert proc.returncode != 0
     assert calls == []
     assert "pyarrow 20 is too old" in proc.stderr and "pyarrow>=21" in proc.stderr
+
+
+CUDA_VERSIONS = ["11.8", "12.0", "12.4", "12.5", "12.6", "12.7", "12.8", "12.9", "13.0", "13.1", "13.2", "13.3", None]
+
+
+def bitsandbytes_loads_a_kept_library(cuda: str | None, folder: Path, monkeypatch) -> bool:
+    """Whether bitsandbytes' own choice of library (installed cextension.get_cuda_bnb_library_path), among the
+    kept libraries only, is one at or below the runtime's version: what the CUDA check must accept."""
+    if cuda is None:
+        return False  # bitsandbytes then loads its CPU library, and bench gpu needs CUDA
+    from bitsandbytes import cextension
+    from bitsandbytes.cuda_specs import CUDASpecs
+
+    folder.mkdir()
+    for lib in KEPT:
+        (folder / lib).touch()
+    monkeypatch.setattr(cextension, "PACKAGE_DIR", folder)
+    monkeypatch.delenv("BNB_CUDA_VERSION", raising=False)
+    major, minor = map(int, cuda.split("."))
+    chosen = cextension.get_cuda_bnb_library_path(CUDASpecs((9, 0), f"{major}{minor}", (major, minor)))
+    picked = cextension._split_cuda_version(chosen.name[len("libbitsandbytes_cuda"):-len(".so")], False)
+    return chosen.exists() and picked <= (major, minor)
+
+
+@pytest.mark.parametrize("cuda", CUDA_VERSIONS)
+def test_the_install_goes_on_only_where_bitsandbytes_finds_a_kept_library(tmp_path, monkeypatch, cuda,
+                                                                          run_with_stub_python3):
+    expected = bitsandbytes_loads_a_kept_library(cuda, tmp_path / "bnb", monkeypatch)
+    proc, calls = run_install(tmp_path, "26.0.1", monkeypatch, run_with_stub_python3, cuda=cuda)
+    if expected:
+        assert proc.returncode == 0 and len(calls) == 2, proc.stderr
+    else:
+        assert proc.returncode != 0 and calls == []  # stopped before pip
+        what = f"CUDA {cuda}" if cuda else "no CUDA"
+        assert proc.stderr.strip() == (
+            f"labkit: this torch is built for {what}, and the bundle's bitsandbytes has libraries for CUDA 12.6, 12.8, "
+            "13.0, 13.2 only, none at or below it: add its library to scripts.gpu_bundle.KEEP_LIBRARIES and make the "
+            "bundle again")
+    # what gpu.md says: a torch for CUDA 12.6 to 13.x
+    assert expected == (cuda is not None and (12, 6) <= tuple(map(int, cuda.split("."))) < (14, 0))
 
 
 def test_install_command_needs_every_wheel(tmp_path, monkeypatch):

@@ -1,11 +1,11 @@
-"""The offline Unsloth bundle (bench.unsloth_bundle), offline and without torch: small fake wheels, no download.
+"""The offline Unsloth bundle (scripts.unsloth_bundle), offline and without torch: small fake wheels, no download.
 
 - the cut of unsloth's wheel: studio/ and unsloth_cli/ leave, with their RECORD lines; pip installs what is left;
   a prefix that matches nothing, one that would cut the metadata, or a broken RECORD is refused, wheel untouched;
 - make_bundle with the download replaced by copying fake wheels from a local folder: every wheel of WHEELS once
-  (unsloth cut, bitsandbytes repacked), the manifest's sizes and sha256, and the 64 MiB limit counted with the
-  repository's files: refused with the sizes, no manifest;
-- the install command: valid bash, under the run tool's 2,000 characters, and run against fake wheels with a stub
+  (unsloth cut, bitsandbytes repacked), the manifest's sizes and sha256, and a bundle over its limit refused with
+  the sizes, no manifest;
+- the install command: valid bash, and run against fake wheels with a stub
   ``python3`` (pip's and the benchmark's arguments recorded): one wheel per package into its own site, the site and
   the repository first on PYTHONPATH, and a one-line stop before pip when pyarrow is too old.
 """
@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import unsloth_bundle
-from bench.gpu_bundle import DEVICE_COMMAND_LIMIT
-from bench.unsloth_bundle import (LIMIT_MIB, SITE, WHEELS, BundleTooLarge, device_command, drop_from_wheel,
-                                  install_command, make_bundle, travelling_bytes)
+from scripts import unsloth_bundle
+from scripts.gpu_bundle import KEEP_LIBRARIES
+from scripts.unsloth_bundle import LIMIT_MIB, SITE, WHEELS, BundleTooLarge, drop_from_wheel, install_command, make_bundle
 
 MIB = 2 ** 20
 UNSLOTH = "unsloth-2026.10.9-py3-none-any.whl"
@@ -123,7 +122,8 @@ def offline_index(tmp_path, monkeypatch, offline_pip):
         elif file == BNB:
             make_wheel(index / file, {"bitsandbytes/__init__.py": b"",
                                       **{f"bitsandbytes/libbitsandbytes_{lib}.so": lib.encode() * 5000
-                                         for lib in ("cpu", "cuda118", "cuda126", "cuda130", "rocm72")}})
+                                         for lib in ("cpu", "cuda118", "cuda126", "cuda128", "cuda130",
+                                                     "cuda132", "rocm72")}})
         else:
             (index / file).write_bytes(file.encode() * 100)
     asked = []
@@ -133,7 +133,7 @@ def offline_index(tmp_path, monkeypatch, offline_pip):
 
 def test_make_bundle_writes_every_wheel_once_with_sizes_and_hashes(tmp_path, offline_index, capsys):
     folder = tmp_path / ".whl-unsloth"
-    manifest = make_bundle(folder, repo_bytes=9 * MIB)
+    manifest = make_bundle(folder)
     assert sorted(p.name for p in folder.iterdir()) == sorted([*FILES, "MANIFEST.json"])  # no original left over
     assert json.loads((folder / "MANIFEST.json").read_text()) == manifest
     assert sorted(w["name"] for w in manifest["wheels"]) == sorted(n for n, _ in WHEELS)
@@ -141,42 +141,31 @@ def test_make_bundle_writes_every_wheel_once_with_sizes_and_hashes(tmp_path, off
         data = (folder / entry["file"]).read_bytes()
         assert entry["bytes"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
     assert manifest["total_bytes"] == sum(w["bytes"] for w in manifest["wheels"])
-    assert manifest["repository_bytes"] == 9 * MIB and manifest["limit_mib"] == LIMIT_MIB == 64
+    assert manifest["limit_mib"] == LIMIT_MIB
     assert not any(n.startswith("studio/") for n in names_in(folder / UNSLOTH))  # the bundle holds the cut unsloth
     libraries = {n for n in names_in(folder / BNB) if n.endswith(".so")}
-    assert libraries == {"bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda130.so"}
+    assert libraries == {f"bitsandbytes/{lib}" for lib in KEEP_LIBRARIES}  # as the lab's own GPU bundle keeps
     repacked = {w["name"]: w["repacked"] for w in manifest["wheels"]}
     assert "studio/" in repacked["unsloth"] and "cuda130" in repacked["bitsandbytes"] and repacked["trl"] is None
     assert {"xformers", "torchao", "diffusers", "hf_transfer", "msgspec", "cut_cross_entropy", "tyro"} <= set(
         manifest["left_out"])
     assert not {n for n, _ in WHEELS} & set(manifest["left_out"])
     out = capsys.readouterr().out
-    assert "the repository's tracked" in out and "travelling together" in out
+    assert f"{manifest['total_bytes'] / MIB:7.2f} MiB  the bundle (8 wheels; limit {LIMIT_MIB} MiB)" in out
 
 
-def test_make_bundle_refuses_a_bundle_that_does_not_fit_beside_the_repository(tmp_path, offline_index):
+def test_make_bundle_refuses_a_bundle_over_its_limit(tmp_path, offline_index):
     folder = tmp_path / ".whl-unsloth"
+    folder.mkdir()
+    (folder / "stray.bin").write_bytes(b"x" * 60_000)  # whatever else is in the folder counts too
     with pytest.raises(BundleTooLarge) as info:
-        make_bundle(folder, repo_bytes=64 * MIB)  # the repository alone fills the 64 MiB
+        make_bundle(folder, limit_mib=0.05)
     message = str(info.value)
-    assert "64.0 MiB" in message and "above the 64 MiB" in message and "MiB)" in message
+    assert "above the 0.05 MiB limit" in message and "stray.bin" in message
     assert "pip install -r requirements-unsloth.txt" in message  # what a learner with network runs instead
     assert not (folder / "MANIFEST.json").exists()
-    assert make_bundle(folder, repo_bytes=0)["with_repository_mib"] < 1  # the same bundle alone fits
-
-
-def test_travelling_bytes_counts_tracked_and_untracked_files_but_not_ignored_ones(tmp_path):
-    def git(*args):
-        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
-
-    git("init", "-q")
-    (tmp_path / ".gitignore").write_text("/.whl-unsloth/\n")
-    (tmp_path / "tracked.py").write_bytes(b"a" * 1000)
-    git("add", ".gitignore", "tracked.py")
-    (tmp_path / "new.py").write_bytes(b"b" * 500)  # untracked, not ignored: it travels too
-    (tmp_path / ".whl-unsloth").mkdir()
-    (tmp_path / ".whl-unsloth" / "big.whl").write_bytes(b"c" * 10_000)  # ignored: travels only when carried
-    assert travelling_bytes(tmp_path) == 1000 + 500 + len("/.whl-unsloth/\n")
+    (folder / "stray.bin").unlink()
+    assert make_bundle(folder, limit_mib=0.05)["total_mib"] < 0.05  # the same bundle without the stray file fits
 
 
 # --- the install command ------------------------------------------------------------------------------------
@@ -192,24 +181,24 @@ def fake_bundle(root: Path) -> Path:
 def run_install(root: Path, pyarrow_version: str, monkeypatch, run_with_stub_python3):
     """Run install_command() in ``root`` with a stub python3: pip and the benchmark are recorded, not run."""
     fake_bundle(root)
+    torch = root / "fakepyarrow" / "torch"  # what the CUDA check reads, first on the stub python3's path
+    torch.mkdir(parents=True)
+    (torch / "version.py").write_text("cuda = '13.0'\n")
+    (torch / "__init__.py").write_text("raise ImportError('the CUDA check must not import torch')\n")
     monkeypatch.chdir(root)
     return run_with_stub_python3(root, install_command(), pyarrow_version,
                                  "PYTHONPATH=$PYTHONPATH HF_HUB_OFFLINE=$HF_HUB_OFFLINE")
 
 
-def test_the_commands_are_valid_bash_and_fit_the_run_tool(tmp_path, monkeypatch):
+def test_the_command_is_valid_bash(tmp_path, monkeypatch):
     fake_bundle(tmp_path)
     monkeypatch.chdir(tmp_path)
-    for command in (install_command(), device_command()):
-        assert "\n" not in command
-        proc = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-    command = device_command()
-    assert len(command) < DEVICE_COMMAND_LIMIT == 2000
-    assert command.startswith("mkdir -p $OUT/gpu && ") and command.endswith("--results $OUT/gpu")
-    assert "python3 -m bench unsloth --random-weights --preset workshop --methods qlora lora" in command
-    with pytest.raises(ValueError, match="characters"):
-        device_command(bench_args="--steps 3 " * 200)
+    command = install_command()
+    assert "\n" not in command and "$OUT" not in command
+    proc = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert command.endswith("python3 -m bench unsloth --random-weights --preset workshop --methods qlora lora "
+                            "--steps 3 --budget-s 480")
 
 
 @pytest.mark.parametrize("pyarrow", ["26.0.1", "21.0.0"])

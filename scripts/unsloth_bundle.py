@@ -1,21 +1,22 @@
-"""The offline Unsloth bundle of ``python -m bench unsloth --bundle DIR``: what the GPU machine lacks to run Unsloth.
+"""The offline Unsloth bundle of ``python -m bench unsloth --bundle DIR``: what a GPU machine without network lacks to
+run Unsloth.
 
-The lent GPU machine (``/work/.library/device``) has no network, carries at most 64 MiB (the repository's tracked
-files and whatever is carried beside them) and already holds Python 3.12, torch 2.11.0+cu130 with triton 3.6.0
-(torch 2.11.0 requires ``triton==3.6.0`` on Linux), transformers 5.17.0, accelerate 1.15.0, an older peft,
-pyarrow, huggingface_hub 1.33, tokenizers, safetensors, sentencepiece, protobuf, numpy, pandas, psutil, pillow,
-regex and torchvision. unsloth 2026.10.9 caps ``transformers<=5.17.0`` (the machine's is that one),
-``trl<=1.15.0`` and ``datasets<5``; trl 1.15.0 needs ``datasets>=4.7.0``. :func:`make_bundle` downloads
-(``pip download --no-deps``, cp312 manylinux x86_64) exactly the wheels of :data:`WHEELS`:
+The bundle is for a CUDA machine with Python 3.12 on x86_64 Linux and this stack of its own: torch 2.11.0 built
+for CUDA 12.6 to 13.x (:func:`install_command` checks) with triton 3.6.0 (torch 2.11.0 requires ``triton==3.6.0``
+on Linux), transformers 5.17.0, accelerate 1.15.0, pyarrow 21 or later, huggingface_hub, tokenizers, safetensors,
+sentencepiece, protobuf, numpy, pandas, psutil, pillow, regex and torchvision (:data:`MACHINE_PROVIDES`).
+unsloth 2026.10.9 caps ``transformers<=5.17.0``, ``trl<=1.15.0`` and ``datasets<5``; trl 1.15.0 needs
+``datasets>=4.7.0``. :func:`make_bundle` downloads (``pip download --no-deps``,
+cp312 manylinux x86_64) exactly the wheels of :data:`WHEELS`:
 
 * **unsloth** 2026.10.9, repacked (:func:`drop_from_wheel`): its 27 MiB wheel is 24 MiB of ``studio/`` (the
   Unsloth Studio web app) and ``unsloth_cli/`` (the ``unsloth`` command that starts it, which imports
   ``studio``); the ``unsloth`` package itself imports neither. What stays is 2.6 MiB.
-* **unsloth_zoo** 2026.10.9, **trl** 1.15.0, **peft** 0.21.2 (unsloth needs ``peft>=0.18``; the machine's is
-  older), **datasets** 4.7.0 with the **dill** 0.4.0 / **multiprocess** 0.70.18 it allows (it needs
-  ``pyarrow>=21``, which :func:`install_command` checks first), as they are.
-* **bitsandbytes** 0.50.2, repacked by :func:`bench.gpu_bundle.repack_bitsandbytes` (only the CUDA 13.0 and CPU
-  libraries stay), as the lab's own GPU bundle does.
+* **unsloth_zoo** 2026.10.9, **trl** 1.15.0, **peft** 0.21.2 (unsloth needs ``peft>=0.18``), **datasets** 4.7.0
+  with the **dill** 0.4.0 / **multiprocess** 0.70.18 it allows (it needs ``pyarrow>=21``, which
+  :func:`install_command` checks first), as they are.
+* **bitsandbytes** 0.50.2, repacked by :func:`scripts.gpu_bundle.repack_bitsandbytes` as the lab's own GPU bundle
+  does (:data:`scripts.gpu_bundle.KEEP_LIBRARIES`).
 
 :data:`LEFT_OUT` says, for each dependency unsloth or unsloth_zoo declare and the bundle leaves out, why the GRPO
 path (``FastLanguageModel.from_pretrained`` + ``get_peft_model`` + TRL's ``GRPOTrainer``, ``fast_inference=False``)
@@ -23,11 +24,11 @@ runs without it: read from their import statements, and checked by importing uns
 ``GRPOTrainer`` and loading a random-weight Qwen2 folder's tokenizer through it, on a CPU with only the
 machine's packages and the bundle importable (``UNSLOTH_ALLOW_CPU=1``, unsloth's own CPU test switch).
 
-The bundle plus the repository's travelling files must stay within :data:`LIMIT_MIB`: :func:`make_bundle` refuses a
-larger one with the sizes. :func:`install_command` is the one bash command that installs it on the machine
-(``pip --no-index --no-deps --target`` :data:`SITE`, first on ``PYTHONPATH``) and runs the measured comparison,
-``python -m bench unsloth --random-weights`` (:mod:`bench.unsloth_measure`); :func:`device_command` is that
-command for the lent machine, whose files come back from ``$OUT``.
+:func:`make_bundle` refuses a bundle above :data:`LIMIT_MIB`, with the sizes: a larger one holds what it does not
+need (an uncut unsloth, an unrepacked bitsandbytes, a stray file). :func:`install_command` is the one bash command
+that installs it on the GPU machine (``pip --no-index --no-deps --target`` :data:`SITE`, first on ``PYTHONPATH``)
+and runs the measured comparison, ``python -m bench unsloth --random-weights`` (:mod:`bench.unsloth_measure`),
+which adds its rows to ``results/gpu/``.
 """
 from __future__ import annotations
 
@@ -36,19 +37,17 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-from bench.gpu_bundle import (DEVICE_COMMAND_LIMIT, KEEP_LIBRARIES, MANIFEST, MIB, PLATFORMS, PYTHON_VERSION,
+from scripts.gpu_bundle import (KEEP_LIBRARIES, cuda_check, MANIFEST, MIB, PLATFORMS, PYTHON_VERSION,
                               BundleTooLarge, DatasetsChoice, fits_target, normalized_name, pip_download, record_path,
                               sha256_of, wheel_tags, repack_bitsandbytes)
 
 __all__ = ["WHEELS", "DATASETS", "DROP", "LEFT_OUT", "MACHINE_PROVIDES", "SITE", "FOLDER", "LIMIT_MIB",
-           "DEVICE_ARGS", "BundleTooLarge", "travelling_bytes", "drop_from_wheel", "make_bundle", "install_command",
-           "device_command", "main"]
+           "DEVICE_ARGS", "BundleTooLarge", "drop_from_wheel", "make_bundle", "install_command", "main"]
 
 # datasets < 5 for unsloth, >= 4.7.0 for trl 1.15.0; its own pins on dill and multiprocess, and its pyarrow floor.
 DATASETS = DatasetsChoice(pyarrow_min=21, datasets="4.7.0", dill="0.4.0", multiprocess="0.70.18")
@@ -75,25 +74,18 @@ LEFT_OUT = {
 }
 # Used from the machine as it is; the install never touches its site-packages.
 MACHINE_PROVIDES = {
-    "torch": "2.11.0+cu130", "triton": "3.6.0 (torch 2.11.0 requires exactly it on Linux)",
+    "torch": "2.11.0, built for CUDA 12.6 to 13.x (the install command checks)",
+    "triton": "3.6.0 (torch 2.11.0 requires exactly it on Linux)",
     "transformers": "5.17.0 (unsloth's highest)", "accelerate": "1.15.0", "huggingface_hub": "1.33.0",
     "tokenizers": "0.23.2", "pyarrow": "checked by the install command (datasets 4.7.0 needs >= 21)",
     "sentencepiece, protobuf, numpy, pandas, psutil, pillow, regex, safetensors, torchvision": "as installed",
 }
 SITE = "/tmp/labkit-unsloth-site"  # not the lab's bundle's /tmp/labkit-site: the two stacks never mix
-FOLDER = ".whl-unsloth"  # git-ignored (/.whl-unsloth/), carried by name in the device tool's `carry`
-LIMIT_MIB = 64  # what the device machine carries: the repository's travelling files and the bundle together
-# The measured comparison on the lent machine: notebook 06's 16 GB-card recipe, QLoRA then LoRA, each loader alone.
+FOLDER = ".whl-unsloth"  # git-ignored (/.whl-unsloth/): the bundle goes beside the repository, never in it
+# The bundle is 25.8 MiB (2026-12-02); an uncut unsloth (+25 MiB) or an unrepacked bitsandbytes (+22 MiB) goes past it.
+LIMIT_MIB = 32
+# The measured comparison: notebook 06's 16 GB-card recipe, QLoRA then LoRA, each loader alone, within 480 s.
 DEVICE_ARGS = "--preset workshop --methods qlora lora --steps 3 --budget-s 480"
-
-
-def travelling_bytes(repo: str | os.PathLike = ".") -> int:
-    """Return the bytes of the files that travel with the repository to the device machine: tracked files and
-    untracked ones git does not ignore (``git ls-files --cached --others --exclude-standard``)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
-                            capture_output=True, check=True).stdout.split(b"\0")
-    paths = (Path(repo) / os.fsdecode(name) for name in listed if name)
-    return sum(path.stat().st_size for path in paths if path.is_file())  # a deleted tracked file no longer travels
 
 
 def drop_from_wheel(wheel_path: str | Path, prefixes: tuple[str, ...]) -> Path:
@@ -147,13 +139,12 @@ def _wheel_of(folder: Path, name: str, version: str) -> Path:
     return found[0]
 
 
-def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB, repo_bytes: int | None = None) -> dict:
+def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB) -> dict:
     """Return the bundle's manifest, after downloading :data:`WHEELS` into ``folder``, cutting :data:`DROP` out of
     unsloth, repacking bitsandbytes, and writing ``folder/MANIFEST.json``.
 
-    Needs PyPI. Prints each file's size, the bundle's, the repository's travelling files (``repo_bytes``, default
-    :func:`travelling_bytes` of the current repository) and their sum. Raises :class:`BundleTooLarge`, with those
-    sizes and without writing a manifest, when the sum is over ``limit_mib`` MiB: the device machine carries no more.
+    Needs PyPI. Prints each file's size and the bundle's. Raises :class:`BundleTooLarge`, with those sizes and
+    without writing a manifest, when the bundle is over ``limit_mib`` MiB: it then holds what it does not need.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -174,23 +165,19 @@ def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB, re
         raise RuntimeError(f"these wheels do not fit Python {PYTHON_VERSION} on manylinux x86_64: {', '.join(wrong)}")
     others = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and p not in wheels)
     total = sum(p.stat().st_size for p in [*wheels, *others])
-    repo_bytes = travelling_bytes() if repo_bytes is None else repo_bytes
     print(f"bundle {folder}:")
     for path in [*wheels, *others]:
         print(f"  {path.stat().st_size / MIB:7.2f} MiB  {path.relative_to(folder)}")
     print(f"  {total / MIB:7.2f} MiB  the bundle ({len(wheels)} wheels" + (f", {len(others)} other files" if others
-                                                                             else "") + ")")
-    print(f"  {repo_bytes / MIB:7.2f} MiB  the repository's tracked (and untracked, not ignored) files")
-    print(f"  {(total + repo_bytes) / MIB:7.2f} MiB  travelling together; the device machine carries {limit_mib:g} MiB")
-    if total + repo_bytes > limit_mib * MIB:
+                                                                             else "") + f"; limit {limit_mib:g} MiB)")
+    if total > limit_mib * MIB:
         raise BundleTooLarge(
-            f"the bundle in {folder} ({total / MIB:.1f} MiB) and the repository's files ({repo_bytes / MIB:.1f} MiB) "
-            f"come to {(total + repo_bytes) / MIB:.1f} MiB, above the {limit_mib:g} MiB the device machine carries"
+            f"the bundle in {folder} is {total / MIB:.1f} MiB, above the {limit_mib:g} MiB limit"
             + (f"; remove what the bundle does not need: {', '.join(p.name for p in others)}" if others else "")
             + ". With network, install instead: pip install -r requirements-unsloth.txt -e . (a separate environment)")
     manifest = {
         "what": "unsloth 2026.10.9 for an offline Python 3.12 x86_64 Linux GPU machine (torch 2.11 CUDA 13.0, "
-                "transformers 5.17); install with bench.unsloth_bundle.install_command",
+                "transformers 5.17); install with scripts.unsloth_bundle.install_command",
         "python": PYTHON_VERSION,
         "platforms": list(PLATFORMS),
         "wheels": [{"file": p.name, "name": wheel_tags(p.name)[0], "version": wheel_tags(p.name)[1],
@@ -201,8 +188,6 @@ def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB, re
         "other_files": [str(p.relative_to(folder)) for p in others],
         "total_bytes": total,
         "total_mib": round(total / MIB, 2),
-        "repository_bytes": repo_bytes,
-        "with_repository_mib": round((total + repo_bytes) / MIB, 2),
         "limit_mib": limit_mib,
         "pyarrow_at_least": DATASETS.pyarrow_min,
         "left_out": LEFT_OUT,
@@ -216,7 +201,8 @@ def install_command(folder: str | Path = FOLDER, bench_args: str = DEVICE_ARGS) 
     """Return the one bash command that installs the bundle on the GPU machine and runs the measured comparison,
     ``python3 -m bench unsloth --random-weights BENCH_ARGS``, from the repository root.
 
-    It stops with a one-line message when the machine's pyarrow is older than datasets 4.7.0 needs, installs the
+    It stops with a one-line message when torch's CUDA version has no bitsandbytes library in the bundle
+    (:func:`scripts.gpu_bundle.cuda_check`) or the machine's pyarrow is older than datasets 4.7.0 needs, installs the
     wheels (named one by one: nothing else in the folder) into :data:`SITE` with ``pip --no-index --no-deps``, puts
     :data:`SITE` and the repository first on ``PYTHONPATH``, keeps the hub offline and Unsloth's compiled code in
     ``/tmp``. ``folder`` is the bundle as the repository root sees it; its wheels must be there here too.
@@ -225,6 +211,7 @@ def install_command(folder: str | Path = FOLDER, bench_args: str = DEVICE_ARGS) 
     wheels = " ".join(shlex.quote(f"{folder.as_posix()}/{_wheel_of(folder, n, v).name}") for n, v in WHEELS)
     floor = DATASETS.pyarrow_min
     return (
+        cuda_check() + " && "
         "LABKIT_PYARROW=$(python3 -c 'import pyarrow; print(pyarrow.__version__.split(\".\")[0])') && "
         f'{{ [ "$LABKIT_PYARROW" -ge {floor} ] 2>/dev/null || {{ echo "labkit: pyarrow $LABKIT_PYARROW is older '
         f'than datasets {DATASETS.datasets} needs (pyarrow>={floor})" >&2; false; }}; }}'
@@ -236,22 +223,9 @@ def install_command(folder: str | Path = FOLDER, bench_args: str = DEVICE_ARGS) 
     )
 
 
-def device_command(folder: str | Path = FOLDER, bench_args: str = DEVICE_ARGS) -> str:
-    """Return the one command for the lent GPU machine, whose files come back from ``$OUT``: the comparison's rows
-    recorded so far are copied to ``$OUT/gpu`` (they travel with the repository), the bundle installs and the
-    comparison appends its rows there (``--results $OUT/gpu``). Raises ValueError at the run tool's
-    :data:`bench.gpu_bundle.DEVICE_COMMAND_LIMIT` characters."""
-    command = ("mkdir -p $OUT/gpu && { cp results/gpu/unsloth_vs_trl.* $OUT/gpu/ 2>/dev/null || true; } && "
-               + install_command(folder, f"{bench_args} --results $OUT/gpu"))
-    if len(command) >= DEVICE_COMMAND_LIMIT:
-        raise ValueError(f"the device command is {len(command)} characters; the run tool takes fewer than "
-                         f"{DEVICE_COMMAND_LIMIT}: shorten the bundle's folder name or the arguments")
-    return command
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench unsloth --bundle DIR``: download and repack the offline Unsloth bundle into DIR, check its
-    size, write its manifest and print the commands that install it and run the comparison.
+    size, write its manifest and print the command that installs it and runs the comparison.
 
     Exit codes: 0 made, 1 too large (the sizes are printed) or not downloadable.
     """
@@ -264,8 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     except (BundleTooLarge, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"on a GPU machine, from the repository root:\n{install_command(args.bundle)}")
-    command = device_command(args.bundle)
-    print(f"on this workplace's lent machine (one run with carry [{args.bundle!r}]; {len(command)} characters; then "
-          f"copy $OUT/gpu/unsloth_vs_trl.* to results/gpu/):\n{command}")
+    print(f"on the GPU machine, with the repository and {args.bundle}/ there, from the repository root (the rows go "
+          f"to results/gpu/unsloth_vs_trl.csv):\n{install_command(args.bundle)}")
     return 0

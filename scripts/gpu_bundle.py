@@ -1,33 +1,34 @@
-"""The offline GPU machine bundle of ``python -m bench gpu --bundle DIR``: the wheels an air-gapped box lacks.
+"""The offline GPU machine bundle of ``python -m bench gpu --bundle DIR``: the wheels a CUDA machine without network
+lacks.
 
-The GPU machine this is made for has no internet and a Python 3.12 stack of its own (a CUDA 13.0 build of
-torch 2.11, transformers 5.17, accelerate 1.15, an old peft, pyarrow of unknown version, huggingface_hub
-1.33, tokenizers 0.23.2, safetensors, numpy, pandas, psutil, matplotlib, nvidia-ml-py, xxhash). It lacks trl,
-bitsandbytes, datasets and datasets' dill and multiprocess, and runs an older transformers and peft than the
-lab's tested lock (``requirements.txt``). :func:`make_bundle` downloads, on a machine with PyPI, the
-cp312 / py3 manylinux x86_64 wheels of exactly those packages:
+The bundle is for a Linux x86_64 machine with one CUDA card, no network and a Python 3.12 stack of its own: torch
+2.11 built for CUDA 12.6 or later (12.x or 13.x), transformers 5.17, accelerate 1.15, an older peft, pyarrow 21 or
+later, huggingface_hub 1.31 or later, tokenizers 0.23.2, safetensors, numpy, pandas, psutil, matplotlib,
+nvidia-ml-py, xxhash. It lacks trl, bitsandbytes, datasets and datasets' dill and multiprocess, and runs an older
+transformers and peft than the lab's tested lock (``requirements.txt``). :func:`make_bundle` downloads, on a machine
+with PyPI, the cp312 / py3 manylinux x86_64 wheels of exactly those packages:
 
 * trl 1.16.0, transformers 5.23.0 and peft 0.21.2, the tested versions. The machine's own accelerate,
   tokenizers, huggingface_hub, safetensors and regex satisfy what transformers 5.23 checks at import: what
-  transformers 5.17 already required of them, except huggingface_hub >= 1.31, which the machine's 1.33 meets.
+  transformers 5.17 already required of them, except huggingface_hub >= 1.31.
 * datasets twice: 5.2.0 (tested, needs pyarrow >= 24) and 4.7.0 (needs pyarrow >= 21, the oldest trl 1.16
   accepts), each with the dill and multiprocess it allows: 5.2.0 with the tested dill 0.4.1 /
   multiprocess 0.70.19, 4.7.0 with dill 0.4.0 / multiprocess 0.70.18 (it requires dill < 0.4.1 and
   multiprocess < 0.70.19). pyarrow is compiled and large, so the bundle adapts to the machine's pyarrow
   rather than carrying one.
 * bitsandbytes 0.50.2, repacked by :func:`repack_bitsandbytes`: the 41 MiB wheel holds a library for every
-  CUDA, ROCm and XPU release; the machine's torch is a CUDA 13.0 build, so bitsandbytes loads
-  ``libbitsandbytes_cuda130.so`` (and ``libbitsandbytes_cpu.so`` for its CPU code) and nothing else.
+  CUDA, ROCm and XPU release; the bundle keeps :data:`KEEP_LIBRARIES`, the CUDA 12.6, 12.8, 13.0 and 13.2 libraries
+  and the CPU one. bitsandbytes loads the library of torch's CUDA version, else the newest one below it of the
+  same major version (bitsandbytes/cextension.py 22-77), so a torch for CUDA 12.6 to 13.x finds one.
 
-The whole bundle is about 20 MiB: it travels with the repository's tracked files, and the two together must
-stay under 64 MiB, so :func:`make_bundle` refuses a bundle above ``limit_mib`` (48 MiB by default).
-:func:`install_command` is the one shell command to run on the GPU machine, from the repository root: it picks
-the datasets set by the machine's pyarrow, installs one version of each package into ``/tmp/labkit-site``
-(``pip --no-deps`` fails when given two versions of one package), puts that folder and the repository first on
-``PYTHONPATH`` (ahead of the machine's older transformers and peft) and runs ``python3 -m bench gpu``.
-:func:`device_command` is that command for this workplace's lent GPU machine, whose files come back from one folder
-(``$OUT``) and whose run tool takes at most :data:`DEVICE_COMMAND_LIMIT` characters a command: it starts from the
-rows already recorded, so that only what they lack is measured, within one call's budget.
+The whole bundle is 34.8 MiB (2026-12-02); :func:`make_bundle` refuses one above ``limit_mib`` (48 MiB by
+default): a larger one holds what it does not need (an unrepacked bitsandbytes, a stray file).
+:func:`install_command` is the one shell command to run on the GPU machine, from the repository root: it stops
+before pip when torch's CUDA version has no bitsandbytes library in the bundle or pyarrow is too old, picks the datasets set by the machine's pyarrow, installs
+one version of each package into ``/tmp/labkit-site`` (``pip --no-deps`` fails when given two versions of one
+package), puts that folder and the repository first on ``PYTHONPATH`` (ahead of the machine's older transformers
+and peft), keeps the hub offline and runs ``python3 -m bench gpu``. :func:`device_command` is that command with the
+benchmark's time budget.
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ from typing import NamedTuple
 __all__ = [
     "PLATFORMS", "ALWAYS", "DatasetsChoice", "DATASETS_CHOICES", "KEEP_LIBRARIES", "SITE", "LIMIT_MIB",
     "BundleTooLarge", "datasets_choice", "make_bundle", "repack_bitsandbytes", "install_command", "device_command",
-    "DEVICE_COMMAND_LIMIT", "DEVICE_BUDGET_S",
-    # the wheel helpers bench.unsloth_bundle builds its own bundle with
+    "DEVICE_BUDGET_S", "kept_cuda_versions", "cuda_check",
+    # the wheel helpers scripts.unsloth_bundle builds its own bundle with
     "normalized_name", "wheel_tags", "fits_target", "pip_download", "record_path", "sha256_of",
 ]
 
@@ -83,14 +84,16 @@ DATASETS_CHOICES = (
     DatasetsChoice(pyarrow_min=21, datasets="4.7.0", dill="0.4.0", multiprocess="0.70.18"),
 )
 
-# torch 2.11+cu130 reports CUDA 13.0, for which bitsandbytes loads libbitsandbytes_cuda130.so; the CPU library
-# serves its CPU code paths. Every other CUDA / ROCm / XPU library is dead weight on that machine.
-KEEP_LIBRARIES = ("libbitsandbytes_cuda130.so", "libbitsandbytes_cpu.so")
+# bitsandbytes loads the library of torch's CUDA version, else the newest one below it of the same major version
+# (bitsandbytes/cextension.py 22-77): these four serve a torch for CUDA 12.6 to 13.x; the CPU library serves its CPU
+# code paths. The ROCm, XPU and older CUDA ones stay out
+# (CUDA 12.1 and 12.4 would add 11 MiB).
+KEEP_LIBRARIES = ("libbitsandbytes_cuda126.so", "libbitsandbytes_cuda128.so", "libbitsandbytes_cuda130.so",
+                  "libbitsandbytes_cuda132.so", "libbitsandbytes_cpu.so")
 SITE = "/tmp/labkit-site"  # outside the repository and the machine's site-packages: nothing of theirs is touched
-LIMIT_MIB = 48  # the repository's tracked files (about 8 MiB) plus the bundle must stay under 64 MiB
+LIMIT_MIB = 48  # the bundle is 34.8 MiB (2026-12-02); an unrepacked bitsandbytes (+22 MiB) goes past it
 MANIFEST = "MANIFEST.json"
-DEVICE_COMMAND_LIMIT = 2000  # characters the lent machine's run tool takes in one command
-DEVICE_BUDGET_S = 540  # one call is at most 600 s: the install, the probe's start and the last writes take the rest
+DEVICE_BUDGET_S = 540  # bench gpu's budget from its process's start: 9 minutes, the last writes after it
 MIB = 2 ** 20
 
 
@@ -170,7 +173,7 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
     Needs PyPI (``pip download``). Writes ``folder/MANIFEST.json``: each wheel with its size and sha256, the
     total, and the pyarrow rule that picks the datasets set. Prints the wheels and the total size; raises
     :class:`BundleTooLarge` (and writes no manifest) when everything in ``folder`` adds up to more than
-    ``limit_mib`` MiB, since the bundle travels with the repository under a 64 MiB cap.
+    ``limit_mib`` MiB: it then holds what it does not need.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,12 +202,12 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
           + (f", {len(others)} other files" if others else "") + f"; limit {limit_mib:g} MiB)")
     if total > limit_mib * MIB:
         raise BundleTooLarge(f"the bundle in {folder} is {total / MIB:.1f} MiB, above the {limit_mib:g} MiB limit "
-                             "(it travels with the repository, which must stay under 64 MiB in all)"
+                             "(it then holds what it does not need)"
                              + (f"; remove the files it does not need: {', '.join(str(p.name) for p in others)}"
                                 if others else ""))
     manifest = {
-        "what": "wheels for an offline Python 3.12 x86_64 Linux GPU machine (CUDA 13.0 torch); "
-                "install with bench.gpu_bundle.install_command",
+        "what": "wheels for an offline Python 3.12 x86_64 Linux GPU machine (torch for CUDA 12.6 to 13.x); "
+                "install with scripts.gpu_bundle.install_command",
         "python": PYTHON_VERSION,
         "platforms": list(PLATFORMS),
         "wheels": [{"file": p.name, "name": wheel_tags(p.name)[0], "version": wheel_tags(p.name)[1],
@@ -253,7 +256,7 @@ def repack_bitsandbytes(wheel_path: str | Path, keep: tuple[str, ...] = KEEP_LIB
             missing = sorted(keep - set(libraries.values()))
             if missing:
                 raise ValueError(f"{wheel_path.name} has no {', '.join('bitsandbytes/' + m for m in missing)}; "
-                                 f"the GPU machine (CUDA 13.0 torch) loads it. Its libraries: "
+                                 f"the bundle keeps it for a torch of that CUDA version. Its libraries: "
                                  f"{', '.join(sorted(libraries.values())) or 'none'}")
             drop = {n for n, base in libraries.items() if base not in keep}
             lines = src.read(record).decode("utf-8").splitlines(keepends=True)
@@ -280,12 +283,40 @@ def repack_bitsandbytes(wheel_path: str | Path, keep: tuple[str, ...] = KEEP_LIB
     return wheel_path
 
 
+def kept_cuda_versions(keep: tuple[str, ...] = KEEP_LIBRARIES) -> list[tuple[int, int]]:
+    """Return the (major, minor) CUDA versions of the bitsandbytes libraries in ``keep``, oldest first."""
+    # bitsandbytes names them with a two-digit major: libbitsandbytes_cuda128.so is CUDA 12.8 (cextension.py 127-136).
+    found = (re.fullmatch(r"libbitsandbytes_cuda(\d\d)(\d+)\.so", name) for name in keep)
+    return sorted((int(m[1]), int(m[2])) for m in found if m)
+
+
+def cuda_check() -> str:
+    """Return the bash command that stops, with a one-line message, when the machine's torch is built for a CUDA
+    version for which the bundle's bitsandbytes has no library at or below it of the same major version.
+
+    It reads ``torch/version.py`` (``cuda``, None for a CPU or ROCm build) without importing torch, which is slow."""
+    versions = kept_cuda_versions()
+    kept = ", ".join(f"{major}.{minor}" for major, minor in versions)
+    script = (
+        "import importlib.util as u, pathlib, runpy, sys; "
+        "spec = u.find_spec(\"torch\"); "
+        "cuda = spec and runpy.run_path(str(pathlib.Path(spec.origin).with_name(\"version.py\"))).get(\"cuda\"); "
+        "v = tuple(int(x) for x in cuda.split(\".\")[:2]) if cuda else None; "
+        f"ok = v is not None and any(m == v[0] and n <= v[1] for m, n in {versions!r}); "
+        "sys.exit(0 if ok else \"labkit: this torch is built for \" + (\"CUDA \" + cuda if cuda else \"no CUDA\") "
+        f"+ \", and the bundle's bitsandbytes has libraries for CUDA {kept} only, none at or below it: add its "
+        "library to scripts.gpu_bundle.KEEP_LIBRARIES and make the bundle again\")"
+    )
+    return f"python3 -c {shlex.quote(script)}"
+
+
 def install_command(folder: str | Path, bench_args: str = "") -> str:
     """Return the one bash command that installs the bundle on the GPU machine and runs ``python3 -m bench gpu``.
 
     ``bench_args`` follow the command as they are (``--budget-s 480``).
     ``folder`` is the bundle as the GPU machine's repository root sees it (``.whl``); the wheels must be in it
-    here too. The command reads the machine's pyarrow major version, picks the datasets set of
+    here too. The command stops when torch's CUDA version has no bitsandbytes library in the bundle
+    (:func:`cuda_check`), reads the machine's pyarrow major version, picks the datasets set of
     :data:`DATASETS_CHOICES` (or stops with a message when pyarrow is older than every set allows), installs one
     wheel per package into :data:`SITE` with ``pip --no-index --no-deps``, puts :data:`SITE` and the repository
     first on ``PYTHONPATH`` and runs the benchmark.
@@ -308,6 +339,7 @@ def install_command(folder: str | Path, bench_args: str = "") -> str:
                     ">&2; false; fi")
     always = " ".join(wheel(n, v) for n, v in ALWAYS)
     return (
+        cuda_check() + " && "
         "LABKIT_PYARROW=$(python3 -c 'import pyarrow; print(pyarrow.__version__.split(\".\")[0])') && "
         + " ".join(branches)
         + f" && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target {SITE} "
