@@ -45,7 +45,7 @@ def tiny_nano() -> dict:
 
 @pytest.fixture
 def offline_pip():
-    """Return ``make(index, asked)``: a stand-in for the bundles' ``pip download`` (``bench.gpu_bundle.pip_download``)
+    """Return ``make(index, asked)``: a stand-in for the bundles' ``pip download`` (``scripts.gpu_bundle.pip_download``)
     that copies ``NAME-VERSION-*.whl`` from the local folder ``index`` and records each call's specs in ``asked``:
     the bundle tests never reach the network."""
     import shutil

@@ -61,7 +61,7 @@ def test_the_gpu_install_file_satisfies_unsloth_and_the_main_one_does_not(repo_r
     gpu = _pins(repo_root / "requirements-unsloth.txt")
     assert gpu["unsloth"] == "2026.10.9"  # the version whose constraints are copied above
     assert requirement_conflicts(UNSLOTH_2026_10_9, gpu) == []
-    # trl 1.15.0's own Requires-Dist has datasets>=4.7.0 (and the bundle of bench.unsloth_bundle carries 4.7.0)
+    # trl 1.15.0's own Requires-Dist has datasets>=4.7.0 (and the bundle of scripts.unsloth_bundle carries 4.7.0)
     assert tuple(int(x) for x in gpu["datasets"].split(".")) >= (4, 7, 0) and gpu["trl"] == "1.15.0"
     main = _pins(repo_root / "requirements.txt")
     clashes = " ".join(requirement_conflicts(UNSLOTH_2026_10_9, main))
