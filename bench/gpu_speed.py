@@ -37,8 +37,8 @@ SWEEP_COMPLETION = 256  # generation-only rows: a third of the recipe's 786, so 
 LAPTOP_CARD = "rtx3080-laptop-16gb"  # the card laptop-16gb is made for: its limit rides beside each row
 TINY_COMPILE_S = 30  # measured: a tiny (two-layer) static-compiled row's first generation on this lab's 2-core CPU
 PENDING = {"speed-vllm": "generation='vllm' is not measured: vLLM is not in the offline bundle (its wheel is about "
-                         "300 MB, and vLLM 0.31, the newest TRL 1.16 accepts, needs transformers < 5.18, where the "
-                         "bundle brings 5.23); measure it on a Linux GPU machine with network (docs/gpu.md#speed)"}
+                         "300 MB; TRL 1.16 supports vLLM 0.22-0.31); measure it on a Linux GPU machine with network "
+                         "(docs/gpu.md#speed)"}
 # The columns the speed rows add (bench.gpu_measure.COLUMNS), after generation_tokens_per_s.
 SPEED_COLUMNS = ["speed_mode", "generation_calls", "ms_per_decode_step", "bandwidth_share", "first_extra_s",
                  "compile_s", "graphs_after_first", "merged_tokens_per_s", "laptop_limit_tokens_per_s"]

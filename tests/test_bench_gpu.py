@@ -816,7 +816,7 @@ def test_the_speed_plan_fits_one_call_and_says_what_it_guesses(capsys):
     assert "static-compiled: a guess" in line["speed-static-compiled"] and "compile 90 s (a guess" in \
         line["speed-static-compiled"]
     assert "left for a later run (past the budget): " in text
-    assert "pending, never measured here: speed-vllm: " in text and "transformers < 5.18" in text
+    assert "pending, never measured here: speed-vllm: " in text and "supports vLLM 0.22-0.31" in text
     # a smaller budget drops rows from the end; a larger one plans them all
     assert list(_entries(_plan(["--parts", "speed", "--budget-s", "360"], capsys)))[0] == SPEED_ORDER[0]
     every = _plan(["--parts", "speed", "--budget-s", "3000"], capsys)
