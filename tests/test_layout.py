@@ -25,10 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
-# The installed package's Python, all lines counted (docstrings and blank lines too). 14,642 on 2026-11-27, with
-# every feature the notebooks use; issue 41's note says why the first target (12,000) was restated. A ceiling
-# against growth, not a goal: raise it only in a commit that says what the new lines teach.
-PACKAGE_BUDGET = 14_700
+# The installed package's Python, all lines counted (docstrings and blank lines too): 15,112 on 2026-12-02, the
+# count reached, with no room left. 14,642 on 2026-11-27; the 470 since teach, about: exercise checks that compare
+# the gradient and name only true mistakes (160), continuous batching sized by transformers' own code and refused
+# when it cannot fit (125), the settings cell's one-line errors, the CPU model's check and the honest forecast (80),
+# the tool tables that show their tags and the learner's answer verdict (70), the false-equation reader (40). Issue 53 plans
+# 11,500 by design. A ceiling against growth, not a goal: raise it only in a commit that says what the lines teach.
+PACKAGE_BUDGET = 15_112
 
 
 def _module_name(path: Path) -> str:
