@@ -51,7 +51,7 @@ __all__ = [
     "BundleTooLarge", "datasets_choice", "make_bundle", "repack_bitsandbytes", "install_command", "device_command",
     "DEVICE_BUDGET_S", "kept_cuda_versions", "cuda_check",
     # the wheel helpers scripts.unsloth_bundle builds its own bundle with
-    "normalized_name", "wheel_tags", "fits_target", "pip_download", "record_path", "sha256_of",
+    "normalized_name", "wheel_tags", "fits_target", "pip_download", "record_path", "sha256_of", "check_bundle",
 ]
 
 # pip's manylinux tags for an x86_64 Linux machine, newest first; a wheel for any of them installs there.
@@ -167,6 +167,31 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def check_bundle(folder: Path, wheels: list[Path], limit_mib: float, advice: str = "") -> tuple[list[Path], int]:
+    """Print a bundle's files and sizes; return its files that are not wheels (they travel too, so they count) and
+    its total bytes.
+
+    Raises ``RuntimeError`` when a wheel does not fit the target machine and :class:`BundleTooLarge` when the whole
+    passes ``limit_mib`` (``advice`` ends that message).
+    """
+    wrong = [p.name for p in wheels if not fits_target(p.name)]
+    if wrong:
+        raise RuntimeError(f"these wheels do not fit Python {PYTHON_VERSION} on manylinux x86_64: {', '.join(wrong)}")
+    others = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and p not in wheels)
+    total = sum(p.stat().st_size for p in [*wheels, *others])
+    print(f"bundle {folder}:")
+    for path in [*wheels, *others]:
+        print(f"  {path.stat().st_size / MIB:7.2f} MiB  {path.relative_to(folder)}")
+    print(f"  {total / MIB:7.2f} MiB  in all ({len(wheels)} wheels"
+          + (f", {len(others)} other files" if others else "") + f"; limit {limit_mib:g} MiB)")
+    if total > limit_mib * MIB:
+        raise BundleTooLarge(f"the bundle in {folder} is {total / MIB:.1f} MiB, above the {limit_mib:g} MiB limit "
+                             "(it then holds what it does not need)"
+                             + (f"; remove the files it does not need: {', '.join(str(p.name) for p in others)}"
+                                if others else "") + advice)
+    return others, total
+
+
 def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
     """Return the bundle's manifest, after downloading and repacking its wheels into ``folder`` and writing it there.
 
@@ -189,22 +214,7 @@ def make_bundle(folder: str | Path, *, limit_mib: float = LIMIT_MIB) -> dict:
         shutil.copyfile(repack_bitsandbytes(original), folder / original.name)
 
     wheels = [_find_wheel(folder, name, version) for name, version in _all_wheels()]
-    wrong = [p.name for p in wheels if not fits_target(p.name)]
-    if wrong:
-        raise RuntimeError(f"these wheels do not fit Python {PYTHON_VERSION} on manylinux x86_64: {', '.join(wrong)}")
-    # Whatever else sits in the folder travels too, so it counts against the limit.
-    others = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and p not in wheels)
-    total = sum(p.stat().st_size for p in [*wheels, *others])
-    print(f"bundle {folder}:")
-    for path in [*wheels, *others]:
-        print(f"  {path.stat().st_size / MIB:7.2f} MiB  {path.relative_to(folder)}")
-    print(f"  {total / MIB:7.2f} MiB  in all ({len(wheels)} wheels"
-          + (f", {len(others)} other files" if others else "") + f"; limit {limit_mib:g} MiB)")
-    if total > limit_mib * MIB:
-        raise BundleTooLarge(f"the bundle in {folder} is {total / MIB:.1f} MiB, above the {limit_mib:g} MiB limit "
-                             "(it then holds what it does not need)"
-                             + (f"; remove the files it does not need: {', '.join(str(p.name) for p in others)}"
-                                if others else ""))
+    others, total = check_bundle(folder, wheels, limit_mib)
     manifest = {
         "what": "wheels for an offline Python 3.12 x86_64 Linux GPU machine (torch for CUDA 12.6 to 13.x); "
                 "install with scripts.gpu_bundle.install_command",

@@ -43,7 +43,7 @@ import zipfile
 from pathlib import Path
 
 from scripts.gpu_bundle import (KEEP_LIBRARIES, cuda_check, MANIFEST, MIB, PLATFORMS, PYTHON_VERSION,
-                              BundleTooLarge, DatasetsChoice, fits_target, normalized_name, pip_download, record_path,
+                              BundleTooLarge, DatasetsChoice, check_bundle, fits_target, normalized_name, pip_download, record_path,
                               sha256_of, wheel_tags, repack_bitsandbytes)
 
 __all__ = ["WHEELS", "DATASETS", "DROP", "LEFT_OUT", "MACHINE_PROVIDES", "SITE", "FOLDER", "LIMIT_MIB",
@@ -160,21 +160,8 @@ def make_bundle(folder: str | Path = FOLDER, *, limit_mib: float = LIMIT_MIB) ->
                 repacked = drop_from_wheel(wheel, DROP[name]) if name in DROP else repack_bitsandbytes(wheel)
                 shutil.copyfile(repacked, folder / repacked.name)
     wheels = [_wheel_of(folder, name, version) for name, version in WHEELS]
-    wrong = [p.name for p in wheels if not fits_target(p.name)]
-    if wrong:
-        raise RuntimeError(f"these wheels do not fit Python {PYTHON_VERSION} on manylinux x86_64: {', '.join(wrong)}")
-    others = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and p not in wheels)
-    total = sum(p.stat().st_size for p in [*wheels, *others])
-    print(f"bundle {folder}:")
-    for path in [*wheels, *others]:
-        print(f"  {path.stat().st_size / MIB:7.2f} MiB  {path.relative_to(folder)}")
-    print(f"  {total / MIB:7.2f} MiB  the bundle ({len(wheels)} wheels" + (f", {len(others)} other files" if others
-                                                                             else "") + f"; limit {limit_mib:g} MiB)")
-    if total > limit_mib * MIB:
-        raise BundleTooLarge(
-            f"the bundle in {folder} is {total / MIB:.1f} MiB, above the {limit_mib:g} MiB limit"
-            + (f"; remove what the bundle does not need: {', '.join(p.name for p in others)}" if others else "")
-            + ". With network, install instead: pip install -r requirements-unsloth.txt -e . (a separate environment)")
+    others, total = check_bundle(folder, wheels, limit_mib, ". With network, install instead: pip install -r "
+                          "requirements-unsloth.txt -e . (a separate environment)")
     manifest = {
         "what": "unsloth 2026.10.9 for an offline Python 3.12 x86_64 Linux GPU machine (torch 2.11 CUDA 13.0, "
                 "transformers 5.17); install with scripts.unsloth_bundle.install_command",

@@ -151,7 +151,7 @@ def test_make_bundle_writes_every_wheel_once_with_sizes_and_hashes(tmp_path, off
         manifest["left_out"])
     assert not {n for n, _ in WHEELS} & set(manifest["left_out"])
     out = capsys.readouterr().out
-    assert f"{manifest['total_bytes'] / MIB:7.2f} MiB  the bundle (8 wheels; limit {LIMIT_MIB} MiB)" in out
+    assert f"{manifest['total_bytes'] / MIB:7.2f} MiB  in all (8 wheels; limit {LIMIT_MIB} MiB)" in out
 
 
 def test_make_bundle_refuses_a_bundle_over_its_limit(tmp_path, offline_index):
