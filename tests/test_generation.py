@@ -342,7 +342,7 @@ def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
     assert est.bytes["kv_cache"] == footprint["total"]
     from labkit.preflight import preflight
 
-    report = preflight(p, card_gib=15.7)  # the estimate with it: generation 7.1 GiB, training 10.2, on 15.7
+    report = preflight(p, card_gib=CARDS["rtx3080-laptop-16gb"].gib)  # generation 7.1 GiB, training 10.2
     assert report.fits and report.breakdown["kv_cache"] == pytest.approx(footprint["total"] / GIB)
     assert round(footprint["total"] / GIB, 2) == 4.17  # cache 3.28, reads 0.76, mask 0.06
     # without a max_batch_tokens (the old config), transformers' default 8,192 makes a 2 GiB mask: MemoryError
