@@ -266,6 +266,7 @@ _MISTAKE_CASES = {
     "a public helper method": "the tools TRL makes of your class", "any successful call": "a wrong call",
     "substring": "the gold number itself", "only the last result": "a right result, then another call",
     "compares text": "the gold as the dataset holds it", "past max_calls": "more calls than allowed",
+    "exact text": "the gold as a float column holds it",
 }
 
 

@@ -4,6 +4,7 @@ TRL backend, on CPU with the tiny preset; the Unsloth backend needs a CUDA GPU a
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 import json
 import subprocess
 import sys
@@ -370,7 +371,7 @@ def test_the_unsloth_row_loads_the_random_weight_folder_through_fast_language_mo
     row = measure_loader(spec)
     assert row["status"] == "ok", row.get("error")
     (_, folder, load), (_, peft) = _FakeFastLanguageModel.calls
-    assert "/model" in folder and {"config.json", "model.safetensors", "tokenizer.json"} <= set(Loader.folders[0])
+    assert Path(folder).name.endswith("-tiny") and {"config.json", "model.safetensors", "tokenizer.json"} <= set(Loader.folders[0])
     assert load["use_exact_model_name"] is True and load["fast_inference"] is False and load["load_in_4bit"] is False
     assert peft["target_modules"] == list(up.COMPARISON_TARGETS) and peft["use_gradient_checkpointing"] == "unsloth"
     assert row["loader"] == "unsloth" and row["steps_done"] == 2 and row["lora_dropout"] == 0.0
