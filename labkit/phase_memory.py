@@ -24,6 +24,7 @@ from labkit.shapes import model_shape
 __all__ = [
     "PHASE_MEMORY",
     "flat_settings",
+    "tool_rounds",
     "phase_memory",
     "scoring_memory",
     "optimizer_step_memory",
@@ -50,6 +51,17 @@ def flat_settings(settings: dict) -> dict:
     return flat
 
 
+def tool_rounds(settings: dict) -> int:
+    """Return the tool rounds :func:`labkit.memory.estimate` counts for ``settings``: 0 without an ``environment``
+    (preset names) or without ``max_tool_calling_iterations`` (a GRPOConfig dict, which holds it only for a tool
+    recipe); else ``max_tool_calling_iterations``, where None is TRL's "no limit" (``sys.maxsize``,
+    trl/trainer/grpo_trainer.py 784-785), which the estimate counts as at least one round."""
+    if not settings.get("environment") if "environment" in settings else "max_tool_calling_iterations" not in settings:
+        return 0
+    rounds = settings.get("max_tool_calling_iterations")
+    return 1 if rounds is None else rounds
+
+
 def phase_memory(settings: dict, phase: str | None) -> int | None:
     """Return the bytes ``phase`` fills (:data:`PHASE_MEMORY`) for ``settings`` (preset / GRPOConfig field names),
     from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model). Any other
@@ -63,6 +75,7 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
               "precision", "lora_rank", "prepare_model_for_kbit_training")  # the last: QLoRA's fp32 upcast
     kwargs = {k: s[k] for k in fields if s.get(k) is not None}  # estimate's names; target_modules is lora_targets
     kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
+    kwargs["max_tool_calling_iterations"] = tool_rounds(s)
     try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
         name = resolve_model(s["model"]) if str(s["model"]).startswith("tiny:") else s["model"]
         est = estimate(name, s["method"], **kwargs)

@@ -16,6 +16,7 @@ from labkit.generation import continuous_footprint
 from labkit.memory import GIB, MemoryEstimate, estimate as _estimate_memory
 from labkit.models import architecture_config
 from labkit.oom import candidate_changes
+from labkit.phase_memory import tool_rounds
 from labkit.plan import Plan, resolve_plan
 
 __all__ = ["estimate", "Preflight", "preflight"]
@@ -38,7 +39,7 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None)
         optim=g["optim"], gradient_checkpointing=g["activation_checkpointing"], beta=g["beta"],
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
         prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, device=device, padded=True,
-        max_tool_calling_iterations=g.get("max_tool_calling_iterations") or 0)  # a tool recipe's rounds (notebook 08)
+        max_tool_calling_iterations=tool_rounds(g))  # a tool recipe's rounds (notebook 08)
     if not g.get("use_transformers_continuous_batching"):
         return est
     # continuous batching: transformers' paged cache, mask and read buffers instead of generate's cache, and the

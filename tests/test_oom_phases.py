@@ -197,3 +197,15 @@ def test_scoring_runs_the_policy_under_vllm_importance_sampling():
     assert phase_memory({**settings, "use_vllm": True}, "scoring") > quiet
     assert phase_memory({**settings, "use_vllm": True, "vllm_importance_sampling_correction": False},
                         "scoring") == quiet
+
+
+@pytest.mark.parametrize("rounds", [3, None])
+def test_the_doctor_weighs_a_tool_recipes_generation_with_its_tool_rounds(rounds):
+    """Review low (issue 54): the doctor's phase model left the tool rounds out (tools-16gb's generation 4.97 GiB in the
+    doctor, 8.14 in preflight). Both now read them; None is TRL's "no limit" (sys.maxsize), at least one round, where
+    preflight counted it as none."""
+    preset = PRESETS["tools-16gb"].replace(max_tool_calling_iterations=rounds)
+    without = PRESETS["tools-16gb"].replace(environment=None, max_tool_calling_iterations=None)
+    doctor = phase_memory(preset.to_dict(), "generation")
+    assert doctor == _estimate(resolve_plan(preset)).bytes["generation_phase"]
+    assert doctor > phase_memory(without.to_dict(), "generation") * 1.3  # a round prefills prompt + reply + tool turn
