@@ -260,7 +260,7 @@ def measure(spec: dict) -> dict:
     """
     import torch
 
-    from bench.preset import _fixed_length_prompts, card_cap_fraction
+    from bench.preset import fixed_length_prompts, card_cap_fraction
     from labkit.device import detect_device
     from labkit.lab import provenance
     from labkit.models import load_tokenizer
@@ -303,7 +303,7 @@ def measure(spec: dict) -> dict:
         if beside:  # the dashboard's gauge would read NVML's whole device, every other row's memory included
             import labkit.monitor
 
-            labkit.monitor._nvml._module = False  # noqa: SLF001 - PyTorch's own figures for this process only
+            labkit.monitor.nvml_reader._module = False  # noqa: SLF001 - PyTorch's own figures for this process only
         if spec.get("cap") == "card" and card is not None:
             cap_gib, cap_from = card.total_memory_gib - (context or 0), "card"  # what PyTorch can have of that card
         elif isinstance(spec.get("cap"), (int, float)):  # the OOM doctor's cap between two phases, or the planner's
@@ -335,7 +335,7 @@ def measure(spec: dict) -> dict:
             forced_tools.prepare(tokenizer, tools)
             dataset = forced_tools.tool_prompts(tokenizer, tools, n, bench.max_prompt_length)
         else:
-            dataset = _fixed_length_prompts(tokenizer, n, bench.max_prompt_length)
+            dataset = fixed_length_prompts(tokenizer, n, bench.max_prompt_length)
         callbacks = [recorder]
         if spec.get("dashboard"):
             from labkit.dashboard import LiveDashboard

@@ -129,9 +129,9 @@ def card_busy_gib(index: int = 0) -> float | None:
 
     Read through NVML, which opens no CUDA context: the parent process of the benchmark stays off the card.
     """
-    from labkit.monitor import _nvml
+    from labkit.monitor import nvml_reader
 
-    found = _nvml.memory(index)
+    found = nvml_reader.memory(index)
     return None if found is None else found[0] / GIB
 
 

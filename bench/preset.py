@@ -65,7 +65,7 @@ def _random_weights_model(preset: Preset, folder: Path, precision: str, device: 
                                     device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _fixed_length_prompts(tokenizer, n: int, length: int):
+def fixed_length_prompts(tokenizer, n: int, length: int):
     """Return ``n`` conversational prompts of exactly ``length`` tokens (chat template included)."""
     from datasets import Dataset
 
@@ -154,7 +154,7 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
 
         tokenizer = load_tokenizer(model_path)
         n = max(8, steps * math.ceil(bench.prompts_per_step) * 2)
-        dataset = _fixed_length_prompts(tokenizer, n, bench.max_prompt_length)
+        dataset = fixed_length_prompts(tokenizer, n, bench.max_prompt_length)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         run = build_run(bench, workdir / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,

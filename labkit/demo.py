@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from labkit.evaluate import (_questions, gsm8k_accuracy, held_out_scores, paired_change, pass_at_k,
+from labkit.evaluate import (dataset_questions, gsm8k_accuracy, held_out_scores, paired_change, pass_at_k,
                              sampled_pass_at_k, wilson_interval)
 from labkit.lab import provenance, write_json
 from labkit.nano import NanoConfig, plot_run, run_nano_grpo
@@ -207,7 +207,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     reward_keys = [f"rewards/{name}_reward/mean" for name in preset.rewards]
     recorder = LogRecorder(("reward", "reward_std", *reward_keys, "completions/mean_length", "loss"))
     callbacks = [recorder] + ([dashboard] if dashboard is not None else [])
-    curve, questions = None, _questions(held_out)
+    curve, questions = None, dataset_questions(held_out)
     if eval_every:
         def write_progress(points, log_history):
             write_json(out / "curve.json", {"every": eval_every, "held_out_problems": eval_problems,

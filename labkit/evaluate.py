@@ -497,7 +497,7 @@ def side_by_side(dataset, before, after, rows: int = 8):
     b_scores, a_scores = held_out_scores(before)["right"], held_out_scores(after)["right"]
     table = pd.DataFrame([{"question": q, "gold": b["gold"], "before": b["completion"], "right before": rb,
                            "after": a["completion"], "right after": ra}
-                          for q, b, a, rb, ra in zip(_questions(dataset), before.records, after.records, b_scores,
+                          for q, b, a, rb, ra in zip(dataset_questions(dataset), before.records, after.records, b_scores,
                                                      a_scores)][:rows])
     return table.style.set_properties(**{"text-align": "left", "white-space": "pre-wrap"}).set_table_styles(
         [{"selector": "th", "props": [("text-align", "left")]}]).hide(axis="index")
@@ -526,7 +526,7 @@ def answer_verdict(reply: str, answer) -> str:
     return line + ("; its false arithmetic: " + "; ".join(false) if false else "")
 
 
-def _questions(dataset) -> list[str]:
+def dataset_questions(dataset) -> list[str]:
     return [prompt[-1]["content"] for prompt in dataset["prompt"]]
 
 

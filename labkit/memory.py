@@ -88,7 +88,7 @@ _TRL_VOCAB_CHUNK = 32768
 _CPU_TILE_COPIES = 8.25
 
 
-def _fused_head(batch: int, completion_len: int, seq: int, vocab: int, b: int, device: str) -> tuple[int, float]:
+def fused_head(batch: int, completion_len: int, seq: int, vocab: int, b: int, device: str) -> tuple[int, float]:
     """Return ``(N, bytes of one tile)`` of TRL 1.16's fused LM head: ``N`` scored positions (see :func:`estimate`).
     Without Triton (CPU), TRL folds each tile with torch ops: fp32 temporaries of its size."""
     scored = batch * completion_len if device == "cuda" else batch * (seq - 1)
@@ -473,7 +473,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
     # --- the LM head and log-probabilities
     head_trains = method == "full"
     if logits == "fused":
-        scored, tile = _fused_head(micro_batch, completion_len, seq, V, b, device)
+        scored, tile = fused_head(micro_batch, completion_len, seq, V, b, device)
         logits_bytes = scored * h * rb + scored * 16 + tile + scored * h * (4 + rb)
         if head_trains:
             logits_bytes += V * h * 4

@@ -69,7 +69,7 @@ _FORMAT_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
 # Tiny shapes: a few hundred thousand parameters, one GRPO step in well under a second on CPU.
 _TINY_SHAPE = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2)
-_TINY_SHAPES = {"qwen2": _TINY_SHAPE, "llama": _TINY_SHAPE}  # transformers' model types
+TINY_SHAPES = {"qwen2": _TINY_SHAPE, "llama": _TINY_SHAPE}  # transformers' model types
 
 # LoRA on attention and MLP projections. The 16 GB laptop recipe in REFERENCES.md used
 # q/k/o/up/down; adding v and gate costs little and is PEFT's usual "all linear" choice.
@@ -127,11 +127,11 @@ def tiny_tokenizer():
 def _tiny_config(arch: str, tokenizer, **overrides):
     from transformers import AutoConfig
 
-    if arch not in _TINY_SHAPES:
-        raise ValueError(f"arch must be one of {sorted(_TINY_SHAPES)}, not {arch!r}")
+    if arch not in TINY_SHAPES:
+        raise ValueError(f"arch must be one of {sorted(TINY_SHAPES)}, not {arch!r}")
     return AutoConfig.for_model(arch, vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                bos_token_id=None, **{**_TINY_SHAPES[arch], **overrides})
+                                bos_token_id=None, **{**TINY_SHAPES[arch], **overrides})
 
 
 # Real models that a pip package ships, so that the CPU mode can train a real instruct model offline.

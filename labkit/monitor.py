@@ -88,7 +88,7 @@ class _NVML:
             return int(info.used), int(info.total)
 
 
-_nvml = _NVML()
+nvml_reader = _NVML()
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -189,7 +189,7 @@ def memory_snapshot(device=None) -> MemorySnapshot:
     allocated = int(torch.cuda.memory_allocated(index))
     reserved = int(torch.cuda.memory_reserved(index))
     peak = int(torch.cuda.max_memory_allocated(index))
-    device_used, device_total = _nvml.memory(index) or (
+    device_used, device_total = nvml_reader.memory(index) or (
         None, torch.cuda.get_device_properties(index).total_memory if torch.cuda.is_initialized() else None)
     return MemorySnapshot("cuda", allocated, reserved, peak, device_used, device_total, rss, host_total)
 
@@ -266,7 +266,7 @@ class VRAMMonitor:
     def _read(self) -> tuple[int, int | None, int | None]:
         if self.index is None:
             return process_rss(), None, None
-        nvml = _nvml.memory(self.index)
+        nvml = nvml_reader.memory(self.index)
         return (int(torch.cuda.memory_allocated(self.index)), int(torch.cuda.memory_reserved(self.index)),
                 None if nvml is None else nvml[0])
 

@@ -17,7 +17,7 @@ lifts a preset's ``trl_options``) and returns None for a model it cannot estimat
 """
 from __future__ import annotations
 
-from labkit.memory import PRECISION_BYTES, _fused_head, estimate, hidden_state_bytes
+from labkit.memory import PRECISION_BYTES, fused_head, estimate, hidden_state_bytes
 from labkit.models import DEFAULT_LORA_TARGETS, resolve_model
 from labkit.shapes import model_shape
 
@@ -162,7 +162,7 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
              + tokens * widest * (4 + (5 if lora_dropout else 0)))
     if s.get("padded"):
         layer += tokens * seq * b  # SDPA's additive mask of one layer, (B, 1, S, S)
-    scored, tile = _fused_head(batch, s["max_completion_length"], seq, V, b, device)
+    scored, tile = fused_head(batch, s["max_completion_length"], seq, V, b, device)
     head = tokens * h * rb + scored * h * rb + scored * 7 * 4 + tile
     weight_copies = shape.linear_weight_params * b if s.get("fp32_master_weights") else 0
     return int(round(memory + max(layer, head) + weight_copies))

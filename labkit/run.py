@@ -43,7 +43,7 @@ from labkit.preflight import preflight
 from labkit.presets import Preset, PresetError, get_preset
 from labkit.rewards import named_rewards
 from labkit.training import build_trainer, checkpoint_problem, checkpoint_step, grpo_config, last_checkpoint
-from labkit.validation import SECRET_FIELDS, _num_processes, validate
+from labkit.validation import SECRET_FIELDS, process_count, validate
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
@@ -115,10 +115,10 @@ def task_dataset(task: str, split: str = "train", *, seed: int | None = None, li
         from labkit.data import load_gsm8k
 
         return load_gsm8k(split, limit=limit, seed=seed)
-    from labkit.tasks import _HELD_OUT_POOL, WORD_PROBLEM_TASKS, WordProblems
+    from labkit.tasks import HELD_OUT_POOL, WORD_PROBLEM_TASKS, WordProblems
 
     if task in WORD_PROBLEM_TASKS:
-        n = limit or (_HELD_OUT_POOL if split == "test" else 1000)
+        n = limit or (HELD_OUT_POOL if split == "test" else 1000)
         return WordProblems(numbers=WORD_PROBLEM_TASKS[task]).dataset(n, seed=seed or 0, split=split)
     raise ValueError(f"task must be 'gsm8k', 'word-problems' or 'word-problems-large', not {task!r}")
 
@@ -516,7 +516,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         # cell, the same model. The plan's dtype sits under what the caller's model_init_kwargs add (bench gpu).
         settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
                                          **(config_overrides.get("model_init_kwargs") or {})}
-        if _num_processes(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
+        if process_count(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
             settings["model_init_kwargs"]["device_map"] = None
         if preset.method == "qlora":  # TRL places it: "auto" on one GPU, each process's own device under accelerate
             quantization = quantization_config(plan.precision)

@@ -174,7 +174,7 @@ NUMBER_RANGES = {"small": {"add": (2, 20), "sub": (8, 30), "sub_min_taken": 2, "
 # A preset's ``task`` names for the word problems, and the NUMBER_RANGES key of each (labkit.run.task_dataset)
 WORD_PROBLEM_TASKS = {"word-problems": "small", "word-problems-large": "large"}
 _HELD_OUT_SEED = 10_000  # the held-out problems are the same for every training seed
-_HELD_OUT_POOL = 200
+HELD_OUT_POOL = 200
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class WordProblems:
 @functools.lru_cache(maxsize=2)
 def _held_out_pool(numbers: str = "small") -> list[tuple[str, str]]:
     rng, pool = random.Random(_HELD_OUT_SEED), {}  # question -> answer, in the order drawn, each question once
-    while len(pool) < _HELD_OUT_POOL:
+    while len(pool) < HELD_OUT_POOL:
         question, answer = WordProblems.make_problem(rng, numbers)
         pool.setdefault(question, answer)
     return list(pool.items())

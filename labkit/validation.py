@@ -22,7 +22,7 @@ from pathlib import Path
 from labkit.device import choose_precision, detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
-from labkit.models import _TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
+from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.presets import RECIPE_TARGETS, Preset, PresetError
 from labkit.rewards import named_rewards
 from labkit.shapes import model_shape
@@ -239,8 +239,8 @@ def _model_errors(model: str) -> list[str]:
 
     if model.startswith("tiny:"):
         arch = model.split(":", 1)[1]
-        return [] if arch in _TINY_SHAPES else [
-            f"model {model!r}: no tiny model {arch!r}; the tiny models are " + ", ".join(f"tiny:{a}" for a in _TINY_SHAPES)]
+        return [] if arch in TINY_SHAPES else [
+            f"model {model!r}: no tiny model {arch!r}; the tiny models are " + ", ".join(f"tiny:{a}" for a in TINY_SHAPES)]
     path = Path(model).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -349,7 +349,7 @@ def model_context_length(model: str) -> int | None:
         return None
 
 
-def _num_processes(num_processes: int | None) -> int:
+def process_count(num_processes: int | None) -> int:
     return num_processes or int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -469,7 +469,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
       the figure and the ``per_device_train_batch_size`` that fits.
     """
     device = device or detect_device()
-    procs = _num_processes(num_processes)
+    procs = process_count(num_processes)
     errors: list[str] = []
     warnings: list[str] = []
     p = preset

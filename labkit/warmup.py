@@ -21,16 +21,13 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from labkit.tasks import AdditionTask
 
-if TYPE_CHECKING:  # for the annotations: labkit.nano imports this module
-    from labkit.nano import NanoConfig
-
+# ``config`` below is a labkit.nano.NanoConfig (its seed, model shape and warm-up fields); not imported here, so
+# that labkit.nano, which calls this module, is never imported back by it.
 __all__ = ["build_policy", "warm_up", "warmed_up_policy", "warm_up_path"]
 
 
@@ -59,7 +56,7 @@ def _load(path, device: str):
     return model, load_tokenizer(path)
 
 
-def build_policy(config: NanoConfig):
+def build_policy(config):
     """Return ``(model, tokenizer)``: the tiny model of ``config``'s shape, random weights from its seed."""
     from labkit.models import build_tiny_model
 
@@ -113,7 +110,7 @@ def warm_up(model, tokenizer, task: AdditionTask, *, steps: int, batch_size: int
     return losses
 
 
-def _warm_up_folder(config: NanoConfig) -> Path:
+def _warm_up_folder(config) -> Path:
     from labkit.models import cache_dir
 
     fields = ("seed", "arch", "forget_carry", "sft_steps", "sft_batch_size", "sft_learning_rate", "device")
@@ -121,7 +118,7 @@ def _warm_up_folder(config: NanoConfig) -> Path:
     return cache_dir() / "nano-warm-ups" / f"addition-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
-def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool = True):
+def warmed_up_policy(config, *, reuse: bool = True, progress: bool = True):
     """Return ``(model, tokenizer, losses)``: the tiny model after the warm-up, cached on disk when ``reuse``.
 
     Comparisons that only change GRPO settings share one (``losses`` is then the cached run's);
@@ -152,7 +149,7 @@ def warmed_up_policy(config: NanoConfig, *, reuse: bool = True, progress: bool =
     return model, tokenizer, losses
 
 
-def warm_up_path(config: NanoConfig, progress: bool = True) -> Path:
+def warm_up_path(config, progress: bool = True) -> Path:
     """Return the folder of the cached warmed-up model for ``config`` (warming it up if needed)."""
     path = _warm_up_folder(config)
     if not (path / "config.json").exists():

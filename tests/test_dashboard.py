@@ -360,7 +360,7 @@ def fake_cuda(monkeypatch):
 
 
 def test_cuda_snapshot_counts_memory_outside_torch_through_nvml(fake_cuda, monkeypatch):
-    monkeypatch.setattr(monitor_module._nvml, "memory", lambda index: (7 * GIB, 16 * GIB))  # e.g. vLLM holds 4 GiB
+    monkeypatch.setattr(monitor_module.nvml_reader, "memory", lambda index: (7 * GIB, 16 * GIB))  # e.g. vLLM holds 4 GiB
     snap = memory_snapshot()
     assert snap.kind == "cuda"
     assert (snap.allocated, snap.reserved, snap.peak) == (2 * GIB, 3 * GIB, 4 * GIB)
@@ -372,7 +372,7 @@ def test_cuda_snapshot_counts_memory_outside_torch_through_nvml(fake_cuda, monke
 
 
 def test_without_nvml_the_gauge_falls_back_to_torch_reserved(fake_cuda, monkeypatch):
-    monkeypatch.setattr(monitor_module._nvml, "memory", lambda index: None)
+    monkeypatch.setattr(monitor_module.nvml_reader, "memory", lambda index: None)
     snap = memory_snapshot()
     assert snap.device_used is None and snap.used == 3 * GIB and snap.total == 16 * GIB
     assert "no NVML" in snap.source
@@ -394,7 +394,7 @@ def test_nvml_absent_answers_none(monkeypatch):
 
 
 def test_monitor_phase_peak_takes_torchs_exact_peak_on_cuda(fake_cuda, monkeypatch):
-    monkeypatch.setattr(monitor_module._nvml, "memory", lambda index: None)
+    monkeypatch.setattr(monitor_module.nvml_reader, "memory", lambda index: None)
     monitor = VRAMMonitor(device=0)
     assert monitor.kind == "cuda" and monitor.label == "torch allocated"
     fake_cuda["peak"] = 4 * GIB

@@ -6,7 +6,7 @@ import pytest
 _REQ = re.compile(r"^\s*([A-Za-z0-9_.\-\[\]]+)\s*((?:[<>=!~]=?[^,#\s]+,?)*)")
 
 
-def _parse(lines):
+def parse_answer(lines):
     pins = {}
     for line in lines:
         line = line.split("#", 1)[0].strip()
@@ -21,7 +21,7 @@ def _parse(lines):
 
 
 def _requirements(repo_root, name="requirements.txt"):
-    return _parse((repo_root / name).read_text().splitlines())
+    return parse_answer((repo_root / name).read_text().splitlines())
 
 
 def _environment_pip(repo_root):
@@ -36,7 +36,7 @@ def _environment_pip(repo_root):
                 lines.append(stripped[2:])
             elif stripped and not stripped.startswith("#"):
                 break
-    return _parse(lines)
+    return parse_answer(lines)
 
 
 def test_environment_yml_pins_equal_requirements(repo_root):
@@ -44,9 +44,9 @@ def test_environment_yml_pins_equal_requirements(repo_root):
 
 
 def test_the_comparison_would_catch_a_drift():
-    assert _parse(["trl==1.16.0", "peft==0.21.2"]) != _parse(["trl==1.15.0", "peft==0.21.2"])
+    assert parse_answer(["trl==1.16.0", "peft==0.21.2"]) != parse_answer(["trl==1.15.0", "peft==0.21.2"])
     with pytest.raises(AssertionError, match="listed twice"):
-        _parse(["trl==1.16.0", "TRL==1.15.0"])
+        parse_answer(["trl==1.16.0", "TRL==1.15.0"])
 
 
 def test_stack_is_pinned_and_torch_is_a_range(repo_root):

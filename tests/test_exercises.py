@@ -122,36 +122,36 @@ def test_the_verdict_of_a_matrix_shows_its_rows_and_the_index():
 def test_a_long_answer_is_shown_whole_with_the_index_of_the_difference():
     expected, got = torch.arange(40.0), torch.arange(40.0)
     got[30] = -1.0
-    shown = ex._show(expected, got)
+    shown = ex.show_values(expected, got)
     assert "29, -1, 31" in shown and "29, 30, 31" in shown, shown
     assert "Greatest absolute difference: 31 at index (30,)" in shown, shown
 
 
 def test_a_difference_only_in_digits_beyond_the_fourth_shows_enough_digits():
     # 1.23401 and 1.23449 differ beyond the tolerance but both round to 1.234
-    shown = ex._show(torch.tensor([1.23401, 2.0], dtype=torch.float64),
+    shown = ex.show_values(torch.tensor([1.23401, 2.0], dtype=torch.float64),
                      torch.tensor([1.23449, 2.0], dtype=torch.float64))
     assert "expected [1.234, 2]" in shown and "got      [1.2345, 2]" in shown, shown
 
 
 def test_a_dict_answer_names_the_key_that_differs():
-    shown = ex._show({"weights": 4, "optimizer": 8}, {"weights": 4, "optimizer": 16})
+    shown = ex.show_values({"weights": 4, "optimizer": 8}, {"weights": 4, "optimizer": 16})
     assert "Expected 8 but got 16." in shown and "The failure occurred for item ['optimizer']" in shown, shown
-    assert ex._default_compare({"weights": 4, "optimizer": 8}, {"optimizer": 8, "weights": 4}) is None
+    assert ex.default_compare({"weights": 4, "optimizer": 8}, {"optimizer": 8, "weights": 4}) is None
 
 
 def test_answers_that_are_not_one_tensor_are_compared_too():
     pair = (torch.tensor([1.0, 2.0]), torch.tensor(3.0))
-    assert ex._default_compare(pair, (torch.tensor([1.0, 2.0]), torch.tensor(3.0))) is None
-    assert "The failure occurred for item [1]" in ex._default_compare(pair, (pair[0], torch.tensor(3.5)))
-    assert ex._default_compare(0.5, torch.tensor(0.5)) is None and ex._default_compare(2, 2.0) is None
-    assert ex._default_compare(torch.tensor([1.0, 2.0]), [1.0, 2.0]) is None
-    assert ex._default_compare(torch.tensor(2.0), torch.tensor([2.0])) is None  # a loss of shape () or (1,)
-    assert ex._default_compare(torch.tensor([1, 0]), torch.tensor([True, False])) is None  # any dtype
-    assert ex._default_compare([1.0, None], [1.0, None]) is None
-    assert ex._default_compare("18", "18") is None and ex._default_compare(None, None) is None
-    assert ex._default_compare(None, "18") == "expected None, got str '18'"
-    assert ex._default_compare(0.5, "x") == "expected 0.5, got str 'x'"
+    assert ex.default_compare(pair, (torch.tensor([1.0, 2.0]), torch.tensor(3.0))) is None
+    assert "The failure occurred for item [1]" in ex.default_compare(pair, (pair[0], torch.tensor(3.5)))
+    assert ex.default_compare(0.5, torch.tensor(0.5)) is None and ex.default_compare(2, 2.0) is None
+    assert ex.default_compare(torch.tensor([1.0, 2.0]), [1.0, 2.0]) is None
+    assert ex.default_compare(torch.tensor(2.0), torch.tensor([2.0])) is None  # a loss of shape () or (1,)
+    assert ex.default_compare(torch.tensor([1, 0]), torch.tensor([True, False])) is None  # any dtype
+    assert ex.default_compare([1.0, None], [1.0, None]) is None
+    assert ex.default_compare("18", "18") is None and ex.default_compare(None, None) is None
+    assert ex.default_compare(None, "18") == "expected None, got str '18'"
+    assert ex.default_compare(0.5, "x") == "expected 0.5, got str 'x'"
 
 
 def test_a_toy_with_a_tuple_of_tensors_checks_and_diagnoses(monkeypatch):
@@ -559,7 +559,7 @@ def test_aggregate_loss_token_mean_everywhere_is_named_not_swapped():
 # (issue 44 item 5): each, written as a learner would, fails with its own named mistake; the right answer passes.
 
 
-def _advantages(rewards, num_generations, scale_rewards="group", eps=1e-4):
+def reference_advantages(rewards, num_generations, scale_rewards="group", eps=1e-4):
     grouped = rewards.view(-1, num_generations)
     advantages = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_rewards == "group":
@@ -588,16 +588,16 @@ def _gspo(logps, old_logps, completion_mask, upside=False):
 
 def _step(logps, rewards, completion_mask, num_generations, upside=False):
     ratio = torch.exp(logps.detach() - logps) if upside else torch.exp(logps - logps.detach())
-    advantages = _advantages(rewards, num_generations)
+    advantages = reference_advantages(rewards, num_generations)
     per_token = -ratio * advantages[:, None]
     mask = completion_mask.float()
     return (per_token * mask).sum() / mask.sum()
 
 
 @pytest.mark.parametrize("name, learner, start", [
-    ("group_advantages", lambda r, g, scale_rewards="group": _advantages(r, g, scale_rewards, eps=1e-8),
+    ("group_advantages", lambda r, g, scale_rewards="group": reference_advantages(r, g, scale_rewards, eps=1e-8),
      "the epsilon is too small"),
-    ("group_advantages", lambda r, g, scale_rewards="group": _advantages(r, g, scale_rewards, eps=1e-6),
+    ("group_advantages", lambda r, g, scale_rewards="group": reference_advantages(r, g, scale_rewards, eps=1e-6),
      "the epsilon is too small"),
     ("clipped_surrogate", lambda *a, **k: _surrogate(*a, **k, low=lambda e, h: 1 - h, high=lambda e, h: 1 + e),
      "epsilon and epsilon_high are swapped"),
@@ -615,7 +615,7 @@ def test_a_plausible_wrong_answer_is_named(name, learner, start):
 
 
 @pytest.mark.parametrize("name, learner", [
-    ("group_advantages", _advantages),
+    ("group_advantages", reference_advantages),
     ("clipped_surrogate", _surrogate),
     ("kl_k3", _k3),
     ("sequence_ratio", _gspo),
@@ -627,7 +627,7 @@ def test_the_right_answer_written_by_hand_passes(name, learner):
 
 def test_an_epsilon_slip_is_not_called_a_constant_factor():
     # 1e-5 is no known mistake (it parts from 1e-8 on the std-0.01 case), but it is no factor of 1.0002 either
-    verdict = _verdict("group_advantages", lambda r, g, scale_rewards="group": _advantages(r, g, scale_rewards, 1e-5))
+    verdict = _verdict("group_advantages", lambda r, g, scale_rewards="group": reference_advantages(r, g, scale_rewards, 1e-5))
     assert _named_mistakes("group_advantages", verdict) == []
     assert "a small constant does (an epsilon?)" in verdict and "constant factor" not in verdict, verdict
 
@@ -768,7 +768,7 @@ def test_counting_with_the_whole_layer_name_is_named_no_layer_matched():
 def test_a_wrong_shape_ends_with_a_hint_about_the_shape(toy):
     group = ex.exercise("group_advantages")
     def not_flattened(rewards, g, scale_rewards="group"):
-        return _advantages(rewards, g, scale_rewards).view(-1, g)
+        return reference_advantages(rewards, g, scale_rewards).view(-1, g)
 
     verdict = _verdict_at_level_1("group_advantages", not_flattened)
     assert "what is wrong: shape (2, 4) where (8,) was expected: the values are right, laid out in another shape" \

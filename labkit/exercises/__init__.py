@@ -46,8 +46,8 @@ from typing import Any, Callable
 
 import torch
 
-from labkit.exercises.compare import (_ATOL, _RTOL, _default_compare, _numbers, _short, _show, _torch_difference,
-                                      _unequal, gradient_compare)
+from labkit.exercises.compare import (ATOL, RTOL, default_compare, as_numbers, short_repr, show_values, torch_difference,
+                                      unequal_message, gradient_compare)
 
 __all__ = ["Case", "Exercise", "ExerciseFailed", "register", "exercise", "names", "check", "checked", "hint",
            "verify", "diagnose", "gradient_compare", "assert_close_with_gradient", "stand_ins"]
@@ -103,7 +103,7 @@ class Exercise:
 
     def differs(self, expected, got) -> str | None:
         """Return ``None`` when ``got`` matches ``expected``, else what differs."""
-        return (self.compare or _default_compare)(expected, got)
+        return (self.compare or default_compare)(expected, got)
 
 
 class ExerciseFailed(AssertionError):
@@ -159,8 +159,8 @@ def _shape_reason(expected: torch.Tensor, got: torch.Tensor) -> str | None:
     """Return what is wrong with the shape of ``got``, or ``None`` when it is the reference's."""
     if expected.shape == got.shape or expected.numel() == got.numel() == 1:
         return None
-    same_values = expected.numel() == got.numel() and torch.allclose(got.flatten(), expected.flatten(), rtol=_RTOL,
-                                                                      atol=_ATOL, equal_nan=True)
+    same_values = expected.numel() == got.numel() and torch.allclose(got.flatten(), expected.flatten(), rtol=RTOL,
+                                                                      atol=ATOL, equal_nan=True)
     return (f"shape {tuple(got.shape)} where {tuple(expected.shape)} was expected"
             + (": the values are right, laid out in another shape" if same_values else ""))
 
@@ -187,20 +187,20 @@ def _numeric_reason(expected: torch.Tensor, got: torch.Tensor,
         (e, g), where = every_case, "on every case, "
     every = where + yours
     nonzero = e.abs() > 1e-6
-    if nonzero.sum() >= 2 and torch.allclose(g, -e, rtol=_RTOL, atol=1e-6):
+    if nonzero.sum() >= 2 and torch.allclose(g, -e, rtol=RTOL, atol=1e-6):
         return f"{where}the sign is flipped"
-    if e.numel() >= 2 and (e != 0).all() and (g != 0).all() and torch.allclose(g, 1 / e, rtol=_RTOL, atol=0):
+    if e.numel() >= 2 and (e != 0).all() and (g != 0).all() and torch.allclose(g, 1 / e, rtol=RTOL, atol=0):
         return f"{every} is 1 / the reference's: a ratio is upside down (exp(-x) where exp(x) belongs?)"
-    if ((g - e).abs() <= 0.01 * e.abs() + _ATOL).all() and nonzero.any():
+    if ((g - e).abs() <= 0.01 * e.abs() + ATOL).all() and nonzero.any():
         worst = ((g - e)[nonzero].abs() / e[nonzero].abs()).max().item()
-        return (f"{every} is within {worst:.2%} of the reference, yet outside the check's tolerance ({_RTOL:g} "
+        return (f"{every} is within {worst:.2%} of the reference, yet outside the check's tolerance ({RTOL:g} "
                 "relative): no formula slip makes so small a difference, a small constant does (an epsilon?)")
     if nonzero.sum() >= 2 and (g[~nonzero].abs() < 1e-6).all():
         ratios = g[nonzero] / e[nonzero]
-        if ratios[0].abs() > 1e-4 and torch.allclose(ratios, ratios[:1].expand_as(ratios), rtol=_RTOL, atol=0):
+        if ratios[0].abs() > 1e-4 and torch.allclose(ratios, ratios[:1].expand_as(ratios), rtol=RTOL, atol=0):
             return f"{every} is {round(ratios[0].item(), 4)} times the reference: a constant factor is off"
     offset = g - e
-    if e.numel() > 1 and torch.allclose(offset, offset[:1].expand_as(offset), rtol=_RTOL, atol=1e-6):
+    if e.numel() > 1 and torch.allclose(offset, offset[:1].expand_as(offset), rtol=RTOL, atol=1e-6):
         return f"{every} is the reference's {offset[0].item():+.4g}: a constant term is off"
     return None
 
@@ -211,8 +211,8 @@ def _every_case(ex: "Exercise", fn: Callable, cases: list[Case] | None = None,
     if learner is None:
         cases = ex.cases()  # one set of inputs for both
         learner = _outputs(fn, cases)
-    pairs = [(_numbers(e), _numbers(g)) for e, g in zip(_outputs(ex.runs(ex.reference), cases), learner)]
-    if any(e is None or g is None or e.numel() != g.numel() for e, g in pairs):  # _numbers(_RAISED) is None
+    pairs = [(as_numbers(e), as_numbers(g)) for e, g in zip(_outputs(ex.runs(ex.reference), cases), learner)]
+    if any(e is None or g is None or e.numel() != g.numel() for e, g in pairs):  # as_numbers(_RAISED) is None
         return None
     return torch.cat([e.flatten() for e, _ in pairs]), torch.cat([g.flatten() for _, g in pairs])
 
@@ -247,8 +247,8 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
     cases = learner = None  # fn's outputs on every case, computed when a mistake first matches this case
     # a wrong value that also lost the reference's gradient: its value mistake is looked for, and both are said
     detached = (isinstance(expected, torch.Tensor) and expected.requires_grad and not getattr(got, "requires_grad", 0)
-                and _default_compare(expected, got) is not None)
-    differs, also = (_default_compare, "; and your answer carries no gradient") if detached else (ex.differs, "")
+                and default_compare(expected, got) is not None)
+    differs, also = (default_compare, "; and your answer carries no gradient") if detached else (ex.differs, "")
     for message, wrong in ex.mistakes.items():
         wrong = ex.runs(wrong)
         try:
@@ -264,17 +264,17 @@ def diagnose(ex: Exercise, case: Case, expected, got, fn: Callable | None = None
             learner = _outputs(fn, cases)
         if _same_outputs(differs, _outputs(wrong, cases), learner):
             return message + also
-    difference, torch_says = ex.differs(expected, got), _torch_difference(expected, got)
-    if difference and difference not in (torch_says, _unequal(expected, got)):
+    difference, torch_says = ex.differs(expected, got), torch_difference(expected, got)
+    if difference and difference not in (torch_says, unequal_message(expected, got)):
         return difference  # the exercise's own comparison: what assert_close cannot see
-    e, g = _numbers(expected), _numbers(got)
+    e, g = as_numbers(expected), as_numbers(got)
     reason = None
     if e is not None and g is not None:
         reason = _numeric_reason(e, g, None if fn is None else _every_case(ex, fn, cases, learner))
     if reason:
         return reason
     if torch_says is None:
-        return (f"on this input the reference returns {_short(expected)} and yours {_short(got)}; no known "
+        return (f"on this input the reference returns {short_repr(expected)} and yours {short_repr(got)}; no known "
                 "mistake gives your answers on every case, so look at what this case tests")
     return ("the values differ (above), and no known mistake gives your answers on every case: look at what "
             "this case tests")
@@ -350,7 +350,7 @@ def hint(name: str, level: int = 1) -> None:
 def _inputs(case: Case) -> str:
     """Return the verdict's line that shows a case's inputs, tensors by their shape; "" when none is a tensor."""
     shown = [(f"{k}=" if k else "") + (f"tensor of shape {tuple(v.shape)}" if isinstance(v, torch.Tensor) else
-                                       _short(v, 60)) for k, v in [("", a) for a in case.args] + [*case.kwargs.items()]]
+                                       short_repr(v, 60)) for k, v in [("", a) for a in case.args] + [*case.kwargs.items()]]
     return "\n  the inputs: " + ", ".join(shown) if any(isinstance(a, torch.Tensor) for a in case.args) else ""
 
 
@@ -373,9 +373,9 @@ def verify(name: str, fn: Callable, level: int = 2) -> None:
                                  + _inputs(case) + _help(ex, level)) from None
         if ex.differs(expected, got) is not None:
             reason = diagnose(ex, case, expected, got, fn)
-            e, g = _numbers(expected), _numbers(got)
+            e, g = as_numbers(expected), as_numbers(got)
             shape = e is not None and g is not None and reason == _shape_reason(e, g)
-            raise ExerciseFailed(f"{name}: wrong on {case.label}.\n{_show(expected, got)}  what is wrong: {reason}"
+            raise ExerciseFailed(f"{name}: wrong on {case.label}.\n{show_values(expected, got)}  what is wrong: {reason}"
                                  + _help(ex, level, tuple(e.shape) if shape else None))
 
 

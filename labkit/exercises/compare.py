@@ -15,7 +15,7 @@ import torch
 __all__ = ["gradient_compare"]
 
 
-def _short(value, limit: int = 160) -> str:
+def short_repr(value, limit: int = 160) -> str:
     text = repr(value)
     if isinstance(value, torch.Tensor):
         text = f"tensor{tuple(value.shape)} {value.detach().flatten()[:8].tolist()}" + (
@@ -23,10 +23,10 @@ def _short(value, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-_RTOL, _ATOL = 1e-4, 1e-5  # the check's tolerances, as torch.testing.assert_close's rtol and atol
+RTOL, ATOL = 1e-4, 1e-5  # the check's tolerances, as torch.testing.assert_close's rtol and atol
 
 
-def _numbers(x) -> torch.Tensor | None:
+def as_numbers(x) -> torch.Tensor | None:
     """Return ``x`` as a float64 tensor when it is a tensor, a number or a flat list of numbers, else ``None``."""
     if isinstance(x, torch.Tensor):
         return x.detach().to(torch.float64)
@@ -44,7 +44,7 @@ def _rounded(number: str) -> str:
         return number
 
 
-def _not_close(expected, got, rtol: float = _RTOL, atol: float = _ATOL) -> str | None:
+def _not_close(expected, got, rtol: float = RTOL, atol: float = ATOL) -> str | None:
     """Return :func:`torch.testing.assert_close`'s message when ``got`` is not close to ``expected``, else ``None``.
 
     Tensors, numbers and lists, tuples and dicts of them, compared value by value (any dtype, NaN equal to
@@ -57,7 +57,7 @@ def _not_close(expected, got, rtol: float = _RTOL, atol: float = _ATOL) -> str |
     if expected is None or isinstance(expected, str):
         raise TypeError("text and None are compared with ==")
     if isinstance(expected, torch.Tensor) != isinstance(got, torch.Tensor):
-        e, g = _numbers(expected), _numbers(got)
+        e, g = as_numbers(expected), as_numbers(got)
         if e is None or g is None:
             raise TypeError(f"{type(expected).__name__} against {type(got).__name__}")
         expected, got = e, g
@@ -73,7 +73,7 @@ def _not_close(expected, got, rtol: float = _RTOL, atol: float = _ATOL) -> str |
     return None
 
 
-def _torch_difference(expected, got) -> str | None:
+def torch_difference(expected, got) -> str | None:
     """Return assert_close's message on ``got`` against ``expected``; ``None`` when close or not comparable."""
     try:
         return _not_close(expected, got)
@@ -81,11 +81,11 @@ def _torch_difference(expected, got) -> str | None:
         return None
 
 
-def _unequal(expected, got) -> str:
-    return f"expected {_short(expected)}, got {type(got).__name__} {_short(got)}"
+def unequal_message(expected, got) -> str:
+    return f"expected {short_repr(expected)}, got {type(got).__name__} {short_repr(got)}"
 
 
-def _default_compare(expected, got, rtol: float = _RTOL, atol: float = _ATOL) -> str | None:
+def default_compare(expected, got, rtol: float = RTOL, atol: float = ATOL) -> str | None:
     """Return ``None`` when ``got`` matches ``expected``, else what differs.
 
     Numbers, tensors and containers of them: :func:`torch.testing.assert_close` (see :func:`_not_close`);
@@ -99,7 +99,7 @@ def _default_compare(expected, got, rtol: float = _RTOL, atol: float = _ATOL) ->
         same = bool(expected == got)
     except Exception:  # noqa: BLE001  e.g. a list of tensors against a list of tensors
         same = False
-    return None if same else _unequal(expected, got)
+    return None if same else unequal_message(expected, got)
 
 
 def _leaves(output: torch.Tensor) -> list[torch.Tensor]:
@@ -123,7 +123,7 @@ def gradient_compare(wrt: str) -> Callable[[Any, Any], str | None]:
     A detached, ``.item()``-rebuilt or ``no_grad`` answer is right in value and fails, and the message says so.
     """
     def compare(expected, got) -> str | None:
-        value = _default_compare(expected, got)
+        value = default_compare(expected, got)
         if value is not None or not (isinstance(expected, torch.Tensor) and expected.requires_grad):
             return value
         if not (isinstance(got, torch.Tensor) and got.requires_grad):
@@ -147,7 +147,7 @@ def _digits(expected: torch.Tensor | None, got: torch.Tensor | None) -> int:
     """Return the fewest significant digits (4 to 9) that show the first value not close in ``got`` apart."""
     if expected is None or got is None or expected.shape != got.shape:
         return 4
-    apart = ~torch.isclose(got, expected, rtol=_RTOL, atol=_ATOL, equal_nan=True)
+    apart = ~torch.isclose(got, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
     if not apart.any():
         return 4
     e, g = expected[apart].flatten()[0].item(), got[apart].flatten()[0].item()
@@ -167,17 +167,17 @@ def _readable(value, prefix: str, digits: int = 4) -> str:
         return f"{value:.{digits}g}"
     if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
         return "(" + ", ".join(_readable(v, prefix + " ", digits) for v in value) + ")"
-    return _short(value)
+    return short_repr(value)
 
 
-def _show(expected, got) -> str:
+def show_values(expected, got) -> str:
     """Return the lines of a verdict that show the answers: expected and got, readable, then assert_close's message.
 
     Tensors and numbers are rounded to 4 significant digits, or as many as it takes to tell the first
     differing value apart; torch's message adds how many values differ and where the greatest difference is.
     """
-    digits = _digits(_numbers(expected), _numbers(got))
+    digits = _digits(as_numbers(expected), as_numbers(got))
     lines = [f"  expected {_readable(expected, '  expected ', digits)}",
              f"  got      {_readable(got, '  got      ', digits)}"]
-    lines += ["  " + line for line in (_torch_difference(expected, got) or "").splitlines()]
+    lines += ["  " + line for line in (torch_difference(expected, got) or "").splitlines()]
     return "\n".join(lines) + "\n"

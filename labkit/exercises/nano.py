@@ -17,7 +17,7 @@ import math
 import torch
 
 from labkit.exercises import Case, Exercise, gradient_compare, register
-from labkit.exercises.objective import _advantages
+from labkit.exercises.objective import reference_advantages
 
 __all__ = ["COMPLETION_MASK", "GRPO_STEP_LOSS", "PASS_AT_K"]
 
@@ -123,9 +123,9 @@ def _sequence_mean(per_token, mask):
 
 def _loss_mistake(ratio=lambda logps: torch.exp(logps - logps.detach()), aggregate=_token_mean, **advantage_slip):
     """Return a step loss with one slip: in the ratio (right: 1, with the gradient of log pi), the aggregation,
-    or the advantages (a keyword of :func:`labkit.exercises.objective._advantages`)."""
+    or the advantages (a keyword of :func:`labkit.exercises.objective.reference_advantages`)."""
     def wrong(logps, rewards, mask, g):
-        return aggregate(-ratio(logps) * _advantages(rewards, g, **advantage_slip).unsqueeze(1), mask)
+        return aggregate(-ratio(logps) * reference_advantages(rewards, g, **advantage_slip).unsqueeze(1), mask)
     return wrong
 
 

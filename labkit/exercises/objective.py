@@ -44,7 +44,7 @@ def _advantages_cases() -> list[Case]:
     ]
 
 
-def _advantages(rewards, num_generations, scale=True, *, layout="rows", baseline="group", unbiased=True, eps=1e-4,
+def reference_advantages(rewards, num_generations, scale=True, *, layout="rows", baseline="group", unbiased=True, eps=1e-4,
                 eps_in_sqrt=False):
     """Return advantages ``(B,)`` as a learner might compute them: the defaults are TRL's, each keyword one slip.
 
@@ -69,7 +69,7 @@ def _advantages(rewards, num_generations, scale=True, *, layout="rows", baseline
 
 
 def _adv_mistake(**slip):
-    return lambda rewards, num_generations, scale_rewards="group": _advantages(
+    return lambda rewards, num_generations, scale_rewards="group": reference_advantages(
         rewards, num_generations, scale_rewards == "group", **slip)
 
 
@@ -87,7 +87,7 @@ GROUP_ADVANTAGES = register(Exercise(
         "these are the rewards themselves: the advantage is the reward minus its group's mean":
             lambda rewards, num_generations, scale_rewards="group": rewards.clone(),
         "scale_rewards='none' still divides by the std: 'none' (Dr. GRPO) only subtracts the group mean":
-            lambda rewards, num_generations, scale_rewards="group": _advantages(rewards, num_generations),
+            lambda rewards, num_generations, scale_rewards="group": reference_advantages(rewards, num_generations),
         "no epsilon: TRL divides by std + 1e-4, so a flat group gets advantage 0, not 0/0 = NaN": _adv_mistake(eps=0.0),
         "the epsilon is too small: TRL divides by std + 1e-4, not 1e-8 (or 1e-6); a flat group still gets 0, but "
         "every other advantage comes out about 0.02 % larger, and 1 % larger where the std is about 0.01":

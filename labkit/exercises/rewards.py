@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from labkit import rewards
-from labkit.exercises import Case, Exercise, _default_compare, _short, register
+from labkit.exercises import Case, Exercise, register
+from labkit.exercises.compare import default_compare, short_repr
 from labkit.rewards.check import AWKWARD_COMPLETIONS, trl_kwargs
 
 __all__ = ["EXTRACT_ANSWER", "ACCURACY_REWARD"]
@@ -37,7 +38,7 @@ _EXTRACT_TEXTS = {
 
 
 def _extract_cases() -> list[Case]:
-    return [Case(f"{label}: {_short(text, 90)}", (text,)) for label, text in _EXTRACT_TEXTS.items()]
+    return [Case(f"{label}: {short_repr(text, 90)}", (text,)) for label, text in _EXTRACT_TEXTS.items()]
 
 
 def _text(text):
@@ -125,7 +126,7 @@ def _reward_compare(expected, got) -> str | None:
                 return f"completion {i}: expected {e!r}, got {g!r}"
         elif isinstance(e, float) and not isinstance(g, float):
             return f"completion {i}: returned {g!r} ({type(g).__name__}); TRL needs Python floats (or None)"
-    return _default_compare(expected, got)  # torch.testing.assert_close: None beside None, floats by value
+    return default_compare(expected, got)  # torch.testing.assert_close: None beside None, floats by value
 
 
 _GOLD = "18"

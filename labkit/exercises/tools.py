@@ -26,7 +26,8 @@ import re
 
 from labkit.environments import (ERROR_PREFIX, MAX_CALLS, CalculatorEnv, environment_tools, prepare_tool_tokenizer,
                                  safe_calculate, tool_prompt)
-from labkit.exercises import Case, Exercise, _short, register
+from labkit.exercises import Case, Exercise, register
+from labkit.exercises.compare import short_repr
 from labkit.rewards.parse import answers_match
 
 __all__ = ["CALCULATOR_ENV", "Raised", "Tools", "Transcript", "play"]
@@ -89,7 +90,7 @@ def _outcome(value) -> object:
         checked = safe_calculate(value)
         return checked if not checked.startswith(ERROR_PREFIX) else value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{type(value).__name__} {_short(value, 40)} (a tool returns a string, get_reward a float)"
+        return f"{type(value).__name__} {short_repr(value, 40)} (a tool returns a string, get_reward a float)"
     return float(value)
 
 
@@ -101,8 +102,8 @@ def _reset_outcome(value, row: dict) -> str:
         numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", value)
         if any(answers_match(n, row["answer"]) for n in numbers):
             return "a text appended to the prompt that holds the gold answer"
-        return f"the text {_short(value, 60)} appended to the prompt"
-    return f"{type(value).__name__} {_short(value, 40)}: TRL appends it to the prompt's text, which fails"
+        return f"the text {short_repr(value, 60)} appended to the prompt"
+    return f"{type(value).__name__} {short_repr(value, 40)}: TRL appends it to the prompt's text, which fails"
 
 
 class Raised:
@@ -233,14 +234,14 @@ _UNCAUGHT = {"reset": "reset", "get_reward": "get_reward", "tools": "rendering t
 def _compare(expected: Transcript, got) -> str | None:
     """Return ``None`` when the transcripts agree, else the first step whose result differs, named."""
     if not isinstance(got, list) or len(got) > len(expected):
-        return f"expected the transcript {_short(expected)}, got {_short(got)}"
+        return f"expected the transcript {short_repr(expected)}, got {short_repr(got)}"
     for number, (call, method, e, g) in enumerate(zip(expected.calls, expected.methods, expected, got), 1):
         if e != g:
             stops = (f"; TRL does not catch an exception of {_UNCAUGHT[method]}: training stops there"
                      if isinstance(g, Raised) and method in _UNCAUGHT else "")
             return f"call {number} of {len(expected)}, {call}: labkit's returns {e!r}, yours {g!r}{stops}"
     if len(got) < len(expected):
-        return f"the transcript stops after call {len(got)} of {len(expected)}: {_short(got)}"
+        return f"the transcript stops after call {len(got)} of {len(expected)}: {short_repr(got)}"
     return None
 
 

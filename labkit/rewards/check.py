@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from labkit.rewards.functions import _callable_name
+from labkit.rewards.functions import callable_name
 
 __all__ = ["AWKWARD_COMPLETIONS", "RewardCheck", "check_reward_function", "adversarial_inputs", "LATEX_ANSWERS",
            "trl_kwargs"]
@@ -109,7 +109,7 @@ def check_reward_function(fn, value_range=None, *, columns: dict | None = None, 
     - different rewards for the same text in the two formats, or alone versus in a batch;
     - a single call slower than ``time_budget_ms`` (None: no time check).
     """
-    check = RewardCheck(name=_callable_name(fn))
+    check = RewardCheck(name=callable_name(fn))
     if not hasattr(fn, "__name__") and not isinstance(fn, functools.partial):
         check.problems.append("has no __name__: TRL would log it as rewards/<class name>/mean; set fn.__name__")
     value_range = value_range if value_range is not None else getattr(fn, "value_range", None)

@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from labkit.environments import ERROR_PREFIX, safe_calculate
 from labkit.rewards.parse import (
-    ANSWER_CLOSE, ANSWER_OPEN, FORMAT_TAGS, MAX_MAGNITUDE, THINK_CLOSE, THINK_OPEN, _evaluate, _numbers_equal, _parse,
+    ANSWER_CLOSE, ANSWER_OPEN, FORMAT_TAGS, MAX_MAGNITUDE, THINK_CLOSE, THINK_OPEN, evaluate_with_literals, numbers_equal, parse_answer,
     answers_match, completion_text, extract_answer, extract_stated_answer,
 )
 
@@ -100,7 +100,7 @@ def tag_count_reward(completions, **kwargs) -> list[float]:
 
 def _gold_rewards(completions, answer, read) -> list[float | None]:
     """Return 1.0 where ``read(completion)`` matches the gold number, 0.0 where not, None where the gold is no number."""
-    return [None if _parse(gold) is None else 1.0 if answers_match(read(completion), gold) else 0.0
+    return [None if parse_answer(gold) is None else 1.0 if answers_match(read(completion), gold) else 0.0
             for completion, gold in zip(completions, answer, strict=True)]
 
 
@@ -123,7 +123,7 @@ def int_answer_reward(completions, **kwargs) -> list[float]:
     Every GSM8K answer is a whole number, so this pays for answering in the right shape before
     the value is right: a small shaping reward, like :func:`tag_count_reward`. Range {0, 1}.
     """
-    numbers = [_parse(extract_answer(c)) for c in completions]
+    numbers = [parse_answer(extract_answer(c)) for c in completions]
     # A float is an irrational LaTeX answer (\sqrt{2}): never whole, however large ("\sqrt{99...9}" is
     # a float that is_integer() calls whole).
     return [1.0 if n is not None and not n.percent and isinstance(n.value, Fraction) and n.value.denominator == 1
@@ -146,16 +146,16 @@ def expression_reward(completions, target, nums=None, numbers=None, **kwargs) ->
         raise TypeError("expression_reward needs the numbers of each task as a 'nums' (or 'numbers') column")
     out = []
     for completion, goal, available in zip(completions, target, nums, strict=True):
-        goal = _parse(goal)
+        goal = parse_answer(goal)
         if goal is None or goal.percent or not isinstance(available, (list, tuple)) \
                 or not all(type(n) is int for n in available):
             out.append(None)
             continue
         expression = extract_answer(completion)
-        result = None if expression is None else _evaluate(expression.split("=", 1)[0], allow_power=False,
+        result = None if expression is None else evaluate_with_literals(expression.split("=", 1)[0], allow_power=False,
                                                            max_exponent=0, max_magnitude=MAX_MAGNITUDE)
         correct = (result is not None and Counter(result[1]) == Counter(available)
-                   and _numbers_equal(result[0], goal.value))
+                   and numbers_equal(result[0], goal.value))
         out.append(1.0 if correct else 0.0)
     return out
 
@@ -276,7 +276,7 @@ def overlong_penalty(max_completion_length: int, soft_punish_cache: int) -> Over
     return OverlongPenalty(max_completion_length, soft_punish_cache)
 
 
-def _callable_name(fn) -> str:
+def callable_name(fn) -> str:
     while isinstance(fn, functools.partial):
         fn = fn.func
     return getattr(fn, "__name__", type(fn).__name__)
@@ -325,7 +325,7 @@ class CombinedReward:
         return weighted_sum([fn(completions=completions, **kwargs) for fn in self.reward_funcs], self.weights)
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{w:g} * {_callable_name(fn)}" for w, fn in zip(self.weights, self.reward_funcs))
+        parts = ", ".join(f"{w:g} * {callable_name(fn)}" for w, fn in zip(self.weights, self.reward_funcs))
         return f"{self.__name__} = {parts}"
 
 
@@ -346,7 +346,7 @@ def gsm8k_rewards() -> tuple[list, list[float]]:
 
 def score_completions(reward_funcs, completions, **columns) -> dict[str, list]:
     """Return ``{reward name: rewards}`` for ``completions``, calling each function as TRL would."""
-    return {_callable_name(fn): list(fn(completions=completions, **columns)) for fn in reward_funcs}
+    return {callable_name(fn): list(fn(completions=completions, **columns)) for fn in reward_funcs}
 
 
 def named_rewards(names, weights=None) -> tuple[list, list[float]]:

@@ -417,7 +417,7 @@ def _parse_bounded(text: str) -> _Number | None:
     return _parse_latex(text)
 
 
-def _parse(text) -> _Number | None:
+def parse_answer(text) -> _Number | None:
     if isinstance(text, bool) or text is None:
         return None
     if isinstance(text, (int, Fraction)):
@@ -444,11 +444,11 @@ def parse_number(text) -> Fraction | float | None:
     two ``\\boxed``), expressions in plain text, and anything longer than ``MAX_ANSWER_CHARS``.
     Returns a ``Fraction`` (exact) or, for an irrational LaTeX answer, a float.
     """
-    number = _parse(text)
+    number = parse_answer(text)
     return None if number is None else number.value
 
 
-def _numbers_equal(a, b) -> bool:
+def numbers_equal(a, b) -> bool:
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
     if any(isinstance(x, Fraction) and x.denominator == 1 for x in (a, b)):
@@ -471,10 +471,10 @@ def answers_match(pred, gold) -> bool:
     either its number or its fraction (``"50%"`` matches ``"50"`` and ``"0.5"``).
     ``("42 or 43", "42")`` is ``False``: an answer is one number. See :func:`parse_number`.
     """
-    p, g = _parse(pred), _parse(gold)
+    p, g = parse_answer(pred), parse_answer(gold)
     if p is None or g is None:
         return False
-    return any(_numbers_equal(a, b) for a in _candidates(p) for b in _candidates(g))
+    return any(numbers_equal(a, b) for a in _candidates(p) for b in _candidates(g))
 
 
 # ----------------------------------------------------------------------------- countdown expressions
@@ -487,7 +487,7 @@ class _Refused(Exception):
 _BINARY_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
 
-def _evaluate(expression, *, allow_power: bool, max_exponent: int, max_magnitude: int):
+def evaluate_with_literals(expression, *, allow_power: bool, max_exponent: int, max_magnitude: int):
     """Return (value, integer literals used) of an arithmetic expression, or None. Never runs code."""
     if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
         return None
@@ -541,7 +541,7 @@ def evaluate_expression(expression, *, allow_power: bool = False, max_exponent: 
     ``__import__('os').system(...)`` is refused (a call) and ``9**9**9**9`` is refused before
     anything big is computed. Introduced in ``02_reward_functions.ipynb``.
     """
-    result = _evaluate(expression, allow_power=allow_power, max_exponent=max_exponent, max_magnitude=max_magnitude)
+    result = evaluate_with_literals(expression, allow_power=allow_power, max_exponent=max_exponent, max_magnitude=max_magnitude)
     return None if result is None else result[0]
 
 
