@@ -14,7 +14,8 @@
 - no module over 600 lines, in ``labkit``, ``bench`` or ``scripts``; the installed package within its budget
   (:data:`PACKAGE_BUDGET` lines); every module says what it holds in an ``__all__`` and a docstring;
 - no notebook imports from more than 8 labkit modules;
-- no ``except ImportError`` that could hide a real import error.
+- no ``except ImportError`` that could hide a real import error;
+- no module imports another module's private name.
 """
 import ast
 from pathlib import Path
@@ -206,6 +207,25 @@ def test_the_cycle_finder_finds_a_cycle():  # the rule above is only as good as 
 
 
 ALL_FILES = sorted([*PACKAGE.rglob("*.py"), *(p for folder in BESIDE for p in (REPO / folder).rglob("*.py"))])
+
+
+def _private_imports(source: str) -> list[str]:
+    """Return the ``module.name`` of every private name (``_x``, not ``__x__``) ``source`` imports from labkit,
+    bench or scripts, at any depth."""
+    return [f"{node.module}.{a.name}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("labkit", *BESIDE)
+            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def test_no_module_imports_another_modules_private_name():
+    """Issue 53: a name another module needs is public where it lives (13 such imports on 9643c8d)."""
+    found = {str(p.relative_to(REPO)): names for p in ALL_FILES if (names := _private_imports(p.read_text()))}
+    assert not found, f"private names imported across modules: {found}; make them public where they are defined"
+
+
+def test_the_private_import_rule_sees_one():  # the rule above is only as good as this
+    assert _private_imports("def f():\n    from labkit.memory import GIB, _fused_head\n") == ["labkit.memory._fused_head"]
+    assert _private_imports("from labkit.rewards.check import __all__ as names\nfrom os import _exit\n") == []
 
 
 @pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: str(p.relative_to(REPO)))
