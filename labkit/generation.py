@@ -282,7 +282,7 @@ def prepare_generation(trainer, path: str = "generate", *, compile_limit_s: floa
         bandwidth = next((c.bandwidth_gb_s for c in CARDS.values() if c.name == name), None)
     return GenerationClock(trainer, path, bandwidth_gb_s=bandwidth,
                            compile_limit_s=compile_limit_s if path == "static-compiled" else None,
-                           pad_prompts_to=max_prompt_length if path == "static-compiled" else None)
+                           pad_prompts_to=max_prompt_length if path == "static-compiled" else None, shape=shape)
 
 
 class _Watchdog(threading.Timer):
@@ -321,7 +321,8 @@ class GenerationClock:
     """
 
     def __init__(self, trainer, path: str = "generate", *, bandwidth_gb_s: float | None = None,
-                 compile_limit_s: float | None = None, clock=time.perf_counter, pad_prompts_to: int | None = None):
+                 compile_limit_s: float | None = None, clock=time.perf_counter, pad_prompts_to: int | None = None,
+                 shape=None):
         self.trainer, self.path, self.clock, self.pad_prompts_to = trainer, path, clock, pad_prompts_to
         self.bandwidth_gb_s, self.compile_limit_s = bandwidth_gb_s, compile_limit_s
         self.calls: list[dict] = []
@@ -337,7 +338,7 @@ class GenerationClock:
         from labkit.shapes import model_shape
 
         embedding = model.get_input_embeddings().weight
-        self.kv_bytes_per_token = kv_bytes_per_token(model_shape(model.config), embedding.element_size())
+        self.kv_bytes_per_token = kv_bytes_per_token(shape or model_shape(model.config), embedding.element_size())
         trainer._generate_single_turn = self
 
     def __call__(self, prompt_ids, *args, **kwargs):

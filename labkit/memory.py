@@ -392,13 +392,14 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation, generation_batch_size,
         num_generations, num_processes)
     prompt_len, completion_len = max_prompt_length, max_completion_length
-    context = getattr(model_config(model)[1].get_text_config(), "max_position_embeddings", None)
-    if context and prompt_len + completion_len > context:
-        raise ValueError(f"max_prompt_length ({prompt_len}) + max_completion_length ({completion_len}) = "
-                         f"{prompt_len + completion_len} tokens, more than {model}'s context of {context}; "
-                         f"set max_completion_length to at most {max(1, context - prompt_len)}")
+    if not isinstance(model, ModelShape):  # a plan's shape is read once, its context checked by labkit.validation
+        context = getattr(model_config(model)[1].get_text_config(), "max_position_embeddings", None)
+        if context and prompt_len + completion_len > context:
+            raise ValueError(f"max_prompt_length ({prompt_len}) + max_completion_length ({completion_len}) = "
+                             f"{prompt_len + completion_len} tokens, more than {model}'s context of {context}; "
+                             f"set max_completion_length to at most {max(1, context - prompt_len)}")
     micro_batch = per_device_train_batch_size
-    shape = model_shape(model)
+    shape = model if isinstance(model, ModelShape) else model_shape(model)
     targets = list(lora_targets or DEFAULT_LORA_TARGETS)
     b = PRECISION_BYTES[precision]
     if prepare_model_for_kbit_training and method != "qlora":

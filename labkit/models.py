@@ -403,7 +403,8 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     """Return the tokenizer of a policy, padded on the left (as generation needs) with a pad token."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name_or_path), trust_remote_code=trust_remote_code)
+    path = name_or_path if Path(name_or_path).is_dir() else resolve_model(name_or_path)  # a folder is resolved
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

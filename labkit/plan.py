@@ -1,7 +1,7 @@
 """One preset resolved once into a plan: what a run trains, in which precision, with which settings.
 
-The layer above :mod:`labkit.presets` (the recipe) and :mod:`labkit.validation`, below the readers of a
-plan (:mod:`labkit.preflight`, :mod:`bench.rehearse`) and :func:`labkit.run.build_run`.
+The layer above :mod:`labkit.presets` (the recipe), below its checks (:mod:`labkit.validation`, which reads the
+plan), the readers of a plan (:mod:`labkit.preflight`, :mod:`bench.rehearse`) and :func:`labkit.run.build_run`.
 :func:`resolve_plan` turns a preset (a name or a :class:`labkit.presets.Preset`), for one card, into a
 :class:`Plan` that says everything the rest of the lab needs, decided in one place:
 
@@ -22,6 +22,7 @@ the rehearsal (:mod:`bench.rehearse`) all read a plan, so what the rehearsal reh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -55,9 +56,13 @@ class Plan:
     lora: dict | None  # labkit.models.lora_config keyword arguments (LoRA, QLoRA)
     config: dict = field(default_factory=dict)  # the GRPOConfig arguments build_run passes: grpo_arguments(preset)
     card: DeviceInfo | None = None
+    # why the card cannot train in the preset's own precision (choose_precision's message), or None; the plan keeps
+    # the precision asked, so that it can still be estimated (a T4 in bf16), and validate() refuses it
+    precision_error: str | None = None
 
-    @property
+    @cached_property
     def shape(self) -> ModelShape:
+        """The model's shape, read once (the catalogue or a saved config); raises when neither knows the model."""
         return model_shape(self.shape_name)
 
     @property
@@ -106,9 +111,12 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
         return preset
     preset = get_preset(preset.preset if isinstance(preset, Plan) else preset, **overrides)
     card = device if device is not None else card_device(preset)
-    # The preset's own precision as asked (validate() checks it against the card; a plan may estimate a T4 in
-    # bf16), else the card's.
-    precision = preset.precision or choose_precision(card or _NO_GPU)
+    # The card's precision, or the preset's own where the card can do it; where it cannot, the preset's as asked
+    # with the reason, which validate() reports (a plan may still estimate a T4 in bf16).
+    try:
+        precision, precision_error = choose_precision(card or _NO_GPU, preset.precision), None
+    except ValueError as exc:
+        precision, precision_error = preset.precision, str(exc)
     model_path = resolve_model(preset.model)
     method = preset.method
     lora = (dict(rank=preset.lora_rank, alpha=preset.lora_alpha, target_modules=list(preset.target_modules))
@@ -118,7 +126,7 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
                 weight_dtype=torch_dtype(precision, method), compute_dtype=_COMPUTE[precision],
                 adapter_dtype=(adapter_dtype(precision) if method == "qlora" else torch.float32) if lora else None,
                 quantization=quantization_settings(precision) if method == "qlora" else None, lora=lora,
-                config=grpo_arguments(preset), card=card)
+                config=grpo_arguments(preset), card=card, precision_error=precision_error)
 
 
 def grpo_arguments(preset) -> dict:
@@ -128,7 +136,9 @@ def grpo_arguments(preset) -> dict:
     precision flags of :func:`labkit.training.grpo_config` and the reward weights) and the plan's
     estimate and rehearsal read them. Every key a preset field sets is in ``labkit.validation._SET_BY_PRESET``.
     """
-    return dict(
+    # trl_options last, and over the fields: one that a field sets is refused by labkit.validation, which reads
+    # this plan, so building it must not fail first
+    return {**dict(
         seed=preset.seed,
         per_device_train_batch_size=preset.per_device_train_batch_size,
         gradient_accumulation_steps=preset.gradient_accumulation_steps,
@@ -147,5 +157,4 @@ def grpo_arguments(preset) -> dict:
         save_total_limit=preset.save_total_limit,
         **({"max_tool_calling_iterations": preset.max_tool_calling_iterations} if preset.environment else {}),
         **generation_arguments(preset),  # the generation path's fields (labkit.generation)
-        **preset.trl_options,
-    )
+    ), **preset.trl_options}

@@ -4,8 +4,8 @@ Introduced in ``04_lora_grpo_16gb.ipynb``; ``python -m labkit train --preset NAM
 the same code from a shell (and under ``accelerate launch``).
 
 The bottom of the recipe core, which reads only the cards (:mod:`labkit.cards`) and the device facts
-(:mod:`labkit.device`); above it, lowest first: :mod:`labkit.validation` (what a preset may hold, on a
-card), :mod:`labkit.plan` (a preset resolved for one card), :mod:`labkit.preflight` (its memory estimate)
+(:mod:`labkit.device`); above it, lowest first: :mod:`labkit.plan` (a preset resolved for one card),
+:mod:`labkit.validation` (what a preset may hold, on a card, read from its plan), :mod:`labkit.preflight` (its memory estimate)
 and :func:`labkit.run.build_run` (the run). To add a field: declare it on :class:`Preset`, check its type
 and range in ``labkit.validation._NUMBER_FIELDS`` (or beside it), and pass it on in
 :func:`labkit.plan.grpo_arguments` (a ``GRPOConfig`` field) or read it where it acts.

@@ -1,8 +1,8 @@
 """A preset made concrete: GSM8K prompts, rewards, a ``GRPOTrainer``, checkpoints and resume.
 
 Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`build_run` assembles a run in one pass:
-the preset, validated (:func:`labkit.validation.validate`) -> its plan for the device
-(:func:`labkit.plan.resolve_plan`: the precision, decided once, and the settings); then everything reads the
+the preset resolved once for the device into its plan (:func:`labkit.plan.resolve_plan`: the model path and shape,
+the precision, the settings) and checked (:func:`labkit.validation.checked_plan`); then everything reads the
 plan: the policy (TRL loads it from its path; QLoRA with PEFT's upcast goes through
 :func:`labkit.models.load_policy`) -> the prompts (:func:`training_prompts`) -> the rewards ->
 ``GRPOConfig`` (:func:`labkit.training.grpo_config`) -> ``GRPOTrainer``.
@@ -38,12 +38,12 @@ from labkit.device import detect_device
 from labkit.generation import card_limit, dropped_settings_problem, paths_table, prepare_generation
 from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
 from labkit.oom import explain_oom
-from labkit.plan import Plan, resolve_plan
+from labkit.plan import Plan
 from labkit.preflight import preflight
 from labkit.presets import Preset, PresetError, get_preset
 from labkit.rewards import named_rewards
 from labkit.training import build_trainer, checkpoint_problem, checkpoint_step, grpo_config, last_checkpoint
-from labkit.validation import SECRET_FIELDS, process_count, validate
+from labkit.validation import SECRET_FIELDS, checked_plan, process_count, validate
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
@@ -490,11 +490,11 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         raise PresetError(f"build_run may not be given {secrets}: a checkpoint saves GRPOConfig, and a secret must "
                           f"never be saved. Set the {SECRET_FIELDS[secrets[0]]} environment variable instead.")
     device = device or (plan.card if plan and plan.card else detect_device())
-    warnings = validate(preset, device, num_processes=num_processes)
+    # resolved once and checked (labkit.validation.checked_plan): everything below reads the plan
+    plan, warnings = checked_plan(plan or preset, device, num_processes=num_processes)
     if environment_factory is not None and not preset.environment:
         raise PresetError(f"environment_factory was given, but the recipe {preset.name!r} has no tool environment: "
                           "use a tool recipe (tools-16gb) or --set environment=calculator max_tool_calling_iterations=3.")
-    plan = plan or resolve_plan(preset, device)  # everything below reads the plan
     preset, output_dir = plan.preset, Path(output_dir)
 
     settings = dict(plan.config)  # the preset's GRPOConfig arguments (labkit.plan.grpo_arguments)
@@ -524,7 +524,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         if preset.method in ("lora", "qlora"):
             peft_config = lora_config(**plan.lora)
         model = plan.model_path
-    args = grpo_config(output_dir, device=device, precision=plan.precision, **settings)
+    args = grpo_config(output_dir, device=device, plan=plan, **settings)
     if model is None:  # QLoRA with prepare_model_for_kbit_training: labkit's loader runs PEFT's upcast first
         model, tokenizer = load_policy(plan.model_path, "qlora", precision=plan.precision, lora_rank=plan.lora["rank"],
                                        lora_alpha=plan.lora["alpha"], target_modules=plan.lora["target_modules"],
@@ -553,7 +553,11 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     # TRL makes a 4-bit model's adapters bf16; under fp16 (a T4) the grad scaler would fail at step 1.
     match_adapter_dtype(trainer.model, plan.precision)
     # the generation path finished, and timed (labkit.generation)
-    clock = prepare_generation(trainer, preset.generation, max_prompt_length=preset.max_prompt_length)
+    try:
+        shape = plan.shape
+    except Exception:  # noqa: BLE001  a model neither the catalogue nor a saved config knows: the clock reads its own
+        shape = None
+    clock = prepare_generation(trainer, preset.generation, max_prompt_length=preset.max_prompt_length, shape=shape)
     if not print_logs:  # with disable_tqdm, transformers' trainer.py adds PrinterCallback (a dict per log) instead
         from transformers import PrinterCallback
 

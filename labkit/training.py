@@ -21,12 +21,14 @@ from transformers.trainer_utils import sort_checkpoints
 __all__ = ["grpo_config", "build_trainer", "last_checkpoint", "checkpoint_problem", "checkpoint_step", "LogRecorder"]
 
 
-def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, **overrides):
+def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, plan=None,
+                **overrides):
     """Return a ``trl.GRPOConfig`` whose precision and device flags match this machine.
 
     ``overrides`` are any ``GRPOConfig`` fields (``num_generations=4``, ``beta=0.04``, ...).
     Setting ``bf16``/``fp16`` directly is refused: pass ``precision="fp16"`` instead, which
-    is checked against the device (a T4 asked for bf16 fails here, before training).
+    is checked against the device (a T4 asked for bf16 fails here, before training). ``plan``, a checked
+    :class:`labkit.plan.Plan` (``build_run``'s), gives its precision, decided and checked there, for ``device``.
     """
     from trl import GRPOConfig
 
@@ -36,7 +38,7 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
         if flag in overrides:
             raise TypeError(f"pass precision='{flag}' instead of {flag}=...: the lab checks it against the device")
     device = device or detect_device()
-    flags = precision_flags(choose_precision(device, precision))
+    flags = precision_flags(plan.precision if plan is not None else choose_precision(device, precision))
     defaults = dict(
         logging_steps=1,
         report_to="none",

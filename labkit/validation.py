@@ -23,12 +23,12 @@ from labkit.device import choose_precision, detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
+from labkit.plan import Plan, resolve_plan
 from labkit.presets import RECIPE_TARGETS, Preset, PresetError
 from labkit.rewards import named_rewards
-from labkit.shapes import model_shape
 from labkit.tasks import WORD_PROBLEM_TASKS
 
-__all__ = ["validate", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
+__all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
            "trl_config_errors", "too_few_prompts", "in_notebook_terms"]
 
 
@@ -159,7 +159,7 @@ def field_errors(p: Preset) -> list[str]:
     return errors
 
 
-def _tool_errors(p: Preset, device=None, procs: int = 1) -> list[str]:
+def _tool_errors(p: Preset, device=None, procs: int = 1, plan: Plan | None = None) -> list[str]:
     """Return what is wrong with the tool fields: an unknown environment, tool rounds without an environment; and,
     given the card (``device``, once every field is sound), tool rounds that cannot fit it.
 
@@ -198,8 +198,9 @@ def _tool_errors(p: Preset, device=None, procs: int = 1) -> list[str]:
                  max_completion_length=p.max_completion_length, optim=p.optim,
                  gradient_checkpointing=p.gradient_checkpointing, beta=p.beta, lora_rank=p.lora_rank,
                  lora_targets=list(p.target_modules), prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
-                 precision=choose_precision(device, p.precision), padded=True)
-    model = LOCAL_MODELS.get(p.model, {}).get("hub_id", p.model)  # a packaged model has its hub twin's shape
+                 precision=plan.precision if plan else choose_precision(device, p.precision), padded=True)
+    # the plan's shape (a packaged model has its hub twin's), else its name
+    model = plan.shape if plan else LOCAL_MODELS.get(p.model, {}).get("hub_id", p.model)
 
     def generation_gib(batch: int, rounds: int) -> float:
         return estimate(model, p.method, per_device_train_batch_size=batch, max_tool_calling_iterations=rounds,
@@ -394,12 +395,13 @@ def _trl_option_errors(options: dict) -> list[str]:
     return errors
 
 
-def _target_module_errors(p: Preset, warnings: list[str]) -> list[str]:
+def _target_module_errors(plan: Plan, warnings: list[str]) -> list[str]:
     """Return the LoRA ``target_modules`` that name no Linear layer of the model, when its shape is known offline."""
+    p = plan.preset
     if p.method == "full":
         return []
     try:
-        shape = model_shape(resolve_model(p.model))
+        shape = plan.shape
     except Exception:  # noqa: BLE001  not in the catalogue nor a local folder: the names cannot be checked
         warnings.append(f"could not read {p.model}'s layers offline: target_modules {list(p.target_modules)} "
                         "are unchecked.")
@@ -442,9 +444,18 @@ def _under_fsdp() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
 
-def validate(preset: Preset, device=None, *, num_processes: int | None = None, fsdp: bool | None = None,
+def validate(preset: Preset | Plan, device=None, *, num_processes: int | None = None, fsdp: bool | None = None,
              names: dict[str, str] | None = None) -> list[str]:
-    """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work.
+    """Return warnings for ``preset`` on ``device``; raise :class:`PresetError` for what cannot work
+    (:func:`checked_plan`, without the plan it checked)."""
+    return checked_plan(preset, device, num_processes=num_processes, fsdp=fsdp, names=names)[1]
+
+
+def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | None = None, fsdp: bool | None = None,
+                 names: dict[str, str] | None = None) -> tuple[Plan, list[str]]:
+    """Return ``(plan, warnings)``: ``preset`` resolved for ``device`` (:func:`labkit.plan.resolve_plan`, once; a
+    :class:`labkit.plan.Plan` as it is) and checked; raise :class:`PresetError` for what cannot work. The checks read
+    the plan's model path, shape and precision, so nothing is worked out twice.
 
     Every error message says what to change: on the command line by default (``--set max_steps=VALUE``); in a
     notebook, ``names`` maps the preset fields its settings cell sets to their variables
@@ -468,19 +479,23 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
       ``max_completion_length`` new tokens; when that round's estimated generation cannot fit the card, refused with
       the figure and the ``per_device_train_batch_size`` that fits.
     """
-    device = device or detect_device()
+    plan = preset if isinstance(preset, Plan) else None
+    p = plan.preset if plan else preset
+    device = device or (plan.card if plan and plan.card else detect_device())
     procs = process_count(num_processes)
     errors: list[str] = []
     warnings: list[str] = []
-    p = preset
 
     problems = field_errors(p)
-    if problems:  # wrong types or ranges: the checks below would trip over them
-        raise PresetError(_error_message(p.name, device, problems, about_device=False, names=names))
     try:
-        check_method(p.method)
+        if not problems:  # a method of the wrong type is already named there
+            check_method(p.method)
     except ValueError as exc:
-        errors.append(f"{exc}.")
+        problems.append(f"{exc}.")
+    if problems:  # wrong types, ranges or method: the plan and the checks below would trip over them
+        raise PresetError(_error_message(p.name, device, problems, about_device=False, names=names))
+    if plan is None or plan.card != device:  # the one resolution, for the card checked: path, shape, precision
+        plan = resolve_plan(p, device)
     spg = p.trl_options.get("steps_per_generation")
     # A steps_per_generation that is not a whole number >= 1 is reported by trl_config_errors (TRL_NUMBER_RANGES);
     # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
@@ -506,7 +521,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
     errors.extend(_trl_option_errors(p.trl_options))
     if not errors:
         errors.extend(trl_config_errors(p))
-    errors.extend(_target_module_errors(p, warnings))
+    errors.extend(_target_module_errors(plan, warnings))
     if p.optim not in OPTIMS:
         errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {p.optim!r}.")
     try:
@@ -514,7 +529,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
     except ValueError as exc:
         errors.append(f"rewards: {exc}")
 
-    context = model_context_length(p.model)
+    context = model_context_length(plan.shape_name)
     total = p.max_prompt_length + p.max_completion_length
     if context is None:
         warnings.append(f"could not read {p.model}'s context length (offline?): prompt + completion length "
@@ -526,10 +541,8 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
             f"{max(1, context - p.max_prompt_length)}."
         )
 
-    try:
-        choose_precision(device, p.precision)
-    except ValueError as exc:
-        errors.append(f"{exc} (preset field: precision)")
+    if plan.precision_error:
+        errors.append(f"{plan.precision_error} (preset field: precision)")
     if device.kind == "mps" and p.optim in EIGHT_BIT_OPTIMS:
         # bitsandbytes 0.50.2 registers its 8-bit optimiser kernel for CUDA, the CPU and XPU, not for MPS
         # (backends/{cuda,cpu,xpu}/ops.py); its 4-bit kernels do run there (backends/mps/ops.py).
@@ -565,7 +578,7 @@ def validate(preset: Preset, device=None, *, num_processes: int | None = None, f
     errors.extend(path_errors)
     warnings.extend(path_warnings)
     if not errors:  # the estimate needs every field sound
-        errors.extend(_tool_errors(p, device, procs))
+        errors.extend(_tool_errors(p, device, procs, plan))
     if errors:
         raise PresetError(_error_message(p.name, device, errors, names=names))
-    return warnings
+    return plan, warnings
