@@ -61,6 +61,10 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
     if path not in PATHS:
         return [f"generation must be one of {', '.join(PATHS)}, not {path!r}."], []
     cuda = getattr(device, "kind", "cpu") == "cuda"
+    vllm_options = sorted(k for k in p.trl_options if k.startswith("vllm_"))
+    if vllm_options and path != "vllm":
+        errors.append(f"trl_options {', '.join(vllm_options)} act only with generation='vllm' (this recipe's is "
+                      f"{path!r}): set generation='vllm', or drop them.")
     if path == "static-compiled":
         if p.method == "qlora":
             errors.append("generation='static-compiled' cannot compile a 4-bit (QLoRA) model: transformers compiles "
@@ -120,7 +124,7 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
                               f"{VLLM_VERSIONS[0]}-{VLLM_VERSIONS[1]} and only warns about others. Install one of "
                               "those, or set "
                               "generation='static-compiled'.")
-        if p.card_gib is None and not errors:
+        if p.card_gib is None and not errors and p.trl_options.get("vllm_mode", "colocate") != "server":
             errors.append("generation='vllm' sizes vLLM's share of the card from card_gib: set card_gib.")
     return errors, warnings
 
@@ -218,6 +222,10 @@ def generation_arguments(p) -> dict:
                       seed=p.seed, drop_unsupported_processors=False)
         return dict(use_transformers_continuous_batching=True, transformers_continuous_batching_config=config)
     if p.generation == "vllm":
+        if p.trl_options.get("vllm_mode", "colocate") == "server":  # vLLM runs on its own GPU: nothing to share
+            return dict(use_vllm=True)
+        if p.card_gib is None:  # no card to share: generation_problems refuses the recipe, naming card_gib
+            return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)
         from labkit.shapes import model_shape
         from labkit.models import resolve_model
 
@@ -249,18 +257,21 @@ def paths_table(p, device) -> list[dict]:
 
 
 # The GRPOConfig fields a generation path sets: a recipe changes them through its generation field only.
+# (vllm_mode is a recipe's choice under generation='vllm': "colocate", the default, or "server" with
+# vllm_server_base_url, both through trl_options, as notebook 07 shows.)
 GENERATION_FIELDS = ("cache_implementation", "pad_to_multiple_of", "use_transformers_continuous_batching",
-                     "transformers_continuous_batching_config", "use_vllm", "vllm_mode", "vllm_enable_sleep_mode",
+                     "transformers_continuous_batching_config", "use_vllm", "vllm_enable_sleep_mode",
                      "vllm_gpu_memory_utilization")
 
 
 def prepare_generation(trainer, path: str = "generate", *, compile_limit_s: float | None = COMPILE_LIMIT_S,
-                       max_prompt_length: int | None = None) -> "GenerationClock":
+                       max_prompt_length: int | None = None, shape=None) -> "GenerationClock":
     """Finish generation ``path`` (a recipe's ``generation``) on a built ``trainer``; return the clock that times it.
 
     ``"static-compiled"``: TRL builds its ``GenerationConfig`` with ``disable_compile=True``; this turns compilation
     back on with a ``CompileConfig`` (static shapes; CUDA graphs on a GPU, inductor's default mode on a CPU), and
-    the clock pads the prompts it generates from to ``max_prompt_length`` (one shape, one compilation).
+    the clock pads the prompts it generates from to ``max_prompt_length`` (one shape, one compilation). ``shape``:
+    the model's :class:`labkit.shapes.ModelShape` where it is known (a plan's), else read from the model's config.
     """
     # where the trainer really runs (a test may plan for a card on a CPU): what compiles, and which card's bandwidth
     kind = trainer.args.device.type

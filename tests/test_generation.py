@@ -472,3 +472,19 @@ def test_static_compiled_pads_the_prompts_it_generates_from_not_the_loss(tmp_pat
         lengths[path] = (out["prompt_ids"].shape, out["completion_ids"].shape)
     assert seen == {"generate": None, "static-compiled": run.preset.max_prompt_length}
     assert lengths["static-compiled"] == lengths["generate"]  # the loss's tensors: not padded to 256
+
+
+def test_vllm_server_mode_is_a_recipe_choice_and_vllm_options_need_the_vllm_path():
+    from labkit.plan import grpo_arguments
+    from labkit.presets import PresetError, card_device, get_preset
+    from labkit.validation import validate
+
+    server = get_preset("laptop-16gb", generation="vllm",
+                        trl_options={"vllm_mode": "server", "vllm_server_base_url": "http://localhost:8000"})
+    fields = {k: v for k, v in grpo_arguments(server).items() if "vllm" in k}
+    # server mode: vLLM runs on its own GPU, so colocate's sleep mode and share of the card are not set
+    assert fields == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://localhost:8000"}
+    colocate = {k: v for k, v in grpo_arguments(get_preset("laptop-16gb", generation="vllm")).items() if "vllm" in k}
+    assert colocate["vllm_mode"] == "colocate" and 0.1 <= colocate["vllm_gpu_memory_utilization"] <= 0.9
+    with pytest.raises(PresetError, match="vllm_mode act only with generation='vllm'"):
+        validate(get_preset("laptop-16gb", trl_options={"vllm_mode": "server"}), card_device("laptop-16gb"))

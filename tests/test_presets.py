@@ -466,8 +466,16 @@ def test_the_gpu_commands_of_the_readme_and_notebooks_dry_run_here(repo_root, ca
     commands = _gpu_commands(repo_root)
     trains = [c for c in commands if c[0] == "train" and "--preset" in c]
     assert len(trains) >= 3 and any(c[0:2] == ["bench", "memory"] for c in commands)
+    import importlib.util
+
     for command in commands:
-        if command[0] == "train" and "--preset" in command:
+        if command[0] == "train" and "--preset" in command and "generation=vllm" in command \
+                and importlib.util.find_spec("vllm") is None:  # vLLM is taught, never installed here
+            capsys.readouterr()
+            assert cli.train_cli([*command[1:], "--dry-run"]) == 2, command
+            refusal = capsys.readouterr().err
+            assert "vLLM is not installed" in refusal and refusal.count("\n- ") == 0, (command, refusal)
+        elif command[0] == "train" and "--preset" in command:
             assert cli.train_cli([*command[1:], "--dry-run"]) == 0, command
         elif command[0:2] == ["bench", "memory"]:
             assert bench_memory.main([*command[2:], "--dry-run"]) == 0, command
