@@ -1,6 +1,6 @@
 """How a GRPO step makes its completions, and what a decode step costs: a recipe's generation path and its clock.
 
-Introduced in ``04_lora_grpo_16gb.ipynb`` (section "Where a step's time goes"). Generation is most of a GRPO step
+Introduced in ``04b_where_the_time_goes.ipynb``. Generation is most of a GRPO step
 (91-97 % of every step measured on an H100, ``results/gpu/measurements.csv``), and with TRL's default ``generate`` a
 decode step costs about the same at a generation batch of 4 or 96: the host launches one small kernel after another
 and the card waits. A recipe chooses how TRL 1.16 generates with :attr:`labkit.presets.Preset.generation`:

@@ -8,7 +8,7 @@
   (:func:`labkit.memory.state_bytes` after a real ``torch.optim.AdamW`` step), full and LoRA, fp32 and bf16;
 - ``kv_cache_bytes`` (05): the KV cache of a batch, checked against the keys and values transformers'
   ``DynamicCache`` holds after a forward pass of the architecture (on the meta device: shapes, no memory);
-- ``decode_limit`` (04): the completion tokens a second a card's memory bandwidth allows, checked against
+- ``decode_limit`` (04b): the completion tokens a second a card's memory bandwidth allows, checked against
   :func:`labkit.generation.decode_limit` (arithmetic: no library counts it).
 
 The references of the first three are the libraries' own numbers, not a formula of ours: a learner's formula
@@ -235,7 +235,7 @@ KV_CACHE_BYTES = register(Exercise(
 ))
 
 
-# ----------------------------------------------------------------------------- decode_limit (04)
+# ----------------------------------------------------------------------------- decode_limit (04b)
 
 _GB = 1e9  # bandwidth is sold in decimal GB/s
 
@@ -247,8 +247,8 @@ def _decode_cases() -> list[Case]:
              (3.087e9, 28_672, 96, 649, 3350 * _GB)),
         Case("the same model, 4 sequences (the published 16 GB recipe), an RTX 3080 Laptop GPU (448 GB/s)",
              (3.087e9, 28_672, 4, 649, 448 * _GB)),
-        Case("SmolLM2-135M in bf16 (0.27 GB), 32 sequences, mean context 140 tokens, a T4 (320 GB/s)",
-             (0.269e9, 92_160, 32, 140, 320 * _GB)),
+        Case("SmolLM2-135M in bf16 (0.27 GB; 30 layers x 3 KV heads x 64 x 2 x 2 bytes = 23,040 a token), 32 sequences, "
+             "mean context 140 tokens, a T4 (320 GB/s)", (0.269e9, 23_040, 32, 140, 320 * _GB)),
     ]
 
 
@@ -276,5 +276,5 @@ DECODE_LIMIT = register(Exercise(
     nudge="count the bytes one decode step must read, and the tokens that one step makes.",
     hint="one step reads weight_bytes + batch x mean_context x kv_bytes_per_token bytes and makes batch tokens: "
          "tokens a second = batch x bandwidth / those bytes.",
-    solution=f"{_SOLUTIONS_04}#exercise-decode_limit",
+    solution="docs/solutions/04b_where_the_time_goes.md#exercise-decode_limit",
 ))
