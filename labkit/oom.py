@@ -42,6 +42,7 @@ import gc
 import json
 import math
 import re
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -274,7 +275,10 @@ class OOMReport:
         else:
             lines.append("No checkpoint was written before the error: the run starts again from step 0.")
         lines.append("Restart the Python process (the kernel) before retrying: memory is fragmented after an OOM.")
-        return "\n".join(lines)
+        # between words at 100 characters, a numbered change's lines under its text (JupyterLab cuts mid-word)
+        return "\n".join(textwrap.fill(line, 100, break_long_words=False, break_on_hyphens=False,
+                                        subsequent_indent=" " * len(re.match(r"\s*(\d+\. )?", line).group(0)))
+                         for line in lines)
 
 
 class TrainingOutOfMemory(RuntimeError):

@@ -113,6 +113,18 @@ def test_tiny_never_writes_beside_gpu_rows(tmp_path, capsys):
     assert (folder / "measurements.json").read_text() == before and not (folder / "measurements.csv").exists()
 
 
+def _full_disk_for(real, row_name):
+    """``gpu_run.write_rows`` that finds the disk full when it writes the row ``row_name`` (its other writes go on)."""
+    import errno
+
+    def write(results, rows, *, replace=False):
+        if any(r["name"] == row_name for r in rows) and not replace:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(results, rows, replace=replace)
+
+    return write
+
+
 def _kill_worker_of(row_name, seen, stop):
     """Kill (SIGKILL) the worker process measuring ``row_name`` as soon as it exists, until ``stop`` is set (the run
     ended): one row, nothing else. No deadline: on a loaded CPU the row may start minutes into the run."""
@@ -183,8 +195,6 @@ def test_tiny_runs_two_at_once_forces_tool_rounds_and_a_killed_worker_loses_its_
 
 @pytest.mark.slow
 def test_tiny_survives_a_failed_twin_and_a_full_disk_with_every_other_row_kept(tmp_path, monkeypatch):
-    import errno
-
     import bench.worker as worker
 
     start = worker.start
@@ -192,15 +202,8 @@ def test_tiny_survives_a_failed_twin_and_a_full_disk_with_every_other_row_kept(t
     def failing_twin(kind, spec, env=None):  # the twin's worker fails: a preset that does not exist
         return start(kind, dict(spec, preset="no-such-preset") if spec.get("twin_of") else spec, env)
 
-    real = gpu_run.write_rows
-
-    def full_disk(results, rows, *, replace=False):
-        if any(r["name"] == "workshop" for r in rows) and not replace:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(results, rows, replace=replace)
-
     monkeypatch.setattr(worker, "start", failing_twin)
-    monkeypatch.setattr(gpu_run, "write_rows", full_disk)
+    monkeypatch.setattr(gpu_run, "write_rows", _full_disk_for(gpu_run.write_rows, "workshop"))
     out = tmp_path / "gpu"
     assert gpu.main(["--tiny", "--parts", "presets", "--presets", "workshop", "laptop-16gb", "--results", str(out)]) == 1
     rows = {r["name"]: r for r in json.loads((out / "measurements.json").read_text())}
@@ -393,17 +396,8 @@ def test_a_failed_twin_costs_its_row_only_and_the_rest_stays_side_by_side(tmp_pa
 
 
 def test_a_failed_write_costs_that_row_only_and_the_status_is_written(tmp_path, fake_device, monkeypatch):
-    import errno
-
     _seconds(monkeypatch, {})
-    real = gpu_run.write_rows
-
-    def write(results, rows, *, replace=False):
-        if any(r["name"] == "grid-Qwen2.5-1.5B-lora-bf16" for r in rows) and not replace:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(results, rows, replace=replace)
-
-    monkeypatch.setattr(gpu_run, "write_rows", write)
+    monkeypatch.setattr(gpu_run, "write_rows", _full_disk_for(gpu_run.write_rows, "grid-Qwen2.5-1.5B-lora-bf16"))
     assert gpu.main(["--parts", "grid", "--results", str(tmp_path)]) == 1
     rows = {r["name"] for r in json.loads((tmp_path / "measurements.json").read_text())}
     assert "grid-Qwen2.5-1.5B-lora-bf16" not in rows and len(rows) == 12  # every other row kept

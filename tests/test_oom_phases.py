@@ -209,3 +209,22 @@ def test_the_doctor_weighs_a_tool_recipes_generation_with_its_tool_rounds(rounds
     doctor = phase_memory(preset.to_dict(), "generation")
     assert doctor == _estimate(resolve_plan(preset)).bytes["generation_phase"]
     assert doctor > phase_memory(without.to_dict(), "generation") * 1.3  # a round prefills prompt + reply + tool turn
+
+
+def test_the_report_wraps_between_words_at_100_characters():
+    """JupyterLab's output area breaks a long printed line mid-word ("fp3 / 2 moments", seen in notebook 04's
+    section 8): the report wraps itself, a numbered change's lines under its text, no word cut."""
+    from labkit.oom import Change, OOMReport
+
+    why = ("generate half the completions at once (KV cache of the generation batch halves); the same "
+           "num_generations per prompt, fewer prompts per generation batch")
+    report = OOMReport(step=3, max_steps=16, phase="generation", error="x", tried_gib=1.0, allocated_gib=10.0,
+                       reserved_gib=12.0, peak_allocated_gib=11.0, total_gib=15.7,
+                       changes=[Change("generation", {"steps_per_generation": 4}, {}, why)],
+                       checkpoint="runs/04_cpu-smollm2-20261203-220017/checkpoint-16", output_dir="runs/x", notes=[])
+    text = str(report)
+    assert max(len(line) for line in text.splitlines()) <= 100, text
+    assert why.split() == " ".join(text.split("1. steps_per_generation (default) -> 4: ")[1].split()).split(
+        " Reserved")[0].split(), text  # every word of the change, whole and in order
+    change = text.splitlines()[text.splitlines().index(next(l for l in text.splitlines() if "1. " in l)) + 1]
+    assert change.startswith(" " * 5) and not change.startswith(" " * 6), text  # under the change's text
