@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-from labkit.device import choose_precision, detect_device
+from labkit.device import detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
@@ -159,9 +159,9 @@ def field_errors(p: Preset) -> list[str]:
     return errors
 
 
-def _tool_errors(p: Preset, device=None, procs: int = 1, plan: Plan | None = None) -> list[str]:
+def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[str]:
     """Return what is wrong with the tool fields: an unknown environment, tool rounds without an environment; and,
-    given the card (``device``, once every field is sound), tool rounds that cannot fit it.
+    given the checked plan (its card, precision and shape, once every field is sound), tool rounds that cannot fit.
 
     A tool round is a new ``generate`` call (TRL 1.16's ``_tool_call_loop``): prompt + completion so far + tool turn,
     up to ``max_prompt_length + max_completion_length`` tokens prefilled from scratch, and ``max_completion_length``
@@ -187,6 +187,7 @@ def _tool_errors(p: Preset, device=None, procs: int = 1, plan: Plan | None = Non
     if p.max_tool_calling_iterations is None:
         return ["max_tool_calling_iterations must be set for a tool recipe (it needs max_tool_calling_iterations: "
                 "the tool rounds a rollout may take; TRL's default is no limit): set --set max_tool_calling_iterations=3."]
+    device = plan.card if plan else None
     if device is None or device.kind != "cuda" or not device.total_memory_gib:
         return []
     from labkit.cards import SIZING_CONTEXT_GIB
@@ -198,12 +199,10 @@ def _tool_errors(p: Preset, device=None, procs: int = 1, plan: Plan | None = Non
                  max_completion_length=p.max_completion_length, optim=p.optim,
                  gradient_checkpointing=p.gradient_checkpointing, beta=p.beta, lora_rank=p.lora_rank,
                  lora_targets=list(p.target_modules), prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
-                 precision=plan.precision if plan else choose_precision(device, p.precision), padded=True)
-    # the plan's shape (a packaged model has its hub twin's), else its name
-    model = plan.shape if plan else LOCAL_MODELS.get(p.model, {}).get("hub_id", p.model)
+                 precision=plan.precision, padded=True)
 
-    def generation_gib(batch: int, rounds: int) -> float:
-        return estimate(model, p.method, per_device_train_batch_size=batch, max_tool_calling_iterations=rounds,
+    def generation_gib(batch: int, rounds: int) -> float:  # the plan's shape: a packaged model has its hub twin's
+        return estimate(plan.shape, p.method, per_device_train_batch_size=batch, max_tool_calling_iterations=rounds,
                         **knobs).bytes["generation_phase"] / GIB
 
     try:
@@ -578,7 +577,7 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
     errors.extend(path_errors)
     warnings.extend(path_warnings)
     if not errors:  # the estimate needs every field sound
-        errors.extend(_tool_errors(p, device, procs, plan))
+        errors.extend(_tool_errors(p, plan, procs))
     if errors:
         raise PresetError(_error_message(p.name, device, errors, names=names))
     return plan, warnings

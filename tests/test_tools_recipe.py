@@ -271,3 +271,14 @@ def test_the_tools_demo_command_says_what_is_wrong_in_one_line(capsys):
     assert main(["--set", "task=gsm8k"]) == 2
     out = capsys.readouterr().out
     assert out.startswith("bench tools-demo: the recipe's task must be") and out.count("\n") == 1
+
+
+def test_a_tool_recipe_whose_model_cannot_be_read_offline_is_checked_with_warnings_not_a_crash():
+    """The tool rounds' fit check reads the plan's shape; a model neither the catalogue nor a folder knows skips that
+    check with the other checks' warnings (it raised KeyError once the check read the plan)."""
+    from labkit.presets import card_device, get_preset
+    from labkit.validation import checked_plan
+
+    plan, warnings = checked_plan(get_preset("tools-16gb", model="someone/unknown-model"), card_device("tools-16gb"))
+    assert plan.preset.model == "someone/unknown-model"
+    assert any("could not read someone/unknown-model's layers offline" in w for w in warnings), warnings
