@@ -43,6 +43,10 @@ class Card:
     # step, which reads every weight and the KV cache once (labkit.generation.decode_limit)
     bandwidth_gb_s: float = 0.0
     bandwidth_source: str = ""
+    # The 16-bit tensor cores' peak in TFLOP/s, dense, FP32 accumulate (what PyTorch's bf16/fp16 matmuls use): what
+    # bounds a step's arithmetic. Over the bandwidth it gives the ridge point, in operations per byte read.
+    tensor_tflops: float = 0.0
+    tensor_source: str = ""
 
     @property
     def bf16(self) -> bool:
@@ -67,32 +71,44 @@ CARDS: dict[str, Card] = {
              "Colab's T4 with ECC on: 15,095-15,102 MiB (14.74-14.75 GiB) by driver; TRL's T4 notebook prints "
              "14.74 (huggingface/trl examples/notebooks/grpo_trl_lora_qlora.ipynb). T4s on other clouds' newer "
              "drivers report 14.56-14.58 GiB (Zheng-Chong/CatVTON issue 133, QwenLM/Qwen3-VL issue 1046)",
-             bandwidth_gb_s=320, bandwidth_source="NVIDIA T4 datasheet: 320+ GB/s (GDDR6, 256-bit)"),
+             bandwidth_gb_s=320, bandwidth_source="NVIDIA T4 datasheet: 320+ GB/s (GDDR6, 256-bit)",
+             tensor_tflops=65, tensor_source="NVIDIA T4 datasheet: mixed precision (FP16/FP32) 65 TFLOPS"),
         Card("rtx3080-laptop-16gb", "NVIDIA GeForce RTX 3080 Laptop GPU", "16 GB", 15.7, (8, 6),
              "Oxen.ai's 16 GB RTX 3080 laptop: \"GPU 0 has a total capacity of 15.73 GiB\" (the OOM message in "
              "ghost.oxen.ai/grpo-vram-requirements-for-the-gpu-poor; docs/references.md#the-16-gb-laptop-recipe), "
              "rounded down; 16 GB cards report 15.7-15.99 GiB (an RTX 4080 16 GB \"15.99 GiB total capacity\", "
              "aigc-apps/sd-webui-EasyPhoto issue 281)",
              bandwidth_gb_s=448, bandwidth_source="NVIDIA's RTX 3080 Laptop GPU: 16 GB GDDR6, 256-bit, 14 Gbps = 448 GB/s "
-                                            "(the fastest laptop configuration; makers may clock it lower)"),
+                                            "(the fastest laptop configuration; makers may clock it lower)",
+             tensor_tflops=42.0, tensor_source="an estimate: NVIDIA publishes no tensor figure for laptops. 48 SMs x "
+             "512 FLOP a clock (the desktop RTX 3080's 59.5 TFLOPS over its 68 SMs at 1.71 GHz, NVIDIA's GA102 "
+             "whitepaper) x the fastest configuration's 1.71 GHz boost clock"),
         Card("rtx4080-16gb", "NVIDIA GeForce RTX 4080", "16 GB", 15.99, (8, 9),
              "\"15.99 GiB total capacity\" (aigc-apps/sd-webui-EasyPhoto issue 281)",
-             bandwidth_gb_s=716.8, bandwidth_source="NVIDIA RTX 4080 specifications: 22.4 Gbps GDDR6X, 256-bit = 716.8 GB/s"),
+             bandwidth_gb_s=716.8, bandwidth_source="NVIDIA RTX 4080 specifications: 22.4 Gbps GDDR6X, 256-bit = 716.8 GB/s",
+             tensor_tflops=97.5, tensor_source="NVIDIA Ada Lovelace whitepaper: FP16 tensor, FP32 accumulate, dense"),
         Card("rtx3080-10gb", "NVIDIA GeForce RTX 3080", "10 GB", 10.0, (8, 6),
              "\"10.00 GiB total capacity\" (victordibia/peacasso issue 3)",
-             bandwidth_gb_s=760, bandwidth_source="NVIDIA RTX 3080 specifications: 19 Gbps GDDR6X, 320-bit = 760 GB/s"),
+             bandwidth_gb_s=760, bandwidth_source="NVIDIA RTX 3080 specifications: 19 Gbps GDDR6X, 320-bit = 760 GB/s",
+             tensor_tflops=59.5, tensor_source="NVIDIA GA102 whitepaper: FP16 tensor, FP32 accumulate, dense"),
         Card("rtx4090-24gb", "NVIDIA GeForce RTX 4090", "24 GB", 23.64, (8, 9),
              "\"23.64 GiB total capacity\" (ali-vilab/VGen issue 104)",
-             bandwidth_gb_s=1008, bandwidth_source="NVIDIA RTX 4090 specifications: 21 Gbps GDDR6X, 384-bit = 1,008 GB/s"),
+             bandwidth_gb_s=1008, bandwidth_source="NVIDIA RTX 4090 specifications: 21 Gbps GDDR6X, 384-bit = 1,008 GB/s",
+             tensor_tflops=165.2, tensor_source="NVIDIA Ada Lovelace whitepaper: FP16 tensor, FP32 accumulate, dense"),
         Card("a100-80gb", "NVIDIA A100-SXM4-80GB", "80 GB", 79.25, (8, 0),
              "\"79.25 GiB total capacity\" (levihsu/OOTDiffusion issue 235)",
-             bandwidth_gb_s=2039, bandwidth_source="NVIDIA A100 datasheet: 2,039 GB/s (SXM4 80GB)"),
+             bandwidth_gb_s=2039, bandwidth_source="NVIDIA A100 datasheet: 2,039 GB/s (SXM4 80GB)",
+             tensor_tflops=312, tensor_source="NVIDIA A100 datasheet: BF16 tensor 312 TFLOPS (624 with sparsity)"),
         Card("h100-80gb", "NVIDIA H100 80GB HBM3", "80 GB", 79.1, (9, 0),
              "the lent H100 of 2026-11-26: torch.cuda.mem_get_info's total, 79.1 GiB (docs/gpu.md)",
-             bandwidth_gb_s=3350, bandwidth_source="NVIDIA H100 datasheet: 3.35 TB/s (SXM5, HBM3)"),
+             bandwidth_gb_s=3350, bandwidth_source="NVIDIA H100 datasheet: 3.35 TB/s (SXM5, HBM3)",
+             tensor_tflops=989.5, tensor_source="NVIDIA H100 datasheet: BF16 tensor 1,979 TFLOPS with sparsity, "
+             "half without (SXM5)"),
         Card("h200", "NVIDIA H200", "141 GB", 139.0, (9, 0),
              "the lent H200: about 139 GiB to PyTorch (the device tool's description), rounded down",
-             bandwidth_gb_s=4800, bandwidth_source="NVIDIA H200 datasheet: 4.8 TB/s (HBM3e)"),
+             bandwidth_gb_s=4800, bandwidth_source="NVIDIA H200 datasheet: 4.8 TB/s (HBM3e)",
+             tensor_tflops=989.5, tensor_source="NVIDIA H200 datasheet: BF16 tensor 1,979 TFLOPS with sparsity, "
+             "half without"),
     ]
 }
 

@@ -232,9 +232,12 @@ def test_the_bandwidth_limit_gives_issue_43s_figures():
                       completion_tokens=786) < h100 / 15
 
 
-def test_every_card_states_its_bandwidth_and_where_it_comes_from():
+def test_every_card_states_its_bandwidth_and_tensor_peak_and_where_they_come_from():
     for card in CARDS.values():
         assert card.bandwidth_gb_s > 0 and card.bandwidth_source, card.key
+        assert card.tensor_tflops > 0 and card.tensor_source, card.key
+    laptop = CARDS["rtx3080-laptop-16gb"]  # notebook 04b: "a ridge point of about 94 operations a byte"
+    assert round(laptop.tensor_tflops * 1e12 / (laptop.bandwidth_gb_s * 1e9)) == 94
 
 
 def test_the_dashboard_shows_the_generation_figures_once_logged():
