@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", default=None, help="comma-separated reward_weights")
     parser.add_argument("--prompt", choices=sorted(SYSTEM_PROMPTS), default=None,
                         help="the system prompt (default: the task's)")
+    parser.add_argument("--lora-dropout", type=float, default=None, help="LoRA's dropout (default: the preset's)")
     parser.add_argument("--trl", nargs="*", default=[], help="GRPOConfig fields KEY=VALUE (scale_rewards=none)")
     parser.add_argument("--eval-problems", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["max_completion_length"] = args.tokens
     if args.rewards:
         overrides["rewards"] = tuple(args.rewards.split(","))
+    if args.lora_dropout is not None:
+        overrides["lora_dropout"] = args.lora_dropout
     if args.weights:
         overrides["reward_weights"] = tuple(float(w) for w in args.weights.split(","))
     trl = {}
@@ -99,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size",
                                                 "num_generations", "max_completion_length", "rewards",
                                                 "reward_weights", "temperature", "beta", "trl_options")}
-                        | {"prompts_per_step": preset["per_device_train_batch_size"] // preset["num_generations"],
+                        | {"lora_dropout": preset.get("lora_dropout", 0.05),
+                           "prompts_per_step": preset["per_device_train_batch_size"] // preset["num_generations"],
                            "system_prompt": summary["system_prompt"], "held_out_problems": args.eval_problems},
             **{k: summary[k] for k in ("right_number_before", "right_number_after", "rise_points", "mcnemar_p",
                                        "gained", "lost", "short_answer_before", "short_answer_after",

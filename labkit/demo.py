@@ -186,7 +186,8 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     started, cpu_started = time.perf_counter(), time.process_time()
     seed_everything(seed)
     policy, tokenizer = load_policy(preset.model, preset.method, precision="fp32", lora_rank=preset.lora_rank,
-                                    lora_alpha=preset.lora_alpha, target_modules=list(preset.target_modules),
+                                    lora_alpha=preset.lora_alpha, lora_dropout=preset.lora_dropout,
+                                    target_modules=list(preset.target_modules),
                                     gradient_checkpointing=preset.gradient_checkpointing)
     loaded_s = time.perf_counter() - started
     task = WordProblems() if system_prompt is None else WordProblems(system_prompt=system_prompt)

@@ -91,7 +91,8 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
             need = continuous_footprint(p.model, p.generation_batch_size, p.max_prompt_length,
                                         p.max_completion_length, b)["total"] / 2**30
             est = estimate(p.model, p.method, optim=p.optim, precision="fp32" if b == 4 else "bf16", beta=p.beta,
-                           lora_rank=p.lora_rank, lora_targets=list(p.target_modules), max_completion_length=1,
+                           lora_rank=p.lora_rank, lora_targets=list(p.target_modules), lora_dropout=p.lora_dropout,
+                           max_completion_length=1,
                            prepare_model_for_kbit_training=p.prepare_model_for_kbit_training).bytes
             has = card - SIZING_CONTEXT_GIB - (est["weights"] + est["reference"] + est["optimizer"]) / 2**30
             if need > has:

@@ -463,8 +463,8 @@ def match_adapter_dtype(model, precision: str) -> int:
 
 
 def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precision: str | None = None,
-                lora_rank: int = 16, lora_alpha: int | None = None, target_modules: list[str] | None = None,
-                gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False,
+                lora_rank: int = 16, lora_alpha: int | None = None, lora_dropout: float = 0.05,
+                target_modules: list[str] | None = None, gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False,
                 prepare_model_for_kbit_training: bool = False):
     """Return ``(model, tokenizer)``: a policy ready to train with ``method`` full, lora or qlora.
 
@@ -519,6 +519,6 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
     elif gradient_checkpointing:
         enable_checkpointing(model)
         model.enable_input_require_grads()
-    model = get_peft_model(model, lora_config(lora_rank, lora_alpha, target_modules=target_modules))
+    model = get_peft_model(model, lora_config(lora_rank, lora_alpha, lora_dropout, target_modules))
     match_adapter_dtype(model, precision)  # QLoRA: TRL's bf16 cast of the adapters, fp32 under fp16
     return model, tokenizer

@@ -72,7 +72,7 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
         return None
     fields = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
               "num_processes", "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "beta",
-              "precision", "lora_rank", "prepare_model_for_kbit_training")  # the last: QLoRA's fp32 upcast
+              "precision", "lora_rank", "lora_dropout", "prepare_model_for_kbit_training")  # the last: QLoRA's upcast
     kwargs = {k: s[k] for k in fields if s.get(k) is not None}  # estimate's names; target_modules is lora_targets
     kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
     kwargs["max_tool_calling_iterations"] = tool_rounds(s)
@@ -86,6 +86,7 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
         return est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
     if term == "scoring":
         return scoring_memory(est, model=name, lora_targets=kwargs["lora_targets"],
+                              lora_dropout=s.get("lora_dropout", 0.05),
                               use_vllm=bool(s.get("use_vllm") and s.get("vllm_importance_sampling_correction", True)),
                               num_iterations=s.get("num_iterations") or 1)
     if term == "optimizer_step":

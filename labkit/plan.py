@@ -119,7 +119,8 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
         precision, precision_error = preset.precision, str(exc)
     model_path = resolve_model(preset.model)
     method = preset.method
-    lora = (dict(rank=preset.lora_rank, alpha=preset.lora_alpha, target_modules=list(preset.target_modules))
+    lora = (dict(rank=preset.lora_rank, alpha=preset.lora_alpha, dropout=preset.lora_dropout,
+                 target_modules=list(preset.target_modules))
             if method in ("lora", "qlora") else None)
     return Plan(preset=preset, model=preset.model, model_path=model_path,
                 shape_name=_shape_name(preset.model, model_path), method=method, precision=precision,

@@ -38,7 +38,8 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None)
         max_prompt_length=p.max_prompt_length, max_completion_length=g["max_completion_length"],
         optim=g["optim"], gradient_checkpointing=g["activation_checkpointing"], beta=g["beta"],
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
-        prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, device=device, padded=True,
+        lora_dropout=p.lora_dropout, prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
+        device=device, padded=True,
         max_tool_calling_iterations=tool_rounds(g))  # a tool recipe's rounds (notebook 08)
     if not g.get("use_transformers_continuous_batching"):
         return est

@@ -70,6 +70,7 @@ class Preset:
     description: str = ""
     lora_rank: int = 16
     lora_alpha: int | None = None  # None: 2 x rank
+    lora_dropout: float = 0.05  # PEFT's; on in TRL's rollouts too (it samples in train mode)
     target_modules: tuple[str, ...] = RECIPE_TARGETS
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 4

@@ -527,7 +527,8 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     args = grpo_config(output_dir, device=device, plan=plan, **settings)
     if model is None:  # QLoRA with prepare_model_for_kbit_training: labkit's loader runs PEFT's upcast first
         model, tokenizer = load_policy(plan.model_path, "qlora", precision=plan.precision, lora_rank=plan.lora["rank"],
-                                       lora_alpha=plan.lora["alpha"], target_modules=plan.lora["target_modules"],
+                                       lora_alpha=plan.lora["alpha"], lora_dropout=plan.lora["dropout"],
+                                       target_modules=plan.lora["target_modules"],
                                        gradient_checkpointing=preset.gradient_checkpointing,
                                        prepare_model_for_kbit_training=True)
     elif not isinstance(model, str):

@@ -56,11 +56,12 @@ _NUMBER_FIELDS = {
     "beta": (_FLOAT, 0.0, 1000.0, False),  # >= 0
     "temperature": (_FLOAT, 0.0, 100.0, False),  # > 0
     "lora_alpha": (_FLOAT, 0.0, 100_000.0, True),  # > 0
+    "lora_dropout": (_FLOAT, 0.0, 0.9, False),  # >= 0
     "card_gib": (_FLOAT, 0.0, 100_000.0, True),  # > 0
     "max_tool_calling_iterations": (_INT, 1, 64, True),
 }
 # Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
-_ZERO_ALLOWED = {"beta", "seed", "learning_rate"}
+_ZERO_ALLOWED = {"beta", "seed", "learning_rate", "lora_dropout"}
 _STRING_FIELDS = ("name", "model", "method", "description", "optim", "task", "generation")
 TASKS = ("gsm8k", *WORD_PROBLEM_TASKS)  # labkit.run.task_dataset knows these
 
@@ -198,7 +199,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
                  num_generations=p.num_generations, num_processes=procs, max_prompt_length=p.max_prompt_length,
                  max_completion_length=p.max_completion_length, optim=p.optim,
                  gradient_checkpointing=p.gradient_checkpointing, beta=p.beta, lora_rank=p.lora_rank,
-                 lora_targets=list(p.target_modules), prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
+                 lora_targets=list(p.target_modules), lora_dropout=p.lora_dropout, prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
                  precision=plan.precision, padded=True)
 
     def generation_gib(batch: int, rounds: int) -> float:  # the plan's shape: a packaged model has its hub twin's

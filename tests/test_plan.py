@@ -59,12 +59,14 @@ def test_preflight_dry_run_estimator_and_rehearsal_read_the_same_plan():
 def test_build_run_takes_a_plan(tmp_path):
     from labkit.run import build_run
 
-    plan = resolve_plan(get_preset("cpu-tiny", train_limit=8), CPU)
+    plan = resolve_plan(get_preset("cpu-tiny", train_limit=8, lora_dropout=0.0), CPU)
     run = build_run(plan, tmp_path, disable_tqdm=True)
     args = run.trainer.args
     assert (args.bf16, args.fp16) == (False, False)
     assert args.generation_batch_size == plan.generation_batch_size
-    assert run.model.peft_config["default"].r == plan.lora["rank"]
+    adapter = run.model.peft_config["default"]
+    assert (adapter.r, adapter.lora_dropout) == (plan.lora["rank"], 0.0)  # the preset's dropout, not PEFT's 0.05
+    assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in run.model.modules())
 
 
 @pytest.mark.parametrize("module, function", [
@@ -136,3 +138,11 @@ def test_the_plan_does_not_climb_back():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
     assert imported <= {"labkit.device", "labkit.models", "labkit.shapes", "labkit.presets", "labkit.generation"}, imported
+
+
+def test_the_presets_lora_dropout_reaches_the_estimate():
+    """LoRA's dropout keeps a mask and an input copy in every adapted layer: a preset without it needs less."""
+    with_dropout = estimate(resolve_plan("laptop-16gb"))
+    without = estimate(resolve_plan(get_preset("laptop-16gb", lora_dropout=0.0)))
+    assert without.bytes["activations"] < with_dropout.bytes["activations"]
+    assert without.bytes["weights"] == with_dropout.bytes["weights"]

@@ -92,7 +92,8 @@ def _invalid_for(kind, low, high, low_allowed, none_allowed):
     return values
 
 
-_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("beta", "seed", "learning_rate"), none_allowed)
+_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("beta", "seed", "learning_rate", "lora_dropout"),
+                             none_allowed)
            for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items()}
 _FIELDS.update({
     "gradient_checkpointing": ["maybe", "1", "none", "2.5"], "precision": ["bf32", "1", "true"],
@@ -110,7 +111,7 @@ _CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "max_steps": ["4"]
                 "num_iteration": ["2"]})
 _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["0", "0.04"], "temperature": ["0.7"],
           "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["2", "none"],
-          "lora_alpha": ["32", "none", "8.5"], "target_modules": ["q_proj,v_proj", "down_proj"],
+          "lora_alpha": ["32", "none", "8.5"], "lora_dropout": ["0", "0.05"], "target_modules": ["q_proj,v_proj", "down_proj"],
           "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"],
           "prepare_model_for_kbit_training": ["false"], "generation": ["generate", "continuous"]}
 _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
