@@ -26,6 +26,7 @@ the card cannot do fails in :func:`labkit.validation.validate`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -93,13 +94,15 @@ class Preset:
     save_steps: int | None = 25  # checkpoint every N optimiser steps; None: no checkpoints
     save_total_limit: int | None = 2
     # "gsm8k": labkit.rewards.gsm8k_rewards() (accuracy, format, tag count, with its weights);
-    # or names X of labkit.rewards.X_reward ("accuracy", "format", "soft_format", ...).
-    rewards: tuple[str, ...] = ("gsm8k",)
+    # or names X of labkit.rewards.X_reward ("accuracy", "format", "soft_format", ...); or your own reward functions,
+    # as GRPOTrainer takes them (notebook 02).
+    rewards: tuple = ("gsm8k",)
     reward_weights: tuple[float, ...] | None = None  # None: gsm8k's own weights, 1.0 for named rewards
     train_limit: int | None = None  # None: the whole GSM8K train split
     # What the prompts are: "gsm8k" (labkit.data), "word-problems" (labkit.tasks.WordProblems, the CPU mode's) or
-    # "word-problems-large" (the same with three-digit sums and two-digit products: notebook 08's).
-    task: str = "gsm8k"
+    # "word-problems-large" (the same with three-digit sums and two-digit products: notebook 08's); or your own
+    # datasets.Dataset with a "prompt" column, as GRPOTrainer takes it (notebook 02).
+    task: object = "gsm8k"
     # Tools (notebook 08): the environment TRL's environment_factory gets, by name (labkit.environments.ENVIRONMENTS:
     # "calculator"), None for no tool; and GRPOConfig's max_tool_calling_iterations, the tool rounds a rollout may
     # take. TRL bounds the whole multi-turn completion, tool turns included, by max_completion_length.
@@ -123,6 +126,8 @@ class Preset:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise PresetError(f"unknown preset field(s) {unknown}; the fields are: {', '.join(self.field_names())}")
+        if callable(changes.get("rewards")):  # one reward function of your own
+            changes["rewards"] = (changes["rewards"],)
         for key in ("target_modules", "rewards", "reward_weights"):
             if isinstance(changes.get(key), (list, str)):
                 value = changes[key]
@@ -147,8 +152,14 @@ class Preset:
         return [f.name for f in dataclasses.fields(cls)]
 
     def to_dict(self) -> dict:
-        """Return the preset as plain JSON-able values (tuples as lists)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """Return the preset as plain JSON-able values (tuples as lists); your own dataset and reward functions as
+        what names them (the dataset's rows and fingerprint, each function's name), which a resume compares."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if not isinstance(self.task, str):
+            out["task"] = f"your dataset: {len(self.task)} rows, fingerprint {getattr(self.task, '_fingerprint', '?')}"
+        out["rewards"] = [r if isinstance(r, str) else f"your function {getattr(r, '__name__', r)}" for r in self.rewards]
+        out["trl_options"] = copy.deepcopy(self.trl_options)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Preset":

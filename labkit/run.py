@@ -83,8 +83,9 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
         prompts = [tool_prompt(prompt[-1]["content"]) for prompt in dataset["prompt"]]
         dataset = dataset.remove_columns("prompt").add_column("prompt", prompts)
 
-    def measure(rows):
-        return [len(tokenizer.apply_chat_template(p, tools=tools, add_generation_prompt=True, tokenize=True,
+    def measure(rows):  # a plain-text prompt (your dataset's may be) goes to the model as it is, untemplated
+        return [len(tokenizer(p)["input_ids"]) if isinstance(p, str) else
+                len(tokenizer.apply_chat_template(p, tools=tools, add_generation_prompt=True, tokenize=True,
                                                   return_dict=True)["input_ids"]) for p in rows["prompt"]]
 
     # Measure only what may be kept: with a limit, a window a few times larger is plenty.
@@ -111,6 +112,11 @@ def task_dataset(task: str, split: str = "train", *, seed: int | None = None, li
     is a fixed pool of 200 that training never sees; ``"word-problems-large"`` are the same problems with
     :data:`labkit.tasks.NUMBER_RANGES` ``["large"]`` (notebook 08: the arithmetic a calculator is for).
     """
+    if not isinstance(task, str):  # your own dataset (notebook 02): its rows are the training prompts
+        if split != "train":
+            raise PresetError("your dataset is the recipe's training prompts; it has no held-out split. Evaluate "
+                              "on prompts of your own, kept out of it.")
+        return task.select(range(min(limit or len(task), len(task))))  # its first rows; TRL's sampler shuffles
     if task == "gsm8k":
         from labkit.data import load_gsm8k
 

@@ -25,7 +25,7 @@ from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.plan import Plan, resolve_plan
 from labkit.presets import RECIPE_TARGETS, Preset, PresetError
-from labkit.rewards import named_rewards
+from labkit.rewards import named_rewards, task_errors
 from labkit.tasks import WORD_PROBLEM_TASKS
 
 __all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
@@ -62,7 +62,7 @@ _NUMBER_FIELDS = {
 }
 # Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
 _ZERO_ALLOWED = {"beta", "seed", "learning_rate", "lora_dropout"}
-_STRING_FIELDS = ("name", "model", "method", "description", "optim", "task", "generation")
+_STRING_FIELDS = ("name", "model", "method", "description", "optim", "generation")  # task: a name or a Dataset
 TASKS = ("gsm8k", *WORD_PROBLEM_TASKS)  # labkit.run.task_dataset knows these
 
 # GRPOConfig fields that GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low allowed).
@@ -130,8 +130,10 @@ def field_errors(p: Preset) -> list[str]:
         value = getattr(p, name)
         if not isinstance(value, str) or (name != "description" and not value.strip()):
             errors.append(f"{name} must be a non-empty text, not {value!r}.")
-    if isinstance(p.task, str) and p.task not in TASKS:
-        errors.append(f"task must be one of {', '.join(TASKS)}, not {p.task!r}.")
+    if isinstance(p.task, str) and p.task not in TASKS or p.task is None:
+        errors.append(f"task must be one of {', '.join(TASKS)}, or your datasets.Dataset, not {p.task!r}.")
+    elif not isinstance(p.task, str):  # your own dataset: its prompts, and every reward called on its first rows
+        errors.extend(task_errors(p.task, p.rewards))
     errors.extend(_tool_errors(p))
     for name in ("gradient_checkpointing", "prepare_model_for_kbit_training"):
         if not isinstance(getattr(p, name), bool):
@@ -140,7 +142,8 @@ def field_errors(p: Preset) -> list[str]:
         errors.append(f"precision must be bf16, fp16, fp32 or None (the card decides), not {p.precision!r}.")
     for name in ("target_modules", "rewards"):
         value = getattr(p, name)
-        if not isinstance(value, tuple) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        if not isinstance(value, tuple) or not value or not all(
+                isinstance(v, str) and v.strip() or name == "rewards" and callable(v) for v in value):
             errors.append(f"{name} must be a comma-separated list of names, not {value!r}.")
     if p.reward_weights is not None:
         weights = p.reward_weights

@@ -146,3 +146,31 @@ def test_the_presets_lora_dropout_reaches_the_estimate():
     without = estimate(resolve_plan(get_preset("laptop-16gb", lora_dropout=0.0)))
     assert without.bytes["activations"] < with_dropout.bytes["activations"]
     assert without.bytes["weights"] == with_dropout.bytes["weights"]
+
+
+@pytest.mark.slow
+def test_your_own_dataset_and_reward_train_through_build_run(tmp_path):
+    """Issue 53 item 5: a Dataset with a prompt column and a reward function, as GRPOTrainer takes them."""
+    from datasets import Dataset
+
+    from labkit.run import build_run, eval_prompts, load_saved_preset
+
+    task = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"What is {i} + 2?"}] for i in range(20)],
+                              "answer": [str(i + 2) for i in range(20)]})
+    seen = []
+
+    def exact(completions, answer, **kwargs):
+        seen.append(list(answer))
+        return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+    preset = get_preset("cpu-tiny", task=task, rewards=exact, max_steps=2, save_steps=None, train_limit=None)
+    run = build_run(preset, tmp_path, print_logs=False)
+    assert len(seen) == 1  # the check before the model: one call on the first rows, as TRL calls it
+    assert len(run.trainer.train_dataset) == 20
+    run.train()
+    assert run.trainer.state.global_step == 2 and len(seen) > 1
+    assert set(sum(seen[1:], [])) <= set(task["answer"])  # TRL passed the dataset's own column
+    assert "rewards/exact/mean" in run.trainer.state.log_history[0]
+    assert load_saved_preset(tmp_path).to_dict()["rewards"] == ["your function exact"]
+    with pytest.raises(ValueError, match="no held-out split"):
+        eval_prompts(preset)

@@ -807,3 +807,55 @@ def test_bench_false_equations_counts_right_replies_with_false_equations(tmp_pat
                       ("smollm2_long/latest_completions.json", "after"): (1, 1)}
     assert record["runs"][0]["before"]["right_and_false"][0]["false_equations"] == ["3 * 2 * 2 = 6"]
     assert {"date", "device", "versions"} <= set(record["provenance"])
+
+
+# ----------------------------------------------------------------------------- your own task (issue 53, item 5)
+
+
+def _own_task(n=20):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": f"What is {i} + 1?"}] for i in range(n)],
+                              "answer": [str(i + 1) for i in range(n)]})
+
+
+def _exact(completions, answer, **kwargs):
+    return [1.0 if completion_text(c).strip() == gold else 0.0 for c, gold in zip(completions, answer)]
+
+
+@pytest.mark.parametrize("reward, words", [
+    (lambda completions, **kwargs: [1.0], ["returned 1 rewards for 4 completions"]),
+    (lambda completions, **kwargs: 1 / 0, ["raised ZeroDivisionError", "columns: answer"]),
+    (lambda completions, **kwargs: ["1"] * len(completions), ["returned '1' (str)"]),
+    (lambda completions, **kwargs: [True] * len(completions), ["returned True (bool)"]),
+    (lambda completions, gold, **kwargs: gold, ["raised TypeError", "gold"]),  # a column the dataset lacks
+])
+def test_a_reward_that_would_fail_in_trl_is_named_before_any_model_loads(reward, words):
+    from labkit.presets import PresetError, get_preset
+    from labkit.validation import validate
+
+    errors = R.task_errors(_own_task(), (reward,))
+    assert len(errors) == 1 and errors[0].startswith("reward <lambda> ") and all(w in errors[0] for w in words), errors
+    with pytest.raises(PresetError, match="reward <lambda>"):
+        validate(get_preset("cpu-tiny", task=_own_task(), rewards=reward))
+
+
+def test_your_own_dataset_needs_a_prompt_column_and_rows():
+    assert R.task_errors(_own_task(), (_exact, "accuracy")) == []
+    missing = R.task_errors(_own_task().rename_column("prompt", "question"), (_exact,))
+    assert "no 'prompt' column (its columns: question, answer)" in missing[0]
+    assert "rename_column('question', 'prompt')" in missing[0]
+    assert "no rows" in R.task_errors(_own_task().select([]), (_exact,))[0]
+    assert "not a list" in R.task_errors([{"prompt": "x"}], (_exact,))[0]
+
+
+def test_a_preset_with_your_task_names_them_when_saved_and_is_json():
+    import json
+
+    from labkit.presets import Preset, get_preset
+
+    preset = get_preset("cpu-tiny", task=_own_task(), rewards=[_exact, "format"])
+    saved = json.loads(json.dumps(preset.to_dict()))
+    assert saved["task"].startswith("your dataset: 20 rows, fingerprint ")
+    assert saved["rewards"] == ["your function _exact", "format"]
+    assert Preset.from_dict(saved).to_dict() == saved  # what a resume compares

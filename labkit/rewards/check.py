@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from labkit.rewards.functions import callable_name
 
 __all__ = ["AWKWARD_COMPLETIONS", "RewardCheck", "check_reward_function", "adversarial_inputs", "LATEX_ANSWERS",
-           "trl_kwargs"]
+           "trl_kwargs", "task_errors"]
 
 
 # (label, text): what models actually write, and what adversaries write.
@@ -259,3 +259,45 @@ def adversarial_inputs(n_chars: int = 100_000) -> dict[str, str]:
         "bounded: huge product": padded("*".join(["999999"] * 28)),
         **{f"bounded: LaTeX {name}": padded(answer) for name, answer in LATEX_ANSWERS.items()},
     }
+
+
+def task_errors(dataset, rewards) -> list[str]:
+    """Return what stops ``GRPOTrainer`` from training on your ``dataset`` with ``rewards`` (names or functions),
+    found before any model loads: no ``prompt`` column, no rows, or a reward that raises or does not return one
+    number (or None) per completion when called as TRL calls it (trl/trainer/grpo_trainer.py 1579-1636): on the
+    dataset's first two rows, each with an empty and a short reply, and its other columns."""
+    from labkit.rewards.functions import named_rewards
+
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:
+        return [f"task must be a task's name or a datasets.Dataset, not a {type(dataset).__name__}."]
+    if "prompt" not in columns:
+        return [f"your dataset has no 'prompt' column (its columns: {', '.join(columns) or 'none'}): GRPOTrainer "
+                f"reads the prompts from it. Rename yours: dataset.rename_column({(columns or ['question'])[0]!r}, 'prompt')."]
+    if len(dataset) == 0:
+        return ["your dataset has no rows: give it at least one prompt per generation batch."]
+    try:
+        funcs, _ = named_rewards(rewards)
+    except ValueError:  # an unknown name: the recipe's reward check says which
+        return []
+    rows = [dataset[i] for i in range(min(2, len(dataset)))] * 2  # two replies to each of the first rows
+    replies = [""] * (len(rows) // 2) + ["42"] * (len(rows) // 2)
+    conversational = isinstance(rows[0]["prompt"], list)
+    kwargs = {key: [row[key] for row in rows] for key in columns if key != "prompt"}
+    kwargs.update(trl_kwargs(replies, conversational, {}), prompts=[row["prompt"] for row in rows])
+    errors = []
+    for fn in funcs:
+        name = callable_name(fn)
+        try:
+            values = list(fn(**kwargs))
+        except Exception as exc:  # noqa: BLE001  the point is to report it, before a model loads
+            errors.append(f"reward {name} raised {type(exc).__name__} ({str(exc)[:120]}) when called as TRL calls it "
+                          f"on your dataset's first rows (columns: {', '.join(sorted(kwargs))}).")
+            continue
+        if len(values) != len(rows):
+            errors.append(f"reward {name} returned {len(values)} rewards for {len(rows)} completions: return one "
+                          "number (or None) per completion, in order.")
+        elif bad := [v for v in values if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]:
+            errors.append(f"reward {name} returned {bad[0]!r} ({type(bad[0]).__name__}): each reward must be a "
+                          "number, or None to abstain.")
+    return errors
