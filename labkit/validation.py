@@ -202,8 +202,8 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
                  num_generations=p.num_generations, num_processes=procs, max_prompt_length=p.max_prompt_length,
                  max_completion_length=p.max_completion_length, optim=p.optim,
                  gradient_checkpointing=p.gradient_checkpointing, beta=p.beta, lora_rank=p.lora_rank,
-                 lora_targets=list(p.target_modules), lora_dropout=p.lora_dropout, prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
-                 precision=plan.precision, padded=True)
+                 lora_targets=list(p.target_modules), lora_dropout=p.lora_dropout,
+                 prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, precision=plan.precision, padded=True)
 
     def generation_gib(batch: int, rounds: int) -> float:  # the plan's shape: a packaged model has its hub twin's
         return estimate(plan.shape, p.method, per_device_train_batch_size=batch, max_tool_calling_iterations=rounds,
