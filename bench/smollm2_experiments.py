@@ -20,7 +20,14 @@ from labkit.demo import real_model_demo
 from labkit.lab import provenance
 from labkit.tasks import SYSTEM_PROMPTS
 
-__all__ = ["main", "append_experiment"]
+__all__ = ["main", "append_experiment", "prompts_per_step"]
+
+
+def prompts_per_step(preset: dict) -> int:
+    """Prompts in one optimiser step of a recorded preset: its completions a step (micro-batch x accumulation, or
+    steps_per_generation) over num_generations."""
+    steps = (preset.get("trl_options") or {}).get("steps_per_generation") or preset.get("gradient_accumulation_steps", 1)
+    return preset["per_device_train_batch_size"] * steps // preset["num_generations"]
 
 
 def append_experiment(path, record: dict) -> None:
@@ -69,11 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     generations = args.generations
     if args.generations is not None:
         overrides["num_generations"] = args.generations
-    if args.prompts is not None:
+    if args.prompts is not None:  # prompts a step: the preset's micro-batches, as many as they take
         from labkit.presets import get_preset
 
-        generations = generations or get_preset("cpu-smollm2").num_generations
-        overrides["per_device_train_batch_size"] = args.prompts * generations
+        base = get_preset("cpu-smollm2")
+        completions, micro = args.prompts * (generations or base.num_generations), base.per_device_train_batch_size
+        if completions % micro:
+            parser.error(f"--prompts x num_generations = {completions} completions, not a multiple of the preset's "
+                         f"micro-batch of {micro}")
+        overrides["gradient_accumulation_steps"] = completions // micro
     if args.tokens is not None:
         overrides["max_completion_length"] = args.tokens
     if args.rewards:
@@ -100,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         record = {
             "name": args.name, "note": args.note, "seed": seed, "command": command,
             "settings": {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size",
-                                                "num_generations", "max_completion_length", "rewards",
+                                                "gradient_accumulation_steps", "num_generations",
+                                                "max_completion_length", "rewards",
                                                 "reward_weights", "temperature", "beta", "trl_options")}
                         | {"lora_dropout": preset.get("lora_dropout", 0.05),
-                           "prompts_per_step": preset["per_device_train_batch_size"] // preset["num_generations"],
+                           "prompts_per_step": prompts_per_step(preset),
                            "system_prompt": summary["system_prompt"], "held_out_problems": args.eval_problems},
             **{k: summary[k] for k in ("right_number_before", "right_number_after", "rise_points", "mcnemar_p",
                                        "gained", "lost", "short_answer_before", "short_answer_after",
@@ -133,7 +145,7 @@ def _collect(args) -> int:
     settings = {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size", "num_generations",
                                        "max_completion_length", "rewards", "reward_weights", "temperature", "beta",
                                        "trl_options")}
-    settings |= {"prompts_per_step": preset["per_device_train_batch_size"] // preset["num_generations"],
+    settings |= {"prompts_per_step": prompts_per_step(preset),
                  "system_prompt": demo.get("system_prompt"), "held_out_problems": len(demo["runs"][0]["right_before"])}
     name = args.name or "chosen-recipe"
     for tag, runs in ((name, demo["runs"]), (f"{name}-lr0-control", demo["control_lr0"])):

@@ -151,3 +151,7 @@ def test_experiments_collect_a_demo_bench_and_a_single_run(tmp_path):
     assert [(r["name"], r["seed"]) for r in records] == [("two-prompts", 0), ("chosen-recipe", 0), ("chosen-recipe", 1),
                                                          ("chosen-recipe-lr0-control", 0)]
     assert records[0]["settings"]["prompts_per_step"] == 2 and records[3]["settings"]["learning_rate"] == 0.0
+    from bench.smollm2_experiments import prompts_per_step
+
+    # the chosen recipe in micro-batches (4 completions x 8 accumulation steps, G = 8): 4 prompts a step, not 4 // 8
+    assert prompts_per_step({**preset, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 8}) == 4
