@@ -859,3 +859,12 @@ def test_a_preset_with_your_task_names_them_when_saved_and_is_json():
     assert saved["task"].startswith("your dataset: 20 rows, fingerprint ")
     assert saved["rewards"] == ["your function _exact", "format"]
     assert Preset.from_dict(saved).to_dict() == saved  # what a resume compares
+
+
+def test_notebook_02s_own_task_passes_the_checks_on_the_real_modes_card_too():
+    """Section 10 runs the workshop preset in real mode: the same task and reward pass its checks on a T4."""
+    from labkit.presets import card_device, get_preset
+    from labkit.validation import validate
+
+    preset = get_preset("workshop", task=_own_task(), rewards=[_exact], max_steps=2, save_steps=None, train_limit=None)
+    assert validate(preset, card_device(preset)) == []
