@@ -57,6 +57,7 @@ __all__ = [
     "PHASES",
     "Change",
     "candidate_changes",
+    "fitting_changes",
     "ordered_changes",
     "OOMReport",
     "TrainingOutOfMemory",
@@ -205,6 +206,25 @@ def candidate_changes(settings: dict) -> list[Change]:
     return out
 
 
+def fitting_changes(settings: dict, memory, *, order: list[str] | None = None,
+                    min_cut: float = 0.0) -> list[tuple[Change, float | None]]:
+    """The one ranking of the changes that make a recipe fit, for preflight (by the step's estimate) and the OOM doctor
+    (by the failed phase's, :func:`ordered_changes`): ``[(change, memory(change))]`` of :func:`candidate_changes` (the
+    kinds in ``order``) that cut ``memory(None)`` by more than ``min_cut``, all when it is None; in ``order``'s order,
+    else the biggest cut first and another model last."""
+    before = memory(None)
+    ranked = []
+    for change in candidate_changes(settings):
+        if order is not None and change.kind not in order:
+            continue
+        after = None if before is None else memory(change)
+        if before is None or (after is not None and after < before - min_cut):
+            ranked.append((change, after))
+    if order is not None:
+        return sorted(ranked, key=lambda item: order.index(item[0].kind))
+    return sorted(ranked, key=lambda item: (item[0].kind == "model", item[1] is None, item[1] or 0))
+
+
 def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     """Return :func:`candidate_changes` that cut the memory of ``phase``, ordered for it (first = try first).
 
@@ -217,14 +237,9 @@ def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     more than it saves (with ``prepare_model_for_kbit_training``, fp32 hidden states on a small model).
     Without an estimate the changes are ordered but not filtered by estimate.
     """
-    order = _ORDER.get(phase or "", _DEFAULT_ORDER)
-    rank = {kind: i for i, kind in enumerate(order)}
-    changes = [c for c in candidate_changes(settings) if c.kind in rank]
-    before = phase_memory(settings, phase)
-    if before is not None:
-        changes = [c for c in changes if (after := phase_memory({**flat_settings(settings), **c.updates}, phase))
-                   is not None and after < before]
-    return sorted(changes, key=lambda c: rank[c.kind])
+    flat = flat_settings(settings)
+    memory = lambda change: phase_memory({**flat, **change.updates} if change else settings, phase)  # noqa: E731
+    return [change for change, _ in fitting_changes(settings, memory, order=_ORDER.get(phase or "", _DEFAULT_ORDER))]
 
 
 @dataclass

@@ -15,7 +15,7 @@ from labkit.device import detect_device
 from labkit.generation import continuous_footprint
 from labkit.memory import GIB, MemoryEstimate, estimate as _estimate_memory
 from labkit.models import architecture_config
-from labkit.oom import candidate_changes
+from labkit.oom import fitting_changes
 from labkit.phase_memory import tool_rounds
 from labkit.plan import Plan, resolve_plan
 
@@ -104,17 +104,15 @@ def _total_and_breakdown(result) -> tuple[float, dict]:
 
 
 def _ranked_changes(plan) -> list:
-    """Return ``[(change, GiB after it)]`` for every candidate change that cuts the estimate, biggest cut first."""
-    total, _ = _total_and_breakdown(estimate(plan))
-    ranked = []
-    for change in candidate_changes(plan.preset.to_dict()):
+    """Return ``[(change, GiB after it)]`` for every candidate change that cuts the estimate, biggest cut first
+    (:func:`labkit.oom.fitting_changes`, the OOM doctor's ranking too, here by the whole step's estimate)."""
+    def total_gib(change):
         try:
-            after, _ = _total_and_breakdown(estimate(resolve_plan(plan.preset.apply(change.updates), plan.card)))
+            return estimate(resolve_plan(plan.preset.apply(change.updates), plan.card) if change else plan).total
         except (ValueError, KeyError):  # a change the estimator cannot model
-            continue
-        if after < total - 0.01:
-            ranked.append((change, after))
-    return sorted(ranked, key=lambda item: (item[0].kind == "model", item[1]))
+            return None
+
+    return fitting_changes(plan.preset.to_dict(), total_gib, min_cut=0.01)
 
 
 def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
@@ -124,7 +122,7 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
     ``device``; elsewhere for the card the preset is made for (:func:`labkit.presets.card_device`: a T4 preset in fp16).
     ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
     ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
-    candidate change of :func:`labkit.oom.candidate_changes` is estimated alone
+    candidate change is estimated alone and ranked by :func:`labkit.oom.fitting_changes`
     (``changes``, the biggest cut first, another model last), and ``plan`` applies the
     biggest cut, re-estimates and repeats until the run fits: the settings to change first.
     """

@@ -11,6 +11,7 @@ from labkit.oom import candidate_changes, non_finite_advice, ordered_changes
 from labkit.phase_memory import optimizer_step_memory, phase_memory, scoring_memory
 from labkit.plan import resolve_plan
 from labkit.preflight import estimate as _estimate
+from labkit.preflight import preflight
 from labkit.presets import PRESETS
 
 PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
@@ -228,3 +229,26 @@ def test_the_report_wraps_between_words_at_100_characters():
         " Reserved")[0].split(), text  # every word of the change, whole and in order
     change = text.splitlines()[text.splitlines().index(next(l for l in text.splitlines() if "1. " in l)) + 1]
     assert change.startswith(" " * 5) and not change.startswith(" " * 6), text  # under the change's text
+
+
+def test_one_ranking_serves_preflight_and_the_doctor():
+    """labkit.oom.fitting_changes: the biggest cut first and another model last, or the phase's order; only cuts
+    larger than min_cut; every candidate, unmeasured, when the recipe itself cannot be estimated."""
+    from labkit.oom import fitting_changes
+
+    settings = {**PRESETS["laptop-16gb"].replace(optim="adamw_torch", beta=0.04).to_dict(), "precision": "bf16"}
+    cuts = {"model": 9.0, "optim": 2.0, "completion": 1.0, "beta": 0.005}  # GiB each change saves; others nothing
+
+    def memory(change):
+        return 10.0 - (cuts.get(change.kind, 0.0) if change else 0.0)
+
+    ranked = fitting_changes(settings, memory, min_cut=0.01)
+    assert [(c.kind, after) for c, after in ranked] == [("optim", 8.0), ("completion", 9.0), ("model", 1.0)]
+    phase = fitting_changes(settings, memory, order=["completion", "beta", "optim"])
+    assert [c.kind for c, _ in phase] == ["completion", "beta", "optim"]  # the order given, every cut kept
+    unknown = fitting_changes(settings, lambda change: None, order=["completion", "optim"])
+    assert [(c.kind, after) for c, after in unknown] == [("completion", None), ("optim", None)]
+    # preflight ranks with it: the laptop recipe with fp32 AdamW moments on a small card offers 8-bit AdamW
+    report = preflight(PRESETS["laptop-16gb"].replace(optim="adamw_torch", beta=0.04), card_gib=4.0)
+    kinds, afters = [c.kind for c, _ in report.changes], [after for c, after in report.changes if c.kind != "model"]
+    assert "optim" in kinds and afters == sorted(afters) and kinds[len(afters):] in ([], ["model"])
