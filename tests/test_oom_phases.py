@@ -12,7 +12,7 @@ from labkit.phase_memory import optimizer_step_memory, phase_memory, scoring_mem
 from labkit.plan import resolve_plan
 from labkit.preflight import estimate as _estimate
 from labkit.preflight import preflight
-from labkit.presets import PRESETS
+from labkit.presets import CARDS, PRESETS
 
 PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
 # Realistic settings: the 16 GB laptop preset (with and without a KL term), full fine-tuning of the same model
@@ -248,7 +248,7 @@ def test_one_ranking_serves_preflight_and_the_doctor():
     assert [c.kind for c, _ in phase] == ["completion", "beta", "optim"]  # the order given, every cut kept
     unknown = fitting_changes(settings, lambda change: None, order=["completion", "optim"])
     assert [(c.kind, after) for c, after in unknown] == [("completion", None), ("optim", None)]
-    # preflight ranks with it: the laptop recipe with fp32 AdamW moments on a small card offers 8-bit AdamW
-    report = preflight(PRESETS["laptop-16gb"].replace(optim="adamw_torch", beta=0.04), card_gib=4.0)
+    # preflight ranks with it: the laptop recipe with fp32 AdamW moments on a quarter of a T4 offers 8-bit AdamW
+    report = preflight(PRESETS["laptop-16gb"].replace(optim="adamw_torch", beta=0.04), card_gib=CARDS["t4"].gib / 4)
     kinds, afters = [c.kind for c, _ in report.changes], [after for c, after in report.changes if c.kind != "model"]
     assert "optim" in kinds and afters == sorted(afters) and kinds[len(afters):] in ([], ["model"])
