@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 "gradient_accumulation_steps", "num_generations",
                                                 "max_completion_length", "rewards",
                                                 "reward_weights", "temperature", "beta", "trl_options")}
-                        | {"lora_dropout": preset.get("lora_dropout", 0.05),
+                        | {"lora_dropout": preset["lora_dropout"],
                            "prompts_per_step": prompts_per_step(preset),
                            "system_prompt": summary["system_prompt"], "held_out_problems": args.eval_problems},
             **{k: summary[k] for k in ("right_number_before", "right_number_after", "rise_points", "mcnemar_p",

@@ -541,7 +541,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
                     num_generations=num_generations, num_processes=num_processes,
                     max_prompt_length=prompt_len, max_completion_length=completion_len,
                     optim=optimizer, gradient_checkpointing=gradient_checkpointing, beta=beta,
-                    precision=precision, fp32_master_weights=masters,
+                    precision=precision, fp32_master_weights=masters, lora_dropout=lora_dropout,
                     prepare_model_for_kbit_training=upcast, max_tool_calling_iterations=max_tool_calling_iterations,
                     generation_tokens=prompt_len + completion_len * (2 if max_tool_calling_iterations else 1),
                     lora_rank=lora_rank if method != "full" else None, device=device, padded=padded, logits=logits)

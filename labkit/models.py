@@ -464,8 +464,8 @@ def match_adapter_dtype(model, precision: str) -> int:
 
 def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precision: str | None = None,
                 lora_rank: int = 16, lora_alpha: int | None = None, lora_dropout: float = 0.05,
-                target_modules: list[str] | None = None, gradient_checkpointing: bool = False, device_map=None, trust_remote_code: bool = False,
-                prepare_model_for_kbit_training: bool = False):
+                target_modules: list[str] | None = None, gradient_checkpointing: bool = False, device_map=None,
+                trust_remote_code: bool = False, prepare_model_for_kbit_training: bool = False):
     """Return ``(model, tokenizer)``: a policy ready to train with ``method`` full, lora or qlora.
 
     - ``full``: every weight trains; weights in the dtype :func:`labkit.device.torch_dtype` picks

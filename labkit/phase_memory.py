@@ -86,7 +86,6 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
         return est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
     if term == "scoring":
         return scoring_memory(est, model=name, lora_targets=kwargs["lora_targets"],
-                              lora_dropout=s.get("lora_dropout", 0.05),
                               use_vllm=bool(s.get("use_vllm") and s.get("vllm_importance_sampling_correction", True)),
                               num_iterations=s.get("num_iterations") or 1)
     if term == "optimizer_step":
@@ -113,7 +112,7 @@ def optimizer_step_memory(est, optim: str | None = None) -> int:
     return terms["weights"] + terms["reference"] + terms["gradients"] + terms["optimizer"] + foreach_temporary
 
 
-def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 0.05, num_iterations: int = 1,
+def scoring_memory(est, *, model=None, lora_targets=None, num_iterations: int = 1,
                    use_vllm: bool = False) -> int:
     """Return the bytes of the scoring phase (old and reference log-probs) for the estimate ``est`` of ``model``.
 
@@ -160,7 +159,7 @@ def scoring_memory(est, *, model=None, lora_targets=None, lora_dropout: float = 
     casts = method == "lora"
     widest = max((n for n, _ in shape.lora_targets(lora_targets or DEFAULT_LORA_TARGETS)), default=0) if casts else 0
     layer = (tokens * ((2 if widest >= i else 3) * i * hb + 2 * h * rb)
-             + tokens * widest * (4 + (5 if lora_dropout else 0)))
+             + tokens * widest * (4 + (5 if s["lora_dropout"] else 0)))  # the estimate's LoRA dropout
     if s.get("padded"):
         layer += tokens * seq * b  # SDPA's additive mask of one layer, (B, 1, S, S)
     scored, tile = fused_head(batch, s["max_completion_length"], seq, V, b, device)

@@ -116,7 +116,7 @@ def task_dataset(task: str, split: str = "train", *, seed: int | None = None, li
         if split != "train":
             raise PresetError("your dataset is the recipe's training prompts; it has no held-out split. Evaluate "
                               "on prompts of your own, kept out of it.")
-        return task.select(range(min(limit or len(task), len(task))))  # its first rows; TRL's sampler shuffles
+        return task if limit is None else task.select(range(min(limit, len(task))))  # TRL's sampler shuffles
     if task == "gsm8k":
         from labkit.data import load_gsm8k
 

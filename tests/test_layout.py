@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
-# The installed package's Python, all lines counted (docstrings and blank lines too): 15,284 on 2026-12-03, the
+# The installed package's Python, all lines counted (docstrings and blank lines too): 15,283 on 2026-12-03, the
 # count reached, with no room left. 14,642 on 2026-11-27; the 528 since teach, about: exercise checks that compare
 # the gradient and name only true mistakes (160), continuous batching sized by transformers' own code and refused
 # when it cannot fit (125), the settings cell's one-line errors, the CPU model's check and the honest forecast (80),
@@ -37,7 +37,7 @@ MAX_LINES = 600
 # preset's LoRA dropout (7), a learner's own dataset and reward functions in a preset, checked before a model loads
 # (62), one ranking of the changes that make a recipe fit, for preflight and the OOM doctor (13). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal: raise
 # it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_284
+PACKAGE_BUDGET = 15_283
 
 
 def _module_name(path: Path) -> str:
