@@ -48,7 +48,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     import torch
 
     from labkit.lab import seed_everything
-    from labkit.models import load_policy, resolve_model
+    from labkit.plan import resolve_plan
     from labkit.presets import get_preset
     from labkit.run import build_run, training_prompts
 
@@ -64,10 +64,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     dropout = overrides.pop("lora_dropout", None)
     preset = get_preset("cpu-smollm2", max_steps=steps, save_steps=None, **overrides)
     seed_everything(preset.seed)  # LoRA's A matrices are drawn here: the same in every layout
-    model, tokenizer = load_policy(resolve_model(preset.model), preset.method, precision="fp32",
-                                   lora_rank=preset.lora_rank, lora_alpha=preset.lora_alpha,
-                                   target_modules=list(preset.target_modules),
-                                   gradient_checkpointing=preset.gradient_checkpointing)
+    model, tokenizer = resolve_plan(preset).load_policy()  # a CPU preset's plan: fp32
     if dropout is not None:  # every dropout of the model (SmolLM2's own are 0 already): the adapters' too
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):

@@ -304,7 +304,7 @@ def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None, *, num_layers
     from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
-    from labkit.models import architecture_config, enable_checkpointing, lora_config
+    from labkit.models import architecture_config, enable_checkpointing
 
     config = architecture_config(plan.shape_name, **({"num_hidden_layers": num_layers} if num_layers else {}))
     checkpointing = plan.config["activation_checkpointing"]
@@ -325,8 +325,8 @@ def fake_policy(plan, fake_mode, tracker: LiveBytes | None = None, *, num_layers
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     elif checkpointing:
         enable_checkpointing(model)  # TRL: activation_checkpointing with {"use_reentrant": False}
-    if plan.lora is not None:
-        model = get_peft_model(model, lora_config(**plan.lora))
+    if plan.peft_config is not None:
+        model = get_peft_model(model, plan.peft_config)
         if plan.method == "qlora":  # PEFT wraps a Linear4bit base with its bitsandbytes LoRA layer
             from peft.tuners.lora import Linear as LoraLinear
             from peft.tuners.lora.bnb import Linear4bit as LoraLinear4bit

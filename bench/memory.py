@@ -60,7 +60,7 @@ def measure_grpo(spec: dict) -> dict:
 
     from labkit.monitor import process_rss
     from labkit.device import detect_device
-    from labkit.models import load_policy, match_adapter_dtype
+    from labkit.models import load_policy, lora_config, match_adapter_dtype
     from labkit.training import build_trainer, grpo_config
 
     device = detect_device(spec["device"])
@@ -100,7 +100,7 @@ def measure_grpo(spec: dict) -> dict:
     measured_states = {}
     try:
         model, tokenizer = load_policy(spec["path"], spec["method"], precision=spec["precision"],
-                                       lora_rank=spec["lora_rank"],
+                                       peft_config=lora_config(spec["lora_rank"]),
                                        gradient_checkpointing=spec["gradient_checkpointing"])
         trainer = build_trainer(model, [random_reward], dataset, args, tokenizer=tokenizer)
         match_adapter_dtype(trainer.model, spec["precision"])  # TRL's bf16 adapters break fp16's grad scaler

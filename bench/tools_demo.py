@@ -44,7 +44,7 @@ def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch
     from datasets import Dataset
 
     from labkit.lab import seed_everything
-    from labkit.models import load_policy
+    from labkit.plan import resolve_plan
     from labkit.run import build_run, task_dataset
     from labkit.tools import (NO_TOOL_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, prepare_tool_tokenizer, tool_prompt,
                               tool_rollouts, tool_scores, warm_up)
@@ -55,9 +55,7 @@ def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch
         recipe = recipe.replace(environment=None, max_tool_calling_iterations=None)
     started, cpu_started = time.perf_counter(), time.process_time()
     seed_everything(seed)  # the same LoRA initialisation in both arms
-    model, tokenizer = load_policy(recipe.model, recipe.method, precision="fp32", lora_rank=recipe.lora_rank,
-                                   lora_alpha=recipe.lora_alpha, target_modules=list(recipe.target_modules),
-                                   gradient_checkpointing=recipe.gradient_checkpointing)
+    model, tokenizer = resolve_plan(recipe).load_policy()  # a CPU preset's plan: fp32
     prepare_tool_tokenizer(tokenizer)
     system = TOOL_SYSTEM_PROMPT if use_tool else NO_TOOL_SYSTEM_PROMPT
     held = Dataset.from_dict({"prompt": [tool_prompt(q, system) for q, _ in held_out],

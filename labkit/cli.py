@@ -180,13 +180,12 @@ def train_cli(argv: list[str] | None = None) -> int:
     """
     from labkit.device import detect_device
     from labkit.oom import TrainingOutOfMemory
-    from labkit.plan import resolve_plan
     from labkit.preflight import preflight
     from labkit.presets import PRESETS, PresetError, card_device, get_preset
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)
     from labkit.training import last_checkpoint
-    from labkit.validation import SECRET_FIELDS, TRL_CHOICES, validate
+    from labkit.validation import SECRET_FIELDS, TRL_CHOICES, checked_plan
 
     args = train_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.list or not args.preset:
@@ -225,10 +224,10 @@ def train_cli(argv: list[str] | None = None) -> int:
             # Planning a GPU run from a machine without one: validate and plan for the preset's card.
             device = card_device(preset)
             print(f"no CUDA GPU here: validating and planning for the preset's card, {device}") if main else None
-        for warning in validate(preset, device):
+        plan, warnings = checked_plan(preset, device)  # resolved once: preflight and build_run read this plan
+        for warning in warnings:
             print("warning:", warning, file=sys.stderr) if main else None
         output_dir = _output_dir(args.output_dir, preset)
-        plan = resolve_plan(preset, device)  # resolved once: preflight and build_run read the same plan
         if main:
             print(f"preset {preset.name}: {preset.description}")
             print(f"plan: {plan.describe()}")

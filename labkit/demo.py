@@ -165,7 +165,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     import tempfile
 
     from labkit.lab import seed_everything
-    from labkit.models import load_policy
+    from labkit.plan import resolve_plan
     from labkit.monitor import peak_rss_bytes
     from labkit.presets import get_preset
     from labkit.run import build_run
@@ -185,10 +185,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     load_start = list(os.getloadavg())
     started, cpu_started = time.perf_counter(), time.process_time()
     seed_everything(seed)
-    policy, tokenizer = load_policy(preset.model, preset.method, precision="fp32", lora_rank=preset.lora_rank,
-                                    lora_alpha=preset.lora_alpha, lora_dropout=preset.lora_dropout,
-                                    target_modules=list(preset.target_modules),
-                                    gradient_checkpointing=preset.gradient_checkpointing)
+    policy, tokenizer = resolve_plan(preset).load_policy()  # a CPU preset's plan: fp32
     loaded_s = time.perf_counter() - started
     task = WordProblems() if system_prompt is None else WordProblems(system_prompt=system_prompt)
     held_out = task.dataset(eval_problems, split="test")

@@ -46,7 +46,6 @@ __all__ = [
     "lora_config",
     "load_tokenizer",
     "load_policy",
-    "quantization_settings",
     "quantization_config",
     "adapter_dtype",
     "match_adapter_dtype",
@@ -417,21 +416,16 @@ def load_tokenizer(name_or_path: str | os.PathLike, *, trust_remote_code: bool =
     return tokenizer
 
 
-def quantization_settings(precision: str) -> dict:
-    """Return QLoRA's 4-bit settings (``BitsAndBytesConfig``'s fields): NF4 with double quantisation, computing in
-    ``precision``: the 4-bit matmuls dequantise to ``bnb_4bit_compute_dtype``, bf16, fp16, or fp32 on a CPU
-    (bitsandbytes 0.50 runs there). The plan records them (:class:`labkit.plan.Plan`'s ``quantization``)."""
-    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
-    return dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=compute)
-
-
 def quantization_config(precision: str):
-    """Return QLoRA's ``BitsAndBytesConfig`` of :func:`quantization_settings`: the object that goes to TRL
-    (``GRPOTrainer(quantization_config=...)``) and to :func:`load_policy`."""
+    """Return QLoRA's ``transformers.BitsAndBytesConfig``: NF4 with double quantisation, computing in ``precision``
+    (the 4-bit matmuls dequantise to ``bnb_4bit_compute_dtype``: bf16, fp16, or fp32 on a CPU, where bitsandbytes
+    0.50 runs too). The object that goes to TRL (``GRPOTrainer(quantization_config=...)``, a plan's
+    ``quantization_config``) and to :func:`load_policy`."""
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(**quantization_settings(precision))
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute)
 
 
 def adapter_dtype(precision: str) -> torch.dtype:
@@ -463,14 +457,15 @@ def match_adapter_dtype(model, precision: str) -> int:
 
 
 def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precision: str | None = None,
-                lora_rank: int = 16, lora_alpha: int | None = None, lora_dropout: float = 0.05,
-                target_modules: list[str] | None = None, gradient_checkpointing: bool = False, device_map=None,
+                peft_config=None, gradient_checkpointing: bool = False, device_map=None,
                 trust_remote_code: bool = False, prepare_model_for_kbit_training: bool = False):
     """Return ``(model, tokenizer)``: a policy ready to train with ``method`` full, lora or qlora.
 
     - ``full``: every weight trains; weights in the dtype :func:`labkit.device.torch_dtype` picks
       (fp32 master weights under 16-bit mixed precision).
-    - ``lora``: the base is frozen in that dtype; PEFT adds rank-``lora_rank`` adapters.
+    - ``lora``: the base is frozen in that dtype; PEFT adds the adapters ``peft_config`` (a ``peft.LoraConfig``;
+      None: :func:`lora_config`'s, rank 16) describes. A recipe's plan gives its own
+      (:meth:`labkit.plan.Plan.load_policy`).
     - ``qlora``: the base's Linear weights are stored in 4-bit NF4 (bitsandbytes; about 0.5 byte a
       parameter) with double quantisation, every other weight (embeddings, norms) in the training
       precision, and the adapters in :func:`adapter_dtype`: the model TRL 1.16's ``GRPOTrainer`` builds
@@ -519,6 +514,6 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
     elif gradient_checkpointing:
         enable_checkpointing(model)
         model.enable_input_require_grads()
-    model = get_peft_model(model, lora_config(lora_rank, lora_alpha, lora_dropout, target_modules))
+    model = get_peft_model(model, peft_config or lora_config())
     match_adapter_dtype(model, precision)  # QLoRA: TRL's bf16 cast of the adapters, fp32 under fp16
     return model, tokenizer

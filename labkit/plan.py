@@ -10,9 +10,13 @@ plan), the readers of a plan (:mod:`labkit.preflight`, :mod:`bench.rehearse`) an
 - the method (full / LoRA / QLoRA), the **precision** (:func:`labkit.device.choose_precision`, called
   once here: bf16 on Ampere or newer, fp16 on a T4, fp32 on a CPU; or the preset's own) and the dtypes
   that follow from it: the weights', the autocast compute dtype, the trainable adapters';
-- the bitsandbytes 4-bit settings (QLoRA) and the PEFT LoRA settings, as keyword arguments;
+- the libraries' own objects: PEFT's ``LoraConfig`` (``peft_config``: LoRA, QLoRA), transformers'
+  ``BitsAndBytesConfig`` (``quantization_config``: QLoRA) and how ``from_pretrained`` loads the model
+  (``model_init_kwargs``), exactly what ``GRPOTrainer`` is handed;
 - the ``GRPOConfig`` arguments the preset sets, in TRL's names (``config``, :func:`grpo_arguments`), with
-  TRL's derived ``steps_per_generation`` and ``generation_batch_size`` as properties;
+  TRL's derived ``steps_per_generation`` and ``generation_batch_size`` as properties. The ``GRPOConfig`` itself is
+  built from them on the machine that trains (:func:`labkit.training.grpo_config`): transformers refuses a bf16
+  ``TrainingArguments`` on a machine without a bf16 GPU, so a plan for another card cannot hold one;
 - the card: a :class:`labkit.device.DeviceInfo` (the machine's, or the one the preset is made for).
 
 ``build_run``, ``preflight``, ``train --dry-run``, the estimator (:func:`labkit.preflight.estimate`) and
@@ -28,7 +32,7 @@ import torch
 
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.generation import generation_arguments
-from labkit.models import LOCAL_MODELS, adapter_dtype, quantization_settings, resolve_model
+from labkit.models import LOCAL_MODELS, adapter_dtype, load_policy, lora_config, quantization_config, resolve_model
 from labkit.shapes import ModelShape, model_shape
 from labkit.presets import Preset, card_device, get_preset
 
@@ -52,8 +56,8 @@ class Plan:
     weight_dtype: torch.dtype  # the policy's weights as loaded (the frozen base for LoRA)
     compute_dtype: torch.dtype  # autocast's (and bitsandbytes' 4-bit matmul's) dtype
     adapter_dtype: torch.dtype | None  # trainable LoRA weights: fp32 (PEFT), QLoRA per adapter_dtype()
-    quantization: dict | None  # transformers.BitsAndBytesConfig keyword arguments (QLoRA)
-    lora: dict | None  # labkit.models.lora_config keyword arguments (LoRA, QLoRA)
+    quantization_config: object | None  # transformers.BitsAndBytesConfig (QLoRA), what GRPOTrainer is handed
+    peft_config: object | None  # peft.LoraConfig (LoRA, QLoRA), what GRPOTrainer is handed
     config: dict = field(default_factory=dict)  # the GRPOConfig arguments build_run passes: grpo_arguments(preset)
     card: DeviceInfo | None = None
     # why the card cannot train in the preset's own precision (choose_precision's message), or None; the plan keeps
@@ -78,6 +82,19 @@ class Plan:
     def generation_batch_size(self) -> int:
         """Completions generated at once on one device: TRL's ``per_device_train_batch_size x steps_per_generation``."""
         return self.config["per_device_train_batch_size"] * self.steps_per_generation
+
+    @property
+    def model_init_kwargs(self) -> dict:
+        """How ``from_pretrained`` loads the model: ``GRPOConfig``'s ``model_init_kwargs`` (the weights' dtype)."""
+        return {"dtype": str(self.weight_dtype).removeprefix("torch.")}
+
+    def load_policy(self, **kwargs):
+        """Return ``(model, tokenizer)``: the plan's model loaded as it trains (:func:`labkit.models.load_policy` with
+        the plan's path, method, precision, ``peft_config`` and checkpointing); ``kwargs`` go to ``load_policy``."""
+        p = self.preset
+        return load_policy(self.model_path, self.method, precision=self.precision, peft_config=self.peft_config,
+                           gradient_checkpointing=p.gradient_checkpointing,
+                           prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, **kwargs)
 
     @property
     def loss_type(self) -> str:
@@ -119,14 +136,14 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
         precision, precision_error = preset.precision, str(exc)
     model_path = resolve_model(preset.model)
     method = preset.method
-    lora = (dict(rank=preset.lora_rank, alpha=preset.lora_alpha, dropout=preset.lora_dropout,
-                 target_modules=list(preset.target_modules))
-            if method in ("lora", "qlora") else None)
+    lora = method in ("lora", "qlora")
     return Plan(preset=preset, model=preset.model, model_path=model_path,
                 shape_name=_shape_name(preset.model, model_path), method=method, precision=precision,
                 weight_dtype=torch_dtype(precision, method), compute_dtype=_COMPUTE[precision],
                 adapter_dtype=(adapter_dtype(precision) if method == "qlora" else torch.float32) if lora else None,
-                quantization=quantization_settings(precision) if method == "qlora" else None, lora=lora,
+                quantization_config=quantization_config(precision) if method == "qlora" else None,
+                peft_config=lora_config(preset.lora_rank, preset.lora_alpha, preset.lora_dropout,
+                                        list(preset.target_modules)) if lora else None,
                 config=grpo_arguments(preset), card=card, precision_error=precision_error)
 
 

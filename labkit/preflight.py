@@ -26,12 +26,12 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None)
     """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width);
     with ``generation="continuous"``, its ``kv_cache`` is :func:`labkit.generation.continuous_footprint`."""
     g, p = plan.config, plan.preset
-    model = plan.shape_name
+    model = plan.shape_name  # the plan's shape, read once with it (labkit.validation checked its context)
     if num_layers:
         model = architecture_config(plan.shape_name, num_hidden_layers=num_layers)
         model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
     est = _estimate_memory(
-        model, plan.method,
+        model if num_layers else plan.shape, plan.method,
         per_device_train_batch_size=g["per_device_train_batch_size"],
         gradient_accumulation_steps=g["gradient_accumulation_steps"],
         steps_per_generation=plan.steps_per_generation, num_generations=g["num_generations"],
@@ -99,16 +99,14 @@ class Preflight:
 _TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
 
 
-def _total_and_breakdown(result) -> tuple[float, dict]:
-    return result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
-
-
-def _ranked_changes(plan) -> list:
-    """Return ``[(change, GiB after it)]`` for every candidate change that cuts the estimate, biggest cut first
-    (:func:`labkit.oom.fitting_changes`, the OOM doctor's ranking too, here by the whole step's estimate)."""
+def _ranked_changes(plan, total: float) -> list:
+    """Return ``[(change, GiB after it)]`` for every candidate change that cuts ``total``, the plan's estimate, biggest
+    cut first (:func:`labkit.oom.fitting_changes`, the OOM doctor's ranking too, here by the whole step's estimate)."""
     def total_gib(change):
+        if change is None:  # the plan as it is: estimated already
+            return total
         try:
-            return estimate(resolve_plan(plan.preset.apply(change.updates), plan.card) if change else plan).total
+            return estimate(resolve_plan(plan.preset.apply(change.updates), plan.card)).total
         except (ValueError, KeyError):  # a change the estimator cannot model
             return None
 
@@ -138,10 +136,11 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
         card = str(device)
     else:
         card = f"a {card_gib:g} GiB card"
-    total, breakdown = _total_and_breakdown(estimate(plan))
+    result = estimate(plan)
+    total, breakdown = result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
     report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
     if card_gib is not None and not report.fits:
-        report.changes = ranked = _ranked_changes(plan)
+        report.changes = ranked = _ranked_changes(plan, total)
         # The plan: take the biggest cut, re-estimate, repeat until it fits. Another model comes last:
         # it changes what you train, not how.
         current, current_total = plan, total
@@ -149,5 +148,5 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
             change, current_total = ranked[0]
             current = resolve_plan(current.preset.apply(change.updates), current.card)
             report.plan.append((change, current_total))
-            ranked = _ranked_changes(current) if current_total + margin_gib > card_gib else []
+            ranked = _ranked_changes(current, current_total) if current_total + margin_gib > card_gib else []
     return report

@@ -36,7 +36,7 @@ from transformers import TrainerCallback
 
 from labkit.device import detect_device
 from labkit.generation import card_limit, dropped_settings_problem, paths_table, prepare_generation
-from labkit.models import load_policy, load_tokenizer, lora_config, match_adapter_dtype, quantization_config
+from labkit.models import load_tokenizer, match_adapter_dtype, quantization_config
 from labkit.oom import explain_oom
 from labkit.plan import Plan
 from labkit.preflight import preflight
@@ -515,28 +515,20 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
         raise PresetError(dropped)
     peft_config = quantization = None
     if model is None and not preset.prepare_model_for_kbit_training:
-        # TRL loads the model from its path (per process under accelerate) in the plan's dtype; with a
-        # peft_config and gradient checkpointing it calls enable_input_require_grads() itself. QLoRA too: TRL
-        # quantises the Linear weights with the quantization_config, keeps every other weight in that dtype
-        # and casts the adapters to bf16 (trl/trainer/grpo_trainer.py 336-348, 529-541): notebook 04's plain-TRL
-        # cell, the same model. The plan's dtype sits under what the caller's model_init_kwargs add (bench gpu).
-        settings["model_init_kwargs"] = {"dtype": str(plan.weight_dtype).removeprefix("torch."),
-                                         **(config_overrides.get("model_init_kwargs") or {})}
+        # TRL loads the model from its path (per process under accelerate) with the plan's model_init_kwargs; with
+        # the plan's peft_config and gradient checkpointing it calls enable_input_require_grads() itself. QLoRA too:
+        # TRL quantises the Linear weights with the plan's quantization_config (placing it: "auto" on one GPU, each
+        # process's own device under accelerate), keeps every other weight in that dtype and casts the adapters to
+        # bf16 (trl/trainer/grpo_trainer.py 336-348, 529-541): notebook 04's plain-TRL cell, the same model. The
+        # plan's dtype sits under what the caller's model_init_kwargs add (bench gpu).
+        settings["model_init_kwargs"] = {**plan.model_init_kwargs, **(config_overrides.get("model_init_kwargs") or {})}
         if process_count(num_processes) > 1:  # each process loads a whole copy (DDP) or its shard (FSDP, ZeRO-3)
             settings["model_init_kwargs"]["device_map"] = None
-        if preset.method == "qlora":  # TRL places it: "auto" on one GPU, each process's own device under accelerate
-            quantization = quantization_config(plan.precision)
         tokenizer = tokenizer or load_tokenizer(plan.model_path)
-        if preset.method in ("lora", "qlora"):
-            peft_config = lora_config(**plan.lora)
-        model = plan.model_path
+        model, peft_config, quantization = plan.model_path, plan.peft_config, plan.quantization_config
     args = grpo_config(output_dir, device=device, plan=plan, **settings)
     if model is None:  # QLoRA with prepare_model_for_kbit_training: labkit's loader runs PEFT's upcast first
-        model, tokenizer = load_policy(plan.model_path, "qlora", precision=plan.precision, lora_rank=plan.lora["rank"],
-                                       lora_alpha=plan.lora["alpha"], lora_dropout=plan.lora["dropout"],
-                                       target_modules=plan.lora["target_modules"],
-                                       gradient_checkpointing=preset.gradient_checkpointing,
-                                       prepare_model_for_kbit_training=True)
+        model, tokenizer = plan.load_policy()
     elif not isinstance(model, str):
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with a loaded model")

@@ -649,10 +649,10 @@ def test_bench_cli_writes_its_figures_with_provenance(tmp_path):
 @pytest.mark.slow
 def test_dashboard_follows_a_real_grpo_trainer_run(tiny_model_path, tmp_path):
     from labkit.data import load_gsm8k
-    from labkit.models import load_policy
+    from labkit.models import load_policy, lora_config
     from labkit.training import build_trainer, grpo_config
 
-    model, tokenizer = load_policy(tiny_model_path, "lora", lora_rank=4)
+    model, tokenizer = load_policy(tiny_model_path, "lora", peft_config=lora_config(4))
 
     def parity(completions, **kwargs):
         return [float(len(c[0]["content"]) % 2) for c in completions]

@@ -8,7 +8,7 @@ from labkit.cards import CARDS
 from labkit import device as dev
 from labkit.data import GSM8K_SIZES, gold_answer, load_gsm8k
 from labkit.models import (ARCHITECTURES, build_architecture, build_tiny_model, count_parameters, load_policy,
-                           tiny_tokenizer)
+                           lora_config, tiny_tokenizer)
 
 T4 = CARDS["t4"].device()
 A100 = CARDS["a100-80gb"].device()
@@ -83,7 +83,7 @@ def test_tiny_model_is_cached_and_deterministic(tiny_model_path):
 
 
 def test_lora_policy_trains_only_adapters(tiny_model_path):
-    model, _ = load_policy(tiny_model_path, "lora", lora_rank=4, gradient_checkpointing=True)
+    model, _ = load_policy(tiny_model_path, "lora", peft_config=lora_config(4), gradient_checkpointing=True)
     counts = count_parameters(model)
     assert 0 < counts["trainable"] < counts["total"] / 2
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -172,7 +172,7 @@ def test_gold_answer_parsing():
 def test_two_grpo_steps_with_lora_on_cpu(tiny_model_path, tmp_path):
     from labkit.training import build_trainer, grpo_config
 
-    model, tokenizer = load_policy(tiny_model_path, "lora", lora_rank=4)
+    model, tokenizer = load_policy(tiny_model_path, "lora", peft_config=lora_config(4))
     dataset = load_gsm8k("train", limit=8)
 
     def length_parity(completions, **kwargs):  # any reward with spread works: this is about plumbing

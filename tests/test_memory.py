@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from labkit.cards import CARDS
 from labkit.cli import estimate_cli
 from labkit.memory import GIB, estimate, saved_activation_bytes, state_bytes
-from labkit.models import ARCHITECTURES, build_tiny_model, load_policy
+from labkit.models import ARCHITECTURES, build_tiny_model, load_policy, lora_config
 from labkit.shapes import model_shape
 
 LORA_RANK = 4
@@ -36,7 +36,7 @@ def _one_adamw_step(model, optimizer_name="adamw"):
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_weights_gradients_and_adamw_states_equal_the_measured_bytes(arch, method):
     path = build_tiny_model(arch)
-    model, _ = load_policy(path, method, lora_rank=LORA_RANK)
+    model, _ = load_policy(path, method, peft_config=lora_config(LORA_RANK))
     optimizer = _one_adamw_step(model)
     measured = state_bytes(model, optimizer)
     est = estimate(path, method, precision="fp32", device="cpu", lora_rank=LORA_RANK)
@@ -48,7 +48,7 @@ def test_weights_gradients_and_adamw_states_equal_the_measured_bytes(arch, metho
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_8bit_adamw_states_equal_the_measured_bytes(tiny_model_path, method):
     pytest.importorskip("bitsandbytes")
-    model, _ = load_policy(tiny_model_path, method, lora_rank=64)  # rank 64: adapters big enough for 8-bit states
+    model, _ = load_policy(tiny_model_path, method, peft_config=lora_config(64))  # rank 64: adapters big enough for 8-bit states
     measured = state_bytes(model, _one_adamw_step(model, "adamw_8bit"))
     est = estimate(tiny_model_path, method, precision="fp32", device="cpu", lora_rank=64, optim="adamw_8bit")
     assert measured["optimizer"] == est.bytes["optimizer"]
@@ -79,8 +79,6 @@ def _tiny_config(model_type, layers):
 def _saved_by_layers(model_type, layers, method, precision, padded, batch=2, seq=24):
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
-
-    from labkit.models import lora_config
 
     torch.manual_seed(0)
     # full fine-tuning keeps fp32 master weights under bf16 autocast (labkit.device.torch_dtype); LoRA a bf16 base
@@ -386,7 +384,7 @@ def test_trl_trainer_state_equals_the_estimate(tiny_model_path, tmp_path):
 
     from labkit.training import build_trainer, grpo_config
 
-    model, tokenizer = load_policy(tiny_model_path, "lora", lora_rank=LORA_RANK)
+    model, tokenizer = load_policy(tiny_model_path, "lora", peft_config=lora_config(LORA_RANK))
     dataset = Dataset.from_dict({"prompt": ["abcdefgh"] * 8})
 
     def length_reward(completions, **kwargs):
@@ -413,7 +411,7 @@ def test_qlora_hidden_states_are_in_the_dtype_the_estimator_counts(tiny_model_pa
 
     seen = {}
     for method, upcast in (("lora", False), ("qlora", False), ("qlora", True)):
-        model, _ = load_policy(tiny_model_path, method, precision=precision, lora_rank=LORA_RANK,
+        model, _ = load_policy(tiny_model_path, method, precision=precision, peft_config=lora_config(LORA_RANK),
                                prepare_model_for_kbit_training=upcast)
         input_ids = torch.randint(0, 200, (1, 8))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):

@@ -34,7 +34,14 @@ def test_a_plan_says_everything_a_run_needs():
     plan = resolve_plan("qlora-3b")
     assert isinstance(plan, Plan) and plan.card.name == card_device("qlora-3b").name
     assert plan.precision == "bf16" and plan.compute_dtype == torch.bfloat16
-    assert plan.quantization["bnb_4bit_quant_type"] == "nf4" and plan.lora["rank"] == 16
+    # the libraries' own objects, as GRPOTrainer is handed them
+    assert plan.quantization_config.bnb_4bit_quant_type == "nf4" and plan.quantization_config.load_in_4bit
+    assert plan.quantization_config.bnb_4bit_compute_dtype == torch.bfloat16
+    assert (plan.peft_config.r, plan.peft_config.lora_alpha, plan.peft_config.lora_dropout) == (16, 32, 0.05)
+    assert set(plan.peft_config.target_modules) == set(get_preset("qlora-3b").target_modules)
+    assert plan.model_init_kwargs == {"dtype": "bfloat16"}
+    assert resolve_plan("laptop-16gb").quantization_config is None
+    assert resolve_plan(get_preset("laptop-16gb", method="full")).peft_config is None
     assert plan.generation_batch_size == plan.config["per_device_train_batch_size"] * plan.steps_per_generation
     assert plan.shape.num_layers == 36
     t4 = resolve_plan("colab-t4")
@@ -65,15 +72,15 @@ def test_build_run_takes_a_plan(tmp_path):
     assert (args.bf16, args.fp16) == (False, False)
     assert args.generation_batch_size == plan.generation_batch_size
     adapter = run.model.peft_config["default"]
-    assert (adapter.r, adapter.lora_dropout) == (plan.lora["rank"], 0.0)  # the preset's dropout, not PEFT's 0.05
+    assert (adapter.r, adapter.lora_dropout) == (plan.peft_config.r, 0.0)  # the preset's dropout, not PEFT's 0.05
     assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in run.model.modules())
 
 
+# Code that runs only on a GPU or in Unsloth's environment, which a CPU cannot run: its source is read instead
 @pytest.mark.parametrize("module, function", [
-    ("run.py", "build_run"), ("preflight.py", "preflight"), ("cli.py", "train_cli"), ("../bench/rehearse.py", "main"),
-    ("../bench/rehearse.py", "rehearse"), ("preflight.py", "estimate"), ("unsloth_path.py", "load_unsloth_policy"),
-    ("../bench/unsloth.py", "comparison_run"), ("../bench/preset.py", "bench_preset")])
-def test_consumers_read_the_precision_from_the_plan(module, function):
+    ("unsloth_path.py", "load_unsloth_policy"), ("../bench/unsloth.py", "comparison_run"),
+    ("../bench/preset.py", "bench_preset")])
+def test_gpu_only_consumers_read_the_precision_from_the_plan(module, function):
     calls = _called(_function(module, function))
     assert not {"choose_precision", "torch_dtype", "adapter_dtype"} & set(calls), (module, function)
 
@@ -119,6 +126,27 @@ def test_checking_a_preset_on_its_card_resolves_it_once(name, resolve_calls):
     assert {n: resolve_calls[n] for n in ("resolve_model", "choose_precision", "model_shape")} == \
         dict(resolve_model=1, choose_precision=1, model_shape=1), name
     assert plan is not None
+
+
+def test_readers_of_a_plan_decide_nothing_again(resolve_calls, capsys):
+    """preflight, the estimator and the rehearsal read a plan as it is (a T4 plan made on this CPU stays fp16 in each);
+    train --dry-run resolves its preset once, for the card it plans for."""
+    from bench.rehearse import rehearse
+    from labkit.cli import train_cli
+
+    plan = resolve_plan("colab-t4")
+    resolve_calls.clear()
+    report, est = preflight(plan), estimate(plan)
+    rehearsed = rehearse(plan, num_layers=1, generation=False, optimizer_steps=1)
+    # no model path or precision decided again; the plan's shape read once, when first needed (check_method is the
+    # estimator checking its own argument)
+    assert {n: resolve_calls[n] for n in ("resolve_model", "choose_precision", "model_shape")} == \
+        dict(resolve_model=0, choose_precision=0, model_shape=1)
+    assert est.settings["precision"] == "fp16" and rehearsed.peak > 0 and report.card_gib == plan.card.total_memory_gib
+    assert train_cli(["--preset", "colab-t4", "--dry-run"]) == 0
+    assert {n: resolve_calls[n] for n in ("resolve_model", "choose_precision")} == dict(resolve_model=1,
+                                                                                     choose_precision=1)
+    assert "fp16" in capsys.readouterr().out
 
 
 @pytest.mark.slow

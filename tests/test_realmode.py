@@ -35,12 +35,9 @@ def smollm2():
 
 
 def _policy(preset):
-    from labkit.models import load_policy
-    from labkit.models import resolve_model
+    from labkit.plan import resolve_plan
 
-    return load_policy(resolve_model(preset.model), preset.method, lora_rank=preset.lora_rank,
-                       lora_alpha=preset.lora_alpha, target_modules=list(preset.target_modules),
-                       gradient_checkpointing=preset.gradient_checkpointing)
+    return resolve_plan(preset, CPU).load_policy()
 
 
 def _words(text: str) -> list[str]:

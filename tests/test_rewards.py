@@ -397,10 +397,10 @@ def test_score_completions_on_real_gsm8k_items():
 @pytest.mark.slow
 def test_rewards_plug_into_trl_grpo_trainer(tiny_model_path, tmp_path):
     from labkit.data import load_gsm8k
-    from labkit.models import load_policy
+    from labkit.models import load_policy, lora_config
     from labkit.training import build_trainer, grpo_config
 
-    model, tokenizer = load_policy(tiny_model_path, "lora", lora_rank=4)
+    model, tokenizer = load_policy(tiny_model_path, "lora", peft_config=lora_config(4))
     funcs, weights = R.gsm8k_rewards()
     funcs = funcs + [overlong_penalty(16, 8)]
     args = grpo_config(tmp_path, max_steps=1, per_device_train_batch_size=4, num_generations=4,
