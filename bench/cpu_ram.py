@@ -48,7 +48,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     import torch
 
     from labkit.lab import seed_everything
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.presets import get_preset
     from labkit.run import build_run, training_prompts
 

@@ -265,7 +265,7 @@ def measure(spec: dict) -> dict:
     from labkit.lab import provenance
     from labkit.models import load_tokenizer
     from labkit.oom import TrainingOutOfMemory
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
     from labkit.presets import card_device
     from labkit.run import build_run

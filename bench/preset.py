@@ -121,7 +121,7 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
     from labkit.device import detect_device
     from labkit.lab import provenance
     from labkit.oom import TrainingOutOfMemory
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
 
     preset = get_preset(preset)
     device = device or detect_device()

@@ -78,7 +78,7 @@ def _sizing(row: dict) -> dict:
 def rehearse_row(kind: str, name: str, preset) -> dict:
     """Rehearse one configuration and return its CSV row (status "error" with the message when it fails)."""
     from labkit.lab import package_versions
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
     from labkit.presets import card_device
     from bench.rehearse import LABEL, rehearse
@@ -171,7 +171,7 @@ def _reestimate(path: str) -> int:
     """Rewrite the estimate and ratio columns of ``path`` from :func:`labkit.preflight.estimate`; rehearsed ones stay."""
     import csv
 
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
 
     presets = {name: preset for _, name, preset in configurations("all")}

@@ -4,7 +4,7 @@ scale on fake tensors.
 PyTorch's ``FakeTensorMode`` runs a model's real code with tensors that carry a shape, a dtype and a
 device but no data: nothing is computed and nothing is allocated, yet every tensor the step creates
 is seen, with its dtype and shape checked by PyTorch's meta kernels. :func:`rehearse` uses that to
-run, for a :class:`labkit.plan.Plan`, the step ``build_run`` would run on the card:
+run, for a :class:`labkit.presets.Plan`, the step ``build_run`` would run on the card:
 
 1. the policy at full size, built on the meta device from the architecture catalogue, set up in the
    order TRL uses (QLoRA: 4-bit linear layers, and ``prepare_model_for_kbit_training`` when the preset
@@ -93,7 +93,7 @@ _ORDER = ["weights", "gradients", "optimizer", "kv_cache", "activations", "gener
 
 
 def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_layers: int | None = None) -> Rehearsal:
-    """Rehearse one GRPO step of ``plan`` (a :class:`labkit.plan.Plan`, a preset or its name) on fake tensors.
+    """Rehearse one GRPO step of ``plan`` (a :class:`labkit.presets.Plan`, a preset or its name) on fake tensors.
 
     Returns a :class:`Rehearsal`: phases ``generation`` (prefill + decode with the KV cache), ``training``
     (forward and backward of the micro-batches) and ``optimizer`` (clipping and the optimiser step),
@@ -102,7 +102,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
 
     plan = resolve_plan(plan)
     if plan.card is None or plan.card.kind != "cuda":
@@ -111,7 +111,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     g = plan.config
     micro, gen_batch = g["per_device_train_batch_size"], plan.generation_batch_size
     prompt_len, completion_len = plan.preset.max_prompt_length, g["max_completion_length"]
-    tool_rounds = g.get("max_tool_calling_iterations") or 0  # a tool recipe's rounds (labkit.plan.grpo_arguments)
+    tool_rounds = g.get("max_tool_calling_iterations") or 0  # a tool recipe's rounds (labkit.presets.grpo_arguments)
     started, cpu_started = time.perf_counter(), time.process_time()
     tracker = LiveBytes()
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-generation", action="store_true", help="skip the generation phase")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        from labkit.plan import resolve_plan
+        from labkit.presets import resolve_plan
         from labkit.preflight import estimate
 
         preset = get_preset(args.preset, **parse_pairs("--set", args.set))

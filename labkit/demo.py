@@ -165,7 +165,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     import tempfile
 
     from labkit.lab import seed_everything
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.monitor import peak_rss_bytes
     from labkit.presets import get_preset
     from labkit.run import build_run

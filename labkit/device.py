@@ -91,7 +91,7 @@ def choose_precision(info: DeviceInfo | None = None, asked: str | None = None) -
     (a T4 is sm_75 and has no bf16), fp32 on CPU and Apple MPS. Never bf16 on a CPU. ``asked``
     (a preset's ``precision``) is returned when the device can do it; a precision it cannot do fails
     here, with what to change, instead of deep inside training. A plan calls this once
-    (:func:`labkit.plan.resolve_plan`); everything after it reads ``plan.precision``.
+    (:func:`labkit.presets.resolve_plan`); everything after it reads ``plan.precision``.
     """
     info = info or detect_device()
     best = ("bf16" if info.bf16 else "fp16" if info.fp16 else "fp32") if info.kind == "cuda" else "fp32"

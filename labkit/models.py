@@ -465,7 +465,7 @@ def load_policy(name_or_path: str | os.PathLike, method: str = "lora", *, precis
       (fp32 master weights under 16-bit mixed precision).
     - ``lora``: the base is frozen in that dtype; PEFT adds the adapters ``peft_config`` (a ``peft.LoraConfig``;
       None: :func:`lora_config`'s, rank 16) describes. A recipe's plan gives its own
-      (:meth:`labkit.plan.Plan.load_policy`).
+      (:meth:`labkit.presets.Plan.load_policy`).
     - ``qlora``: the base's Linear weights are stored in 4-bit NF4 (bitsandbytes; about 0.5 byte a
       parameter) with double quantisation, every other weight (embeddings, norms) in the training
       precision, and the adapters in :func:`adapter_dtype`: the model TRL 1.16's ``GRPOTrainer`` builds

@@ -1,7 +1,7 @@
 """A plan's memory, before anything loads: :func:`estimate` (the estimator of :mod:`labkit.memory`) and
 :func:`preflight`, the estimate against the card with what to change first when it does not fit.
 
-A reader of a :class:`labkit.plan.Plan`, beside the rehearsal (:mod:`bench.rehearse`) and the OOM doctor
+A reader of a :class:`labkit.presets.Plan`, beside the rehearsal (:mod:`bench.rehearse`) and the OOM doctor
 (:mod:`labkit.oom`, whose candidate changes it ranks); ``python -m labkit train --dry-run`` prints it.
 Introduced in ``04_lora_grpo_16gb.ipynb``.
 """
@@ -17,7 +17,7 @@ from labkit.memory import GIB, MemoryEstimate, estimate as _estimate_memory
 from labkit.models import architecture_config
 from labkit.oom import fitting_changes
 from labkit.phase_memory import tool_rounds
-from labkit.plan import Plan, resolve_plan
+from labkit.presets import Plan, resolve_plan
 
 __all__ = ["estimate", "Preflight", "preflight"]
 
@@ -116,7 +116,7 @@ def _ranked_changes(plan, total: float) -> list:
 def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
     """Return a :class:`Preflight`: :func:`labkit.memory.estimate` for the preset's plan against the card.
 
-    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`. On a GPU the plan is for
+    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.presets.Plan`. On a GPU the plan is for
     ``device``; elsewhere for the card the preset is made for (:func:`labkit.presets.card_device`: a T4 preset in fp16).
     ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
     ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every

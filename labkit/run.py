@@ -1,7 +1,7 @@
 """A preset made concrete: GSM8K prompts, rewards, a ``GRPOTrainer``, checkpoints and resume.
 
 Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`build_run` assembles a run in one pass:
-the preset resolved once for the device into its plan (:func:`labkit.plan.resolve_plan`: the model path and shape,
+the preset resolved once for the device into its plan (:func:`labkit.presets.resolve_plan`: the model path and shape,
 the precision, the settings) and checked (:func:`labkit.validation.checked_plan`); then everything reads the
 plan: the policy (TRL loads it from its path; QLoRA with PEFT's upcast goes through
 :func:`labkit.models.load_policy`) -> the prompts (:func:`training_prompts`) -> the rewards ->
@@ -38,9 +38,8 @@ from labkit.device import detect_device
 from labkit.generation import card_limit, dropped_settings_problem, paths_table, prepare_generation
 from labkit.models import load_tokenizer, match_adapter_dtype, quantization_config
 from labkit.oom import explain_oom
-from labkit.plan import Plan
 from labkit.preflight import preflight
-from labkit.presets import Preset, PresetError, get_preset
+from labkit.presets import Plan, Preset, PresetError, get_preset
 from labkit.rewards import named_rewards
 from labkit.training import build_trainer, checkpoint_problem, checkpoint_step, grpo_config, last_checkpoint
 from labkit.validation import SECRET_FIELDS, checked_plan, process_count, validate
@@ -470,8 +469,8 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
               print_logs: bool = True, environment_factory=None, **config_overrides) -> Run:
     """Return a :class:`Run`: the preset validated, its prompts filtered, a ``GRPOTrainer`` built.
 
-    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.plan.Plan`; it is resolved once, for
-    ``device``, into the plan (:func:`labkit.plan.resolve_plan`) whose precision, model path, dtypes
+    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.presets.Plan`; it is resolved once, for
+    ``device``, into the plan (:func:`labkit.presets.resolve_plan`) whose precision, model path, dtypes
     and LoRA config the run uses.
 
     ``model`` (with ``tokenizer``) is a policy you already loaded (for example with
@@ -503,7 +502,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
                           "use a tool recipe (tools-16gb) or --set environment=calculator max_tool_calling_iterations=3.")
     preset, output_dir = plan.preset, Path(output_dir)
 
-    settings = dict(plan.config)  # the preset's GRPOConfig arguments (labkit.plan.grpo_arguments)
+    settings = dict(plan.config)  # the preset's GRPOConfig arguments (labkit.presets.grpo_arguments)
     reward_funcs, settings["reward_weights"] = reward_functions(preset)
     if not print_logs:  # else trainer.py adds its own bar (NotebookProgressCallback in a notebook): a second clock
         settings["disable_tqdm"] = True

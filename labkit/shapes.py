@@ -4,7 +4,7 @@
 model folder or a loaded model on PyTorch's ``meta`` device and returns a :class:`ModelShape`: layers, widths,
 heads, vocabulary, parameter counts (tied weights once), and every ``nn.Linear`` a LoRA could adapt.
 :func:`labkit.memory.estimate` computes its terms from it (``labkit.memory`` re-exports :func:`model_shape`),
-and :mod:`labkit.plan`, :mod:`labkit.validation` and :mod:`labkit.scale` read it too. Introduced in
+and :mod:`labkit.presets` (a plan's shape), :mod:`labkit.validation` and :mod:`labkit.scale` read it too. Introduced in
 ``05_full_vs_lora.ipynb``.
 """
 from __future__ import annotations

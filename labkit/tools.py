@@ -364,7 +364,7 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
     """
     from labkit.cards import SIZING_TARGET, sized_gib
     from labkit.memory import GIB
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
     from labkit.presets import card_device
 

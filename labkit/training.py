@@ -28,7 +28,7 @@ def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | 
     ``overrides`` are any ``GRPOConfig`` fields (``num_generations=4``, ``beta=0.04``, ...).
     Setting ``bf16``/``fp16`` directly is refused: pass ``precision="fp16"`` instead, which
     is checked against the device (a T4 asked for bf16 fails here, before training). ``plan``, a checked
-    :class:`labkit.plan.Plan` (``build_run``'s), gives its precision, decided and checked there, for ``device``.
+    :class:`labkit.presets.Plan` (``build_run``'s), gives its precision, decided and checked there, for ``device``.
     """
     from trl import GRPOConfig
 

@@ -177,7 +177,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     from unsloth import FastLanguageModel
 
     from labkit.device import detect_device
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.presets import get_preset
 
     preset = get_preset(preset)

@@ -1,7 +1,7 @@
 """What a recipe may hold, on a card: :func:`validate` and the type and range of every field, before any model loads.
 
-The layer above :mod:`labkit.presets` (the recipe) and below :mod:`labkit.plan`: pure functions of a
-preset and a card, importing nothing above. Each check returns one-line messages that name the field
+The layer above :mod:`labkit.presets` (the recipe and its plan): pure functions of a preset's plan and a card,
+importing nothing above. Each check returns one-line messages that name the field
 and say what to write instead: the preset's own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers,
 their ranges; texts, lists, booleans), the model name (an offline tiny model, an existing folder with a
 ``config.json``, or a well-formed hub id), secrets (never part of a recipe: :data:`SECRET_FIELDS`)
@@ -23,8 +23,7 @@ from labkit.device import detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
-from labkit.plan import Plan, resolve_plan
-from labkit.presets import RECIPE_TARGETS, Preset, PresetError
+from labkit.presets import RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
 from labkit.tasks import WORD_PROBLEM_TASKS
 
@@ -456,8 +455,8 @@ def validate(preset: Preset | Plan, device=None, *, num_processes: int | None = 
 
 def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | None = None, fsdp: bool | None = None,
                  names: dict[str, str] | None = None) -> tuple[Plan, list[str]]:
-    """Return ``(plan, warnings)``: ``preset`` resolved for ``device`` (:func:`labkit.plan.resolve_plan`, once; a
-    :class:`labkit.plan.Plan` as it is) and checked; raise :class:`PresetError` for what cannot work. The checks read
+    """Return ``(plan, warnings)``: ``preset`` resolved for ``device`` (:func:`labkit.presets.resolve_plan`, once; a
+    :class:`labkit.presets.Plan` as it is) and checked; raise :class:`PresetError` for what cannot work. The checks read
     the plan's model path, shape and precision, so nothing is worked out twice.
 
     Every error message says what to change: on the command line by default (``--set max_steps=VALUE``); in a

@@ -325,7 +325,7 @@ def _paged_cache(cb_kwargs: dict, *, total_gib: float, used_gib: float):
 
 def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
     from labkit.preflight import estimate
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.cards import SIZING_CONTEXT_GIB
     from labkit.generation import continuous_footprint
 
@@ -478,7 +478,7 @@ def test_static_compiled_pads_the_prompts_it_generates_from_not_the_loss(tmp_pat
 
 
 def test_vllm_server_mode_is_a_recipe_choice_and_vllm_options_need_the_vllm_path():
-    from labkit.plan import grpo_arguments
+    from labkit.presets import grpo_arguments
     from labkit.presets import PresetError, card_device, get_preset
     from labkit.validation import validate
 

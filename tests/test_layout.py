@@ -1,7 +1,7 @@
 """The package's layout, read from its source (AST), so that the layering cannot silently decay.
 
 - the recipe core is layered, lowest first (:data:`LAYERS`): the cards and device facts, the recipe
-  (``labkit.presets``), the plan, its checks (``labkit.validation``, which reads the plan), the readers of a plan
+  and its plan (``labkit.presets``), its checks (``labkit.validation``, which reads the plan), the readers of a plan
   (preflight, rehearsal, the OOM doctor, the trainer), ``labkit.run``; no module imports one above it, at the top of the file or inside
   a function;
 - following ``preset`` from ``labkit.run.build_run`` through the calls it is passed on to stays in at
@@ -286,8 +286,7 @@ LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
                                 "labkit.shapes", "labkit.phase_memory", "labkit.results", "labkit.rewards", "labkit.data",
                                 "labkit.tasks", "labkit.environments", "labkit.generation"}),
-    ("the recipe", {"labkit.presets"}),
-    ("the plan", {"labkit.plan"}),
+    ("the recipe and its plan", {"labkit.presets"}),
     ("its checks", {"labkit.validation"}),
     ("the readers of a plan", {"labkit.preflight", "labkit.oom", "labkit.training"}),
     ("the run", {"labkit.run"}),
@@ -320,7 +319,7 @@ def test_every_layer_names_a_module_that_exists():
 def test_an_upward_import_inside_a_function_is_refused_too():  # the rule above is only as good as this
     source = "import os\n\ndef f():\n    from labkit.run import build_run\n    return build_run\n"
     assert _upward("labkit.presets", _imports(source)) == ["labkit.run"]
-    assert _upward("labkit.plan", _imports("from labkit.presets import Preset\n")) == []
+    assert _upward("labkit.validation", _imports("from labkit.presets import Preset\n")) == []
 
 
 # --------------------------------------------------------------------------- following `preset` from build_run
@@ -443,18 +442,19 @@ def test_the_preset_walks_from_build_run_down_through_few_places():
     stays = sorted(f"{m}.{f}" for m, f in walk.stays)
     modules = sorted({m for m, _ in walk.stays})
     climbs = sorted(f"{a[0]}.{a[1]} -> {b[0]}.{b[1]}" for a, b in walk.calls if _layer(b[0]) > _layer(a[0]))
-    assert {"labkit.presets.get_preset", "labkit.validation.checked_plan", "labkit.plan.resolve_plan"} <= set(stays)
+    assert {"labkit.presets.get_preset", "labkit.validation.checked_plan", "labkit.presets.resolve_plan"} <= set(stays)
     # 12 until issue 43 added a recipe's generation path: checked (generation_problems), turned into GRPOConfig
     # fields (generation_arguments); 15 since labkit.training.grpo_config reads the checked plan's precision instead
     # of choosing it again (issue 53: each value decided once)
     assert len(stays) <= 15, stays
-    assert len(modules) <= 6, modules
+    # 6 until the plan joined its recipe in labkit.presets: generation, presets, run, training and validation
+    assert len(modules) <= 5, modules
     assert not climbs, climbs
 
 
 def test_the_walk_follows_a_preset_through_calls_and_returns():  # the figures above are only as good as this
     module = "labkit.__walk_example__"
-    source = ("from labkit.plan import resolve_plan\n"
+    source = ("from labkit.presets import resolve_plan\n"
               "def top(preset):\n    plan = middle(preset)\n    return bottom(plan.preset, 3)\n"
               "def middle(p):\n    return p.replace(seed=1)\n"
               "def bottom(q, n):\n    return n\n"

@@ -9,7 +9,7 @@ import pytest
 from labkit.memory import estimate
 from labkit.oom import candidate_changes, non_finite_advice, ordered_changes
 from labkit.phase_memory import optimizer_step_memory, phase_memory, scoring_memory
-from labkit.plan import resolve_plan
+from labkit.presets import resolve_plan
 from labkit.preflight import estimate as _estimate
 from labkit.preflight import preflight
 from labkit.presets import CARDS, PRESETS

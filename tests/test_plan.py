@@ -1,4 +1,4 @@
-"""One plan per preset (labkit.plan): resolved once, read by build_run, preflight, train --dry-run, the
+"""One plan per preset (labkit.presets.resolve_plan): resolved once, read by build_run, preflight, train --dry-run, the
 estimator and the rehearsal; the precision decided in one place; the walk from build_run does not climb back.
 """
 import ast
@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import labkit.device as dev
-from labkit.plan import Plan, resolve_plan
 from labkit.preflight import estimate, preflight
-from labkit.presets import card_device, get_preset
+from labkit.presets import Plan, card_device, get_preset, resolve_plan
 
 PACKAGE = Path(__file__).resolve().parents[1] / "labkit"
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
@@ -158,14 +157,15 @@ def test_build_run_resolves_the_preset_once(tmp_path, resolve_calls):
     assert dict(resolve_calls) == dict(resolve_model=1, choose_precision=1, check_method=1, model_shape=1)
 
 
-def test_the_plan_does_not_climb_back():
-    # labkit.plan sits over the recipe and under preflight, run and training (tests/test_layout.py's layers):
-    # it imports only the device, the models, the model shapes, the presets and the generation paths (labkit.generation:
-    # a recipe's GRPOConfig fields for its path, importing no labkit module at its top)
-    tree = ast.parse((PACKAGE / "plan.py").read_text())
+def test_the_recipe_does_not_climb_back():
+    # labkit.presets (the recipe and its plan) sits under its checks, preflight, run and training
+    # (tests/test_layout.py's layers): it imports only the cards, the device, the models, their shapes and the
+    # generation paths (labkit.generation: a recipe's GRPOConfig fields for its path, importing no labkit module at
+    # its top)
+    tree = ast.parse((PACKAGE / "presets.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
-    assert imported <= {"labkit.device", "labkit.models", "labkit.shapes", "labkit.presets", "labkit.generation"}, imported
+    assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.shapes", "labkit.generation"}, imported
 
 
 def test_the_presets_lora_dropout_reaches_the_estimate():

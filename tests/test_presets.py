@@ -126,7 +126,7 @@ def test_tiny_context_is_checked_too():
 
 def test_trl_options_refuse_every_field_the_preset_sets():
     from labkit.validation import _SET_BY_PRESET
-    from labkit.plan import grpo_arguments
+    from labkit.presets import grpo_arguments
 
     set_by_build_run = set(grpo_arguments(PRESETS["laptop-16gb"])) | {"reward_weights", "model_init_kwargs"}
     assert set_by_build_run <= set(_SET_BY_PRESET), set_by_build_run - set(_SET_BY_PRESET)

@@ -35,7 +35,7 @@ def smollm2():
 
 
 def _policy(preset):
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
 
     return resolve_plan(preset, CPU).load_policy()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.environments import ENVIRONMENTS, CalculatorEnv, environment_tools
-from labkit.plan import grpo_arguments
+from labkit.presets import grpo_arguments
 from labkit.presets import PRESETS, PresetError, get_preset
 from labkit.tasks import NUMBER_RANGES, WordProblems
 from labkit.validation import validate
@@ -73,7 +73,7 @@ def test_the_estimate_of_a_tool_recipe_counts_its_rounds():
     """preflight's estimate (the plan's, what size_tools_recipe, train --dry-run and the rehearsal's comparison read)
     passes the recipe's max_tool_calling_iterations: its generation phase is a round's, larger than the first turn's."""
     from labkit.memory import estimate as memory_estimate
-    from labkit.plan import resolve_plan
+    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
 
     tools = PRESETS["tools-16gb"]
