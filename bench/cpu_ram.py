@@ -82,7 +82,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     return {"per_device_train_batch_size": preset.per_device_train_batch_size,
             "gradient_accumulation_steps": preset.gradient_accumulation_steps,
             "gradient_checkpointing": preset.gradient_checkpointing,
-            "completions_per_step": preset.generation_batch_size, "lora_dropout": 0.05 if dropout is None else dropout,
+            "completions_per_step": preset.generation_batch_size, "lora_dropout": preset.lora_dropout if dropout is None else dropout,
             "steps": steps, "threads": threads,
             "peak_rss_gib": round(max(peak[0], me.memory_info().rss) / gib, 2),
             "rss_after_load_gib": round(loaded / gib, 2),

@@ -282,7 +282,7 @@ def measure(spec: dict) -> dict:
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
                card=card.name if card else None, generation=preset.generation,
                loader=loader_of(preset),
-               per_device_train_batch_size=plan.per_device_train_batch_size,
+               per_device_train_batch_size=plan.preset.per_device_train_batch_size,
                gradient_accumulation_steps=plan.config["gradient_accumulation_steps"],
                generation_batch_size=plan.generation_batch_size, num_generations=plan.config["num_generations"],
                max_prompt_length=preset.max_prompt_length,

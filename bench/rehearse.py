@@ -25,7 +25,7 @@ records the peak of each phase with a breakdown. What it does not count and whic
 reproduces on CPU fake tensors (fake ``"cuda"`` tensors cannot run a backward pass without a driver)
 are listed in :data:`NOT_COUNTED` and :data:`EMULATED`, each with the library line it mirrors.
 Every figure is **rehearsed (fake tensors)**, never measured. Notebooks 04 and 05 read what it recorded
-(:func:`labkit.results.memory_columns`). The tools it runs with are :mod:`bench.fake_tensors`.
+(:func:`labkit.measure.memory_columns`). The tools it runs with are :mod:`bench.fake_tensors`.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ Running it for real, on a card:
 
 Around them: ``labkit.lab`` (the run context: setup, seeds, where runs and results are),
 ``labkit.workshop`` (the pre-workshop checklist), ``labkit.colab`` (the install cell's work on Colab),
-``labkit.demo`` (the main job), ``labkit.results`` (readers of recorded figures) and ``labkit.cli``
+``labkit.demo`` (the main job), ``labkit.measure`` (memory measured, and the recorded figures) and ``labkit.cli``
 (every ``python -m labkit`` command; ``labkit.options`` its ``KEY=VALUE`` parser).
 
 Not in this package, by design: the measurements that write ``results/`` live in ``bench/`` beside it

@@ -14,8 +14,8 @@ Weights, the reference model and the optimizer states live through both, so
 
 :func:`estimate` computes every term from the architecture's shapes (:func:`labkit.shapes.model_shape`, from
 any entry of :data:`labkit.models.ARCHITECTURES`, a transformers config, or a saved model folder).
-:func:`state_bytes` and :func:`saved_activation_bytes` measure the same quantities on a real
-model, exactly, on any device; the tests hold the estimator to them. Measured peaks of real TRL
+:func:`labkit.measure.state_bytes` and :func:`labkit.measure.saved_activation_bytes` measure the same quantities
+on a real model, exactly, on any device; the tests hold the estimator to them. Measured peaks of real TRL
 GRPO steps come from ``python -m bench memory`` (:mod:`bench.memory`), and the live
 readings of a running step from :mod:`labkit.monitor`.
 """
@@ -24,9 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from labkit.models import DEFAULT_LORA_TARGETS, METHODS, check_method
-from labkit.measure import saved_activation_bytes, state_bytes  # exact counters, re-exported
-from labkit.results import memory_columns  # the estimate beside the rehearsed and measured peaks, re-exported
+from labkit.models import DEFAULT_LORA_TARGETS, LORA_DROPOUT, METHODS, check_method
 from labkit.shapes import ModelShape, model_config, model_shape  # model_shape re-exported (notebook 05 imports it)
 
 __all__ = [
@@ -44,9 +42,6 @@ __all__ = [
     "hidden_state_bytes",
     "adapter_bytes",
     "plot_breakdown",
-    "state_bytes",
-    "saved_activation_bytes",
-    "memory_columns",
 ]
 
 GIB = 1024**3
@@ -294,7 +289,7 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
              generation_batch_size: int | None = None, num_generations: int = 8, num_processes: int = 1,
              max_prompt_length: int = 256, max_completion_length: int = 512, optim: str = "adamw",
              gradient_checkpointing: bool = True, beta: float = 0.0, precision: str = "bf16",
-             lora_rank: int = 16, lora_targets=None, lora_dropout: float = 0.05, device: str = "cuda",
+             lora_rank: int = 16, lora_targets=None, lora_dropout: float = LORA_DROPOUT, device: str = "cuda",
              padded: bool = False, logits: str = "fused", fp32_master_weights: bool | None = None,
              prepare_model_for_kbit_training: bool = False, max_tool_calling_iterations: int = 0,
              **renamed) -> MemoryEstimate:

@@ -52,6 +52,7 @@ __all__ = [
     "count_parameters",
     "enable_checkpointing",
     "DEFAULT_LORA_TARGETS",
+    "LORA_DROPOUT",
 ]
 
 # ChatML, the format of Qwen2.5's chat template, without its tool-calling branches.
@@ -73,6 +74,9 @@ TINY_SHAPES = {"qwen2": _TINY_SHAPE, "llama": _TINY_SHAPE}  # transformers' mode
 # LoRA on attention and MLP projections. The 16 GB laptop recipe in REFERENCES.md used
 # q/k/o/up/down; adding v and gate costs little and is PEFT's usual "all linear" choice.
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# The lab's LoRA dropout (PEFT's lora_dropout; PEFT's own default is 0), decided here: a preset's default, lora_config's
+# and the estimator's. TRL samples the rollouts in train mode, so it is on there too (notebook 04).
+LORA_DROPOUT = 0.05
 
 
 METHODS = ("full", "lora", "qlora")
@@ -381,7 +385,7 @@ def enable_checkpointing(model) -> None:
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def lora_config(rank: int = 16, alpha: int | None = None, dropout: float = 0.05,
+def lora_config(rank: int = 16, alpha: int | None = None, dropout: float = LORA_DROPOUT,
                 target_modules: list[str] | None = None):
     """Return a ``peft.LoraConfig`` with the lab's defaults (alpha = 2 x rank, attention + MLP)."""
     from peft import LoraConfig

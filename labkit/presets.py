@@ -58,7 +58,7 @@ import torch
 from labkit.cards import CARDS, SIZING_TARGET, card
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.generation import generation_arguments
-from labkit.models import LOCAL_MODELS, adapter_dtype, load_policy, lora_config, quantization_config, resolve_model
+from labkit.models import LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config, resolve_model
 from labkit.shapes import ModelShape, model_shape
 
 __all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_TARGETS", "get_preset", "card_device",
@@ -99,7 +99,7 @@ class Preset:
     description: str = ""
     lora_rank: int = 16
     lora_alpha: int | None = None  # None: 2 x rank
-    lora_dropout: float = 0.05  # PEFT's; on in TRL's rollouts too (it samples in train mode)
+    lora_dropout: float = LORA_DROPOUT  # labkit.models.LORA_DROPOUT, 0.05: on in TRL's rollouts too
     target_modules: tuple[str, ...] = RECIPE_TARGETS
     per_device_train_batch_size: int = 1
     gradient_accumulation_steps: int = 4
@@ -464,18 +464,12 @@ class Plan:
         return model_shape(self.shape_name)
 
     @property
-    def per_device_train_batch_size(self) -> int:
-        return self.config["per_device_train_batch_size"]
-
-    @property
-    def steps_per_generation(self) -> int:
-        """TRL's default: ``steps_per_generation = gradient_accumulation_steps`` (``GRPOConfig.__post_init__``)."""
-        return self.config.get("steps_per_generation") or self.config["gradient_accumulation_steps"]
+    def steps_per_generation(self) -> int:  # TRL's batch rule, written once: Preset.steps_per_generation
+        return self.preset.steps_per_generation
 
     @property
     def generation_batch_size(self) -> int:
-        """Completions generated at once on one device: TRL's ``per_device_train_batch_size x steps_per_generation``."""
-        return self.config["per_device_train_batch_size"] * self.steps_per_generation
+        return self.preset.generation_batch_size
 
     @property
     def model_init_kwargs(self) -> dict:

@@ -13,7 +13,7 @@
 - no import cycle anywhere in ``labkit``, ``bench`` and ``scripts``, counting imports inside functions too;
 - no module over 600 lines, in ``labkit``, ``bench`` or ``scripts``; the installed package within its budget
   (:data:`PACKAGE_BUDGET` lines); every module says what it holds in an ``__all__`` and a docstring;
-- no notebook imports from more than 8 labkit modules;
+- no notebook imports from more than 8 labkit modules, but one that says why it needs a ninth (:data:`NINTH_DOOR`);
 - no ``except ImportError`` that could hide a real import error;
 - no module imports another module's private name.
 """
@@ -37,7 +37,7 @@ MAX_LINES = 600
 # preset's LoRA dropout (7), a learner's own dataset and reward functions in a preset, checked before a model loads
 # (62), one ranking of the changes that make a recipe fit, for preflight and the OOM doctor (13). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal: raise
 # it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_283
+PACKAGE_BUDGET = 15_259
 
 
 def _module_name(path: Path) -> str:
@@ -284,7 +284,7 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 # notebooks' helpers) sit on top of all of them.
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
-                                "labkit.shapes", "labkit.phase_memory", "labkit.results", "labkit.rewards", "labkit.data",
+                                "labkit.shapes", "labkit.phase_memory", "labkit.rewards", "labkit.data",
                                 "labkit.tasks", "labkit.environments", "labkit.generation"}),
     ("the recipe and its plan", {"labkit.presets"}),
     ("its checks", {"labkit.validation"}),
@@ -473,6 +473,10 @@ def test_the_walk_follows_a_preset_through_calls_and_returns():  # the figures a
 # --------------------------------------------------------------------------- few doors per notebook
 
 MAX_DOORS = 8  # rasbt's GRPO chapter imports from 4 modules; d2l's chapters from one
+# A notebook that needs a ninth says why (issue 53: no re-export kept only to lower the count). Notebook 04 is the
+# chapter where the recipe, its checks and the run meet the models, the estimate, the measured figures, the
+# dashboard, the evaluation and the exercises; until 2026-12-04 labkit.memory re-exported the measured figures.
+NINTH_DOOR = {"04_lora_grpo_16gb.ipynb": "labkit.measure"}
 
 
 def notebook_doors(source: str) -> set[str]:
@@ -502,7 +506,8 @@ def _notebook_code(path: Path) -> str:
 @pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_no_notebook_opens_more_than_eight_labkit_modules(path):
     doors = notebook_doors(_notebook_code(path))
-    assert len(doors) <= MAX_DOORS, f"{path.name} opens {len(doors)} labkit modules: {sorted(doors)}"
+    allowed = MAX_DOORS + (NINTH_DOOR.get(path.name) in doors)
+    assert len(doors) <= allowed, f"{path.name} opens {len(doors)} labkit modules: {sorted(doors)}"
 
 
 def test_the_door_count_sees_every_way_in():  # the rule above is only as good as this

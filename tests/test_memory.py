@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from labkit.cards import CARDS
 from labkit.cli import estimate_cli
-from labkit.memory import GIB, estimate, saved_activation_bytes, state_bytes
+from labkit.measure import saved_activation_bytes, state_bytes
+from labkit.memory import GIB, estimate
 from labkit.models import ARCHITECTURES, build_tiny_model, load_policy, lora_config
 from labkit.shapes import model_shape
 
