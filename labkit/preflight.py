@@ -22,9 +22,10 @@ from labkit.presets import Plan, resolve_plan
 __all__ = ["estimate", "Preflight", "preflight"]
 
 
-def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None):
-    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width);
-    with ``generation="continuous"``, its ``kv_cache`` is :func:`labkit.generation.continuous_footprint`."""
+def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None, num_processes: int = 1):
+    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width;
+    ``num_processes``: the processes whose completions one generation batch holds); with ``generation="continuous"``,
+    its ``kv_cache`` is :func:`labkit.generation.continuous_footprint`."""
     g, p = plan.config, plan.preset
     model = plan.shape_name  # the plan's shape, read once with it (labkit.validation checked its context)
     if num_layers:
@@ -39,7 +40,7 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None)
         optim=g["optim"], gradient_checkpointing=g["activation_checkpointing"], beta=g["beta"],
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
         lora_dropout=p.lora_dropout, prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
-        device=device, padded=True,
+        device=device, padded=True, num_processes=num_processes,
         max_tool_calling_iterations=tool_rounds(g))  # a tool recipe's rounds (notebook 08)
     if not g.get("use_transformers_continuous_batching"):
         return est
@@ -106,7 +107,7 @@ def _ranked_changes(plan, total: float) -> list:
         if change is None:  # the plan as it is: estimated already
             return total
         try:
-            return estimate(resolve_plan(plan.preset.apply(change.updates), plan.card)).total
+            return estimate(plan.apply(change.updates)).total
         except (ValueError, KeyError):  # a change the estimator cannot model
             return None
 
@@ -146,7 +147,7 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
         current, current_total = plan, total
         while current_total + margin_gib > card_gib and ranked:
             change, current_total = ranked[0]
-            current = resolve_plan(current.preset.apply(change.updates), current.card)
+            current = current.apply(change.updates)
             report.plan.append((change, current_total))
             ranked = _ranked_changes(current, current_total) if current_total + margin_gib > card_gib else []
     return report

@@ -488,6 +488,18 @@ class Plan:
     def loss_type(self) -> str:
         return self.config.get("loss_type", "dapo")  # TRL 1.16's default
 
+    def apply(self, updates: dict) -> "Plan":
+        """Return this plan with ``updates`` (:meth:`Preset.apply`: a :class:`labkit.oom.Change`'s), for the same card.
+        A change of model, method or precision is resolved again; any other keeps the model path, shape and precision
+        as decided, and only the settings follow (preflight's ranking, the tool-round check)."""
+        preset = self.preset.apply(updates)
+        if {"model", "method", "precision"} & set(updates):
+            return resolve_plan(preset, self.card)
+        plan = dataclasses.replace(self, preset=preset, config=grpo_arguments(preset),
+                                   peft_config=_peft_config(preset) if self.peft_config else None)
+        plan.__dict__.update({k: v for k, v in self.__dict__.items() if k == "shape"})  # the same model's, read once
+        return plan
+
     def describe(self) -> str:
         c = self.config
         return (f"{self.preset.name}: {self.model} {self.method} in {self.precision} "
@@ -530,9 +542,12 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
                 weight_dtype=torch_dtype(precision, method), compute_dtype=_COMPUTE[precision],
                 adapter_dtype=(adapter_dtype(precision) if method == "qlora" else torch.float32) if lora else None,
                 quantization_config=quantization_config(precision) if method == "qlora" else None,
-                peft_config=lora_config(preset.lora_rank, preset.lora_alpha, preset.lora_dropout,
-                                        list(preset.target_modules)) if lora else None,
-                config=grpo_arguments(preset), card=card, precision_error=precision_error)
+                peft_config=_peft_config(preset) if lora else None, config=grpo_arguments(preset), card=card,
+                precision_error=precision_error)
+
+
+def _peft_config(preset: Preset):
+    return lora_config(preset.lora_rank, preset.lora_alpha, preset.lora_dropout, list(preset.target_modules))
 
 
 def grpo_arguments(preset) -> dict:

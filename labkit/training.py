@@ -18,7 +18,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import sort_checkpoints
 
-__all__ = ["grpo_config", "build_trainer", "last_checkpoint", "checkpoint_problem", "checkpoint_step", "LogRecorder"]
+__all__ = ["grpo_config", "build_trainer", "too_few_prompts", "last_checkpoint", "checkpoint_problem", "checkpoint_step",
+           "LogRecorder"]
 
 
 def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, plan=None,
@@ -78,8 +79,6 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
     """
     from trl import GRPOTrainer
 
-    from labkit.validation import too_few_prompts
-
     if hasattr(train_dataset, "__len__"):  # an IterableDataset has no length to check
         problem = too_few_prompts(len(train_dataset), args.generation_batch_size, args.num_generations)
         if problem:
@@ -100,6 +99,22 @@ def build_trainer(model, reward_funcs, train_dataset, args, *, tokenizer=None, p
     if environment_factory is not None:
         kwargs["environment_factory"] = environment_factory
     return GRPOTrainer(**kwargs)
+
+
+def too_few_prompts(prompts: int, generation_batch_size: int, num_generations: int) -> str | None:
+    """Say why ``prompts`` prompts give no training step, or return None when they give at least one.
+
+    TRL's ``RepeatSampler`` hands out prompts in chunks of ``generation_batch_size // num_generations``
+    and drops a chunk that is not full (trl/trainer/grpo_trainer.py ``_get_train_sampler``;
+    trl/trainer/utils.py ``RepeatSampler.__iter__``). With fewer prompts than one chunk the trainer
+    finds no batch and stops at step 0 with only a logged warning: a run that silently trains nothing.
+    """
+    needed = generation_batch_size // max(num_generations, 1)
+    if prompts >= needed:
+        return None
+    return (f"{prompts} training prompts give no training step: one generation batch of {generation_batch_size} "
+            f"completions takes {needed} prompts ({num_generations} completions each), and TRL's sampler drops a "
+            "batch that is not full, so the run would stop at step 0.")
 
 
 def last_checkpoint(output_dir: str | os.PathLike, *, skipped: list | None = None) -> Path | None:

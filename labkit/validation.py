@@ -1,7 +1,8 @@
 """What a recipe may hold, on a card: :func:`validate` and the type and range of every field, before any model loads.
 
-The layer above :mod:`labkit.presets` (the recipe and its plan): pure functions of a preset's plan and a card,
-importing nothing above. Each check returns one-line messages that name the field
+The layer above :mod:`labkit.presets` (the recipe and its plan) and the readers of a plan (the tool rounds' fit on the
+card reads the plan's own :func:`labkit.preflight.estimate`): pure functions of a preset's plan and a card, importing
+nothing above. Each check returns one-line messages that name the field
 and say what to write instead: the preset's own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers,
 their ranges; texts, lists, booleans), the model name (an offline tiny model, an existing folder with a
 ``config.json``, or a well-formed hub id), secrets (never part of a recipe: :data:`SECRET_FIELDS`)
@@ -26,9 +27,10 @@ from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_
 from labkit.presets import RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
 from labkit.tasks import WORD_PROBLEM_TASKS
+from labkit.training import too_few_prompts
 
 __all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
-           "trl_config_errors", "too_few_prompts", "in_notebook_terms"]
+           "trl_config_errors", "in_notebook_terms"]
 
 
 # Fields holding a credential: never accepted in a recipe (it is saved in the run folder and every
@@ -194,19 +196,12 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     if device is None or device.kind != "cuda" or not device.total_memory_gib:
         return []
     from labkit.cards import SIZING_CONTEXT_GIB
-    from labkit.memory import GIB, estimate
+    from labkit.memory import GIB
+    from labkit.preflight import estimate
 
-    steps = p.trl_options.get("steps_per_generation")
-    knobs = dict(gradient_accumulation_steps=p.gradient_accumulation_steps, steps_per_generation=steps,
-                 num_generations=p.num_generations, num_processes=procs, max_prompt_length=p.max_prompt_length,
-                 max_completion_length=p.max_completion_length, optim=p.optim,
-                 gradient_checkpointing=p.gradient_checkpointing, beta=p.beta, lora_rank=p.lora_rank,
-                 lora_targets=list(p.target_modules), lora_dropout=p.lora_dropout,
-                 prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, precision=plan.precision, padded=True)
-
-    def generation_gib(batch: int, rounds: int) -> float:  # the plan's shape: a packaged model has its hub twin's
-        return estimate(plan.shape, p.method, per_device_train_batch_size=batch, max_tool_calling_iterations=rounds,
-                        **knobs).bytes["generation_phase"] / GIB
+    def generation_gib(batch: int, rounds: int) -> float:  # the plan's own estimate, at another batch or round count
+        changed = plan.apply({"per_device_train_batch_size": batch, "max_tool_calling_iterations": rounds})
+        return estimate(changed, num_processes=procs).bytes["generation_phase"] / GIB
 
     try:
         needed = generation_gib(p.per_device_train_batch_size, p.max_tool_calling_iterations)
@@ -215,7 +210,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     card = device.total_memory_gib
     if needed + SIZING_CONTEXT_GIB <= card:
         return []
-    per_batch = procs * (steps or p.gradient_accumulation_steps)  # generation rows per unit of the batch
+    per_batch = procs * p.steps_per_generation  # generation rows per unit of the batch
     fits = next(((b, gib) for b in range(p.per_device_train_batch_size - 1, 0, -1)
                  if b * per_batch % p.num_generations == 0
                  and (gib := generation_gib(b, p.max_tool_calling_iterations)) + SIZING_CONTEXT_GIB <= card), None)
@@ -310,22 +305,6 @@ def trl_config_errors(p: Preset) -> list[str]:
             message = " ".join(str(exc).split())
             errors.append(f"trl_options {sorted(p.trl_options)}: GRPOConfig refuses them: {message}")
     return errors
-
-
-def too_few_prompts(prompts: int, generation_batch_size: int, num_generations: int) -> str | None:
-    """Say why ``prompts`` prompts give no training step, or return None when they give at least one.
-
-    TRL's ``RepeatSampler`` hands out prompts in chunks of ``generation_batch_size // num_generations``
-    and drops a chunk that is not full (trl/trainer/grpo_trainer.py ``_get_train_sampler``;
-    trl/trainer/utils.py ``RepeatSampler.__iter__``). With fewer prompts than one chunk the trainer
-    finds no batch and stops at step 0 with only a logged warning: a run that silently trains nothing.
-    """
-    needed = generation_batch_size // max(num_generations, 1)
-    if prompts >= needed:
-        return None
-    return (f"{prompts} training prompts give no training step: one generation batch of {generation_batch_size} "
-            f"completions takes {needed} prompts ({num_generations} completions each), and TRL's sampler drops a "
-            "batch that is not full, so the run would stop at step 0.")
 
 
 def model_context_length(model: str) -> int | None:

@@ -1,11 +1,11 @@
 """The package's layout, read from its source (AST), so that the layering cannot silently decay.
 
 - the recipe core is layered, lowest first (:data:`LAYERS`): the cards and device facts, the recipe
-  and its plan (``labkit.presets``), its checks (``labkit.validation``, which reads the plan), the readers of a plan
-  (preflight, rehearsal, the OOM doctor, the trainer), ``labkit.run``; no module imports one above it, at the top of the file or inside
-  a function;
+  and its plan (``labkit.presets``), the readers of a plan (preflight, rehearsal, the OOM doctor, the trainer), its
+  checks (``labkit.validation``, which reads the plan and its estimate), ``labkit.run``; no module imports one above
+  it, at the top of the file or inside a function;
 - following ``preset`` from ``labkit.run.build_run`` through the calls it is passed on to stays in at
-  most 15 functions of at most 6 modules and never climbs back to a layer above;
+  most 17 functions of at most 6 modules and never climbs back to a layer above;
 - concept modules (everything but ``labkit.cli`` and ``bench``) never import the command line
   or the benchmarks;
 - ``labkit.oom`` does not import ``labkit.presets``; ``labkit.memory`` does not import ``labkit.nano``,
@@ -37,7 +37,7 @@ MAX_LINES = 600
 # preset's LoRA dropout (7), a learner's own dataset and reward functions in a preset, checked before a model loads
 # (62), one ranking of the changes that make a recipe fit, for preflight and the OOM doctor (13). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal: raise
 # it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_259
+PACKAGE_BUDGET = 15_269
 
 
 def _module_name(path: Path) -> str:
@@ -287,8 +287,8 @@ LAYERS = [
                                 "labkit.shapes", "labkit.phase_memory", "labkit.rewards", "labkit.data",
                                 "labkit.tasks", "labkit.environments", "labkit.generation"}),
     ("the recipe and its plan", {"labkit.presets"}),
-    ("its checks", {"labkit.validation"}),
     ("the readers of a plan", {"labkit.preflight", "labkit.oom", "labkit.training"}),
+    ("its checks, which read the plan and its estimate", {"labkit.validation"}),
     ("the run", {"labkit.run"}),
 ]
 
@@ -445,10 +445,12 @@ def test_the_preset_walks_from_build_run_down_through_few_places():
     assert {"labkit.presets.get_preset", "labkit.validation.checked_plan", "labkit.presets.resolve_plan"} <= set(stays)
     # 12 until issue 43 added a recipe's generation path: checked (generation_problems), turned into GRPOConfig
     # fields (generation_arguments); 15 since labkit.training.grpo_config reads the checked plan's precision instead
-    # of choosing it again (issue 53: each value decided once)
-    assert len(stays) <= 15, stays
-    # 6 until the plan joined its recipe in labkit.presets: generation, presets, run, training and validation
-    assert len(modules) <= 5, modules
+    # of choosing it again (issue 53: each value decided once); 17 since the tool-round check reads the plan's own
+    # estimate (labkit.preflight.estimate of Plan.apply's plan, whose LoRA config presets._peft_config builds)
+    # instead of handing the estimator thirteen settings taken from the preset again
+    assert len(stays) <= 17, stays
+    # generation, preflight, presets, run, training and validation (the plan joined its recipe in labkit.presets)
+    assert len(modules) <= 6, modules
     assert not climbs, climbs
 
 

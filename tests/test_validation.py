@@ -445,7 +445,7 @@ def test_the_prompt_rule_is_trls_sampler():
     # the rule is TRL's own: RepeatSampler yields nothing for fewer prompts than a chunk, and all of one chunk
     from trl.trainer.utils import RepeatSampler
 
-    from labkit.validation import too_few_prompts
+    from labkit.training import too_few_prompts
 
     for prompts, generation_batch, generations in [(8, 96, 4), (24, 96, 4), (1, 8, 4), (2, 8, 4), (3, 16, 8)]:
         sampler = RepeatSampler(list(range(prompts)), mini_repeat_count=generations,
