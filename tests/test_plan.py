@@ -202,3 +202,21 @@ def test_your_own_dataset_and_reward_train_through_build_run(tmp_path):
     assert load_saved_preset(tmp_path).to_dict()["rewards"] == ["your function exact"]
     with pytest.raises(ValueError, match="no held-out split"):
         eval_prompts(preset)
+
+
+def test_a_plan_with_a_change_keeps_what_the_change_does_not_reach(resolve_calls):
+    plan = resolve_plan("qlora-3b")
+    assert plan.shape.num_layers == 36
+    resolve_calls.clear()
+    smaller = plan.apply({"per_device_train_batch_size": 8, "lora_rank": 8, "steps_per_generation": 2})
+    # the settings, the LoRA config and TRL's arguments follow; the model path, shape and precision stay as decided
+    assert (smaller.preset.per_device_train_batch_size, smaller.generation_batch_size) == (8, 16)
+    assert smaller.config["steps_per_generation"] == 2 and smaller.peft_config.r == 8 and plan.peft_config.r == 16
+    assert (smaller.model_path, smaller.precision, smaller.card) == (plan.model_path, plan.precision, plan.card)
+    assert smaller.shape is plan.shape and smaller.quantization_config is plan.quantization_config
+    assert dict(resolve_calls) == {}
+    # a new model, method or precision is a new resolution
+    other = plan.apply({"model": "Qwen/Qwen2.5-1.5B-Instruct", "method": "lora"})
+    assert other.shape.num_layers == 28 and other.quantization_config is None and other.card == plan.card
+    assert resolve_calls["resolve_model"] == resolve_calls["choose_precision"] == 1
+    assert estimate(smaller).total < estimate(plan).total
