@@ -48,8 +48,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     import torch
 
     from labkit.lab import seed_everything
-    from labkit.presets import resolve_plan
-    from labkit.presets import get_preset
+    from labkit.presets import get_preset, resolve_plan
     from labkit.run import build_run, training_prompts
 
     torch.set_num_threads(threads)

@@ -57,9 +57,8 @@ def job_shape(job: dict) -> dict:
 def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | None = None) -> dict:
     """Return :func:`job_shape` of ``preset`` measured on the card of preset ``card_name`` for ``steps`` steps."""
     from labkit.device import choose_precision
-    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
-    from labkit.presets import card_device
+    from labkit.presets import card_device, resolve_plan
     from labkit.shapes import model_shape
 
     card = card_device(card_name)

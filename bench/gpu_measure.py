@@ -265,9 +265,8 @@ def measure(spec: dict) -> dict:
     from labkit.lab import provenance
     from labkit.models import load_tokenizer
     from labkit.oom import TrainingOutOfMemory
-    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
-    from labkit.presets import card_device
+    from labkit.presets import card_device, resolve_plan
     from labkit.run import build_run
     from labkit.training import LogRecorder
 

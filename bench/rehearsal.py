@@ -78,9 +78,8 @@ def _sizing(row: dict) -> dict:
 def rehearse_row(kind: str, name: str, preset) -> dict:
     """Rehearse one configuration and return its CSV row (status "error" with the message when it fails)."""
     from labkit.lab import package_versions
-    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
-    from labkit.presets import card_device
+    from labkit.presets import card_device, resolve_plan
     from bench.rehearse import LABEL, rehearse
 
     versions = package_versions()

@@ -68,8 +68,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     from labkit.device import detect_device
     from labkit.evaluate import gsm8k_accuracy
     from labkit.lab import provenance
-    from labkit.presets import resolve_plan
-    from labkit.presets import get_preset
+    from labkit.presets import get_preset, resolve_plan
     from labkit.run import build_run
     from labkit.training import LogRecorder
 

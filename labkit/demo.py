@@ -165,9 +165,8 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     import tempfile
 
     from labkit.lab import seed_everything
-    from labkit.presets import resolve_plan
     from labkit.monitor import peak_rss_bytes
-    from labkit.presets import get_preset
+    from labkit.presets import get_preset, resolve_plan
     from labkit.run import build_run
     from labkit.tasks import WordProblems
     from labkit.training import LogRecorder

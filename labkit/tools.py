@@ -364,9 +364,8 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
     """
     from labkit.cards import SIZING_TARGET, sized_gib
     from labkit.memory import GIB
-    from labkit.presets import resolve_plan
     from labkit.preflight import estimate
-    from labkit.presets import card_device
+    from labkit.presets import card_device, resolve_plan
 
     preset = preset or tools_recipe()
     rows = []

@@ -164,7 +164,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     ``qlora`` preset (16-bit for ``lora``), LoRA of the preset's rank (alpha = 2 x rank unless
     set) on its target modules, the precision the trainer will use (the preset's, else
     :mod:`labkit.device`'s choice for the card: fp16 on a T4). One deliberate difference: LoRA
-    dropout is 0 (the lab's PEFT default is 0.05), because Unsloth's fused LoRA kernels apply only
+    dropout is 0 (the lab's is ``labkit.models.LORA_DROPOUT``, 0.05), because Unsloth's fused LoRA kernels apply only
     without dropout; the comparison records each backend's dropout. Unsloth's own gradient
     checkpointing (``"unsloth"``) replaces the trainer's when the preset checkpoints.
     ``fast_inference=True`` starts a vLLM engine in this process for generation (needs ``vllm``),
@@ -177,8 +177,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     from unsloth import FastLanguageModel
 
     from labkit.device import detect_device
-    from labkit.presets import resolve_plan
-    from labkit.presets import get_preset
+    from labkit.presets import get_preset, resolve_plan
 
     preset = get_preset(preset)
     if preset.method not in ("lora", "qlora"):
@@ -197,9 +196,9 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     )
     model = FastLanguageModel.get_peft_model(
         model,
-        r=preset.lora_rank,
-        lora_alpha=preset.lora_alpha if preset.lora_alpha is not None else 2 * preset.lora_rank,
-        target_modules=list(preset.target_modules),
+        r=plan.peft_config.r,  # the plan's LoRA, as build_run hands it to TRL (alpha = 2 x rank unless set)
+        lora_alpha=plan.peft_config.lora_alpha,
+        target_modules=list(preset.target_modules),  # in the preset's order (PEFT's LoraConfig keeps a set)
         lora_dropout=lora_dropout,
         use_gradient_checkpointing="unsloth" if preset.gradient_checkpointing else False,
         random_state=seed,

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from labkit import device as dev
 from labkit.cli import train_cli
-from labkit.presets import resolve_plan
-from labkit.presets import PresetError, get_preset
+from labkit.presets import PresetError, get_preset, resolve_plan
 from labkit.validation import SECRET_FIELDS, TRL_CHOICES, TRL_NUMBER_RANGES, validate
 from labkit.run import reward_functions
 from labkit.training import grpo_config

@@ -478,8 +478,7 @@ def test_static_compiled_pads_the_prompts_it_generates_from_not_the_loss(tmp_pat
 
 
 def test_vllm_server_mode_is_a_recipe_choice_and_vllm_options_need_the_vllm_path():
-    from labkit.presets import grpo_arguments
-    from labkit.presets import PresetError, card_device, get_preset
+    from labkit.presets import PresetError, card_device, get_preset, grpo_arguments
     from labkit.validation import validate
 
     server = get_preset("laptop-16gb", generation="vllm",

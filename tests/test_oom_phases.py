@@ -9,10 +9,9 @@ import pytest
 from labkit.memory import estimate
 from labkit.oom import candidate_changes, non_finite_advice, ordered_changes
 from labkit.phase_memory import optimizer_step_memory, phase_memory, scoring_memory
-from labkit.presets import resolve_plan
 from labkit.preflight import estimate as _estimate
 from labkit.preflight import preflight
-from labkit.presets import CARDS, PRESETS
+from labkit.presets import CARDS, PRESETS, resolve_plan
 
 PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
 # Realistic settings: the 16 GB laptop preset (with and without a KL term), full fine-tuning of the same model

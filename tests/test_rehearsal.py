@@ -7,9 +7,9 @@ Fast rows rehearse every GPU preset at full width, vocabulary, batch and lengths
 import pytest
 import torch
 
-from labkit.presets import resolve_plan as resolve
 from labkit.preflight import estimate
 from labkit.presets import PRESETS
+from labkit.presets import resolve_plan as resolve
 from bench.fake_tensors import EMULATED, LABEL, NOT_COUNTED, LiveBytes
 from bench.rehearse import rehearse
 

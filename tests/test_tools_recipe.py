@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.environments import ENVIRONMENTS, CalculatorEnv, environment_tools
-from labkit.presets import grpo_arguments
-from labkit.presets import PRESETS, PresetError, get_preset
+from labkit.presets import PRESETS, PresetError, get_preset, grpo_arguments
 from labkit.tasks import NUMBER_RANGES, WordProblems
 from labkit.validation import validate
 
