@@ -58,7 +58,8 @@ import torch
 from labkit.cards import CARDS, SIZING_TARGET, card
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.generation import generation_arguments
-from labkit.models import LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config, resolve_model
+from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config,
+                           resolve_model)
 from labkit.shapes import ModelShape, model_shape
 
 __all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_TARGETS", "get_preset", "card_device",

@@ -18,8 +18,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import sort_checkpoints
 
-__all__ = ["grpo_config", "build_trainer", "too_few_prompts", "last_checkpoint", "checkpoint_problem", "checkpoint_step",
-           "LogRecorder"]
+__all__ = ["grpo_config", "build_trainer", "too_few_prompts", "last_checkpoint", "checkpoint_problem",
+           "checkpoint_step", "LogRecorder"]
 
 
 def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, plan=None,

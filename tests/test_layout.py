@@ -37,7 +37,7 @@ MAX_LINES = 600
 # preset's LoRA dropout (7), a learner's own dataset and reward functions in a preset, checked before a model loads
 # (62), one ranking of the changes that make a recipe fit, for preflight and the OOM doctor (13). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal: raise
 # it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_266
+PACKAGE_BUDGET = 15_267
 
 
 def _module_name(path: Path) -> str:

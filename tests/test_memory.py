@@ -49,7 +49,8 @@ def test_weights_gradients_and_adamw_states_equal_the_measured_bytes(arch, metho
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_8bit_adamw_states_equal_the_measured_bytes(tiny_model_path, method):
     pytest.importorskip("bitsandbytes")
-    model, _ = load_policy(tiny_model_path, method, peft_config=lora_config(64))  # rank 64: adapters big enough for 8-bit states
+    # rank 64: adapters big enough for 8-bit states
+    model, _ = load_policy(tiny_model_path, method, peft_config=lora_config(64))
     measured = state_bytes(model, _one_adamw_step(model, "adamw_8bit"))
     est = estimate(tiny_model_path, method, precision="fp32", device="cpu", lora_rank=64, optim="adamw_8bit")
     assert measured["optimizer"] == est.bytes["optimizer"]

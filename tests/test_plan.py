@@ -165,7 +165,8 @@ def test_the_recipe_does_not_climb_back():
     tree = ast.parse((PACKAGE / "presets.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
-    assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.shapes", "labkit.generation"}, imported
+    assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.shapes",
+                        "labkit.generation"}, imported
 
 
 def test_the_presets_lora_dropout_reaches_the_estimate():
