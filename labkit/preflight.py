@@ -27,12 +27,13 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None,
     ``num_processes``: the processes whose completions one generation batch holds); with ``generation="continuous"``,
     its ``kv_cache`` is :func:`labkit.generation.continuous_footprint`."""
     g, p = plan.config, plan.preset
-    model = plan.shape_name  # the plan's shape, read once with it (labkit.validation checked its context)
+    model = plan.shape_name  # by name for continuous batching's sizing below
     if num_layers:
         model = architecture_config(plan.shape_name, num_hidden_layers=num_layers)
         model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
     est = _estimate_memory(
-        model if num_layers else plan.shape, plan.method,
+        model if num_layers else plan.shape,  # the plan's shape, read once with it (validation checked its context)
+        plan.method,
         per_device_train_batch_size=g["per_device_train_batch_size"],
         gradient_accumulation_steps=g["gradient_accumulation_steps"],
         steps_per_generation=plan.steps_per_generation, num_generations=g["num_generations"],

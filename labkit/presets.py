@@ -451,9 +451,6 @@ class Plan:
     weight_dtype: torch.dtype  # the policy's weights as loaded (the frozen base for LoRA)
     compute_dtype: torch.dtype  # autocast's (and bitsandbytes' 4-bit matmul's) dtype
     adapter_dtype: torch.dtype | None  # trainable LoRA weights: fp32 (PEFT), QLoRA per adapter_dtype()
-    quantization_config: object | None  # transformers.BitsAndBytesConfig (QLoRA), what GRPOTrainer is handed
-    peft_config: object | None  # peft.LoraConfig (LoRA, QLoRA), what GRPOTrainer is handed
-    config: dict = field(default_factory=dict)  # the GRPOConfig arguments build_run passes: grpo_arguments(preset)
     card: DeviceInfo | None = None
     # why the card cannot train in the preset's own precision (choose_precision's message), or None; the plan keeps
     # the precision asked, so that it can still be estimated (a T4 in bf16), and validate() refuses it
@@ -463,6 +460,23 @@ class Plan:
     def shape(self) -> ModelShape:
         """The model's shape, read once (the catalogue or a saved config); raises when neither knows the model."""
         return model_shape(self.shape_name)
+
+    @cached_property
+    def config(self) -> dict:
+        """The ``GRPOConfig`` arguments ``build_run`` passes, in TRL's names: :func:`grpo_arguments` of the preset."""
+        return grpo_arguments(self.preset)
+
+    @cached_property
+    def peft_config(self):
+        """PEFT's ``LoraConfig`` (LoRA, QLoRA; None for full fine-tuning): what ``GRPOTrainer`` is handed."""
+        p = self.preset
+        lora = self.method in ("lora", "qlora")
+        return lora_config(p.lora_rank, p.lora_alpha, p.lora_dropout, list(p.target_modules)) if lora else None
+
+    @cached_property
+    def quantization_config(self):
+        """transformers' ``BitsAndBytesConfig`` (QLoRA; None otherwise): what ``GRPOTrainer`` is handed."""
+        return quantization_config(self.precision) if self.method == "qlora" else None
 
     @property
     def steps_per_generation(self) -> int:  # TRL's batch rule, written once: Preset.steps_per_generation
@@ -496,9 +510,10 @@ class Plan:
         preset = self.preset.apply(updates)
         if {"model", "method", "precision"} & set(updates):
             return resolve_plan(preset, self.card)
-        plan = dataclasses.replace(self, preset=preset, config=grpo_arguments(preset),
-                                   peft_config=_peft_config(preset) if self.peft_config else None)
-        plan.__dict__.update({k: v for k, v in self.__dict__.items() if k == "shape"})  # the same model's, read once
+        plan = dataclasses.replace(self, preset=preset)  # TRL's arguments and the LoRA config follow the preset
+        # what the model and the precision decide, kept: the 4-bit config, and the shape once it is read
+        plan.__dict__.update(quantization_config=self.quantization_config,
+                             **{k: v for k, v in self.__dict__.items() if k == "shape"})
         return plan
 
     def describe(self) -> str:
@@ -542,13 +557,7 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
                 shape_name=_shape_name(preset.model, model_path), method=method, precision=precision,
                 weight_dtype=torch_dtype(precision, method), compute_dtype=_COMPUTE[precision],
                 adapter_dtype=(adapter_dtype(precision) if method == "qlora" else torch.float32) if lora else None,
-                quantization_config=quantization_config(precision) if method == "qlora" else None,
-                peft_config=_peft_config(preset) if lora else None, config=grpo_arguments(preset), card=card,
-                precision_error=precision_error)
-
-
-def _peft_config(preset: Preset):
-    return lora_config(preset.lora_rank, preset.lora_alpha, preset.lora_dropout, list(preset.target_modules))
+                card=card, precision_error=precision_error)
 
 
 def grpo_arguments(preset) -> dict:

@@ -27,7 +27,6 @@ from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_
 from labkit.presets import RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
 from labkit.tasks import WORD_PROBLEM_TASKS
-from labkit.training import too_few_prompts
 
 __all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
            "trl_config_errors", "in_notebook_terms"]
@@ -477,6 +476,8 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
         raise PresetError(_error_message(p.name, device, problems, about_device=False, names=names))
     if plan is None or plan.card != device:  # the one resolution, for the card checked: path, shape, precision
         plan = resolve_plan(p, device)
+    from labkit.training import too_few_prompts  # build_trainer's check; here: training loads transformers
+
     spg = p.trl_options.get("steps_per_generation")
     # A steps_per_generation that is not a whole number >= 1 is reported by trl_config_errors (TRL_NUMBER_RANGES);
     # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
