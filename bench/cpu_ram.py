@@ -62,14 +62,14 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     overrides = dict(overrides)
     dropout = overrides.pop("lora_dropout", None)
     preset = get_preset("cpu-smollm2", max_steps=steps, save_steps=None, **overrides)
-    seed_everything(preset.seed)  # LoRA's A matrices are drawn here: the same in every layout
+    seed_everything(preset.config["seed"])  # LoRA's A matrices are drawn here: the same in every layout
     model, tokenizer = resolve_plan(preset).load_policy()  # a CPU preset's plan: fp32
     if dropout is not None:  # every dropout of the model (SmolLM2's own are 0 already): the adapters' too
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = dropout
     loaded = me.memory_info().rss
-    prompts, _ = training_prompts(preset, tokenizer, seed=preset.seed)
+    prompts, _ = training_prompts(preset, tokenizer, seed=preset.config["seed"])
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="labkit-cpu-ram-") as out:
         run = build_run(preset, out, model=model, tokenizer=tokenizer, train_dataset=prompts, print_logs=False)
@@ -78,9 +78,9 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     stop.set()
     first = next(h for h in run.trainer.state.log_history if "loss" in h)
     gib = 2**30
-    return {"per_device_train_batch_size": preset.per_device_train_batch_size,
-            "gradient_accumulation_steps": preset.gradient_accumulation_steps,
-            "gradient_checkpointing": preset.gradient_checkpointing,
+    return {"per_device_train_batch_size": preset.config["per_device_train_batch_size"],
+            "gradient_accumulation_steps": preset.config["gradient_accumulation_steps"],
+            "gradient_checkpointing": preset.config["activation_checkpointing"],
             "completions_per_step": preset.generation_batch_size,
             "lora_dropout": preset.lora_dropout if dropout is None else dropout,
             "steps": steps, "threads": threads,

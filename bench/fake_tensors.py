@@ -451,13 +451,8 @@ def loss_context(plan, model):
     """An object with the attributes ``GRPOTrainer._compute_loss`` reads, from a real ``GRPOConfig``."""
     from trl import GRPOConfig, GRPOTrainer
 
-    g = plan.config
     args = GRPOConfig(output_dir="/tmp/labkit-rehearsal", use_cpu=True, report_to="none",
-                      per_device_train_batch_size=g["per_device_train_batch_size"],
-                      gradient_accumulation_steps=g["gradient_accumulation_steps"],
-                      num_generations=g["num_generations"], max_completion_length=g["max_completion_length"],
-                      beta=g["beta"], loss_type=plan.loss_type,
-                      **{k: v for k, v in plan.preset.trl_options.items() if k != "loss_type"})
+                      **{**plan.preset.config, "loss_type": plan.loss_type})
 
     accelerator = types.SimpleNamespace(autocast=lambda: _autocast(plan), num_processes=1, sync_gradients=True,
                                         is_main_process=True, reduce=lambda x, reduction="sum": x,

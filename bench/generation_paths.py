@@ -42,7 +42,7 @@ def _prompt_batch(run, prompts: int) -> list[list[int]]:
     """Return the token ids of ``run``'s first ``prompts`` training prompts, each repeated ``num_generations`` times."""
     batch = [run.tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
              for r in run.train_dataset.select(range(prompts))]
-    return [p["input_ids"] if hasattr(p, "keys") else p for p in batch] * run.preset.num_generations
+    return [p["input_ids"] if hasattr(p, "keys") else p for p in batch] * run.preset.config["num_generations"]
 
 
 def compare_tokens(prompts: int = 4, paths=CPU_PATHS, runs: str = "runs/bench-generation-paths") -> dict:

@@ -66,7 +66,7 @@ def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | Non
     plan = resolve_plan(preset.replace(precision=precision), card)
     shape = model_shape(plan.shape_name)
     completion = plan.config["max_completion_length"]
-    rounds = (preset.max_tool_calling_iterations or 0) if preset.environment else 0
+    rounds = (preset.config.get("max_tool_calling_iterations") or 0) if preset.environment else 0
     est = estimate(plan)
     from bench.gpu_measure import folder_gb, model_folder_name
 

@@ -281,12 +281,12 @@ def measure(spec: dict) -> dict:
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
                card=card.name if card else None, generation=preset.generation,
                loader=loader_of(preset),
-               per_device_train_batch_size=plan.preset.per_device_train_batch_size,
+               per_device_train_batch_size=plan.preset.config["per_device_train_batch_size"],
                gradient_accumulation_steps=plan.config["gradient_accumulation_steps"],
                generation_batch_size=plan.generation_batch_size, num_generations=plan.config["num_generations"],
                max_prompt_length=preset.max_prompt_length,
                **{k: plan.config[k] for k in ("max_completion_length", "optim")},
-               gradient_checkpointing=preset.gradient_checkpointing)
+               gradient_checkpointing=preset.config["activation_checkpointing"])
     context = cap_gib = context_from = cap_from = None
     beside = bool(spec.get("side_by_side"))
     if cuda:
@@ -324,7 +324,7 @@ def measure(spec: dict) -> dict:
                             preset, precision, device="cuda" if cuda else "cpu", tiny=tiny)
         bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
         tokenizer = load_tokenizer(path)
-        n = max(8, math.ceil(bench.prompts_per_step) * bench.max_steps * 2)
+        n = max(8, math.ceil(bench.prompts_per_step) * bench.config["max_steps"] * 2)
         tools = None
         if preset.environment:  # a tool recipe: prompts with the tool schema, exactly max_prompt_length tokens
             from bench import forced_tools
@@ -342,19 +342,20 @@ def measure(spec: dict) -> dict:
 
             monitor = VRAMMonitor(interval_s=0.05).start()
             dashboard = LiveDashboard(title=f"{spec['name']} on {device.name} (random weights)", frontend="none",
-                                      total_steps=bench.max_steps, monitor=monitor, autoshow=False, tick_s=None,
+                                      total_steps=bench.config["max_steps"], monitor=monitor, autoshow=False, tick_s=None,
                                       budget_gib=card.total_memory_gib if card and cuda else None)
             callbacks.append(dashboard)
         peaks = PhasePeaks(cuda, monitor, card_used=card_reader(beside) if cuda else None)
         config = dict(spec.get("config", {}))
         if preset.generation != "continuous":  # continuous batching drops min_new_tokens: its lengths are its own
-            config.setdefault("generation_kwargs", {"min_new_tokens": bench.max_completion_length})
+            config.setdefault("generation_kwargs", {"min_new_tokens": bench.config["max_completion_length"]})
         run = build_run(bench, folder / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
                         callbacks=callbacks, print_logs=False, **config)
         peaks.install(run.trainer)
         generations = watch_generations(run.trainer)
         if tools:  # random weights write no call: force one per turn, max_tool_calling_iterations rounds
-            forced = forced_tools.install(run.trainer, tokenizer, tools, rounds=preset.max_tool_calling_iterations,
+            forced = forced_tools.install(run.trainer, tokenizer, tools,
+                                          rounds=preset.config.get("max_tool_calling_iterations"),
                                           budget=plan.config["max_completion_length"])
         if preset.method == "qlora":  # what each loader left in full precision (PEFT's upcast, TRL's does not)
             model = run.trainer.model

@@ -139,7 +139,7 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
     record = {"preset": preset.name, "model": preset.model, "method": preset.method, "precision": precision,
               "steps": steps, "cap_gib": cap_gib if cuda else None, "min_spare_gib": min_spare_gib,
               "weights": "random (labkit.models.build_architecture)" if not preset.model.startswith("tiny:") else "tiny",
-              "prompt_tokens": preset.max_prompt_length, "completion_tokens": preset.max_completion_length,
+              "prompt_tokens": preset.max_prompt_length, "completion_tokens": preset.config["max_completion_length"],
               "settings": preset.to_dict()}
     if cap_note:
         record["cap_note"] = cap_note
@@ -159,7 +159,7 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
             torch.cuda.reset_peak_memory_stats()
         run = build_run(bench, workdir / "run", device=device, tokenizer=tokenizer, train_dataset=dataset,
                         callbacks=[recorder], disable_tqdm=True,
-                        generation_kwargs={"min_new_tokens": bench.max_completion_length})
+                        generation_kwargs={"min_new_tokens": bench.config["max_completion_length"]})
         start = time.perf_counter()
         try:
             run.train(resume=False)

@@ -30,8 +30,9 @@ SIZED = ("laptop-16gb", "colab-t4", "qlora-3b", "tools-16gb")  # the presets siz
 
 GRID_MODELS = ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-3B-Instruct")
 # Unsloth's headline (docs: "GRPO ... in 5GB of VRAM" for Qwen2.5 1.5B): 8 completions of 512 tokens in one step.
-UNSLOTH = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="lora", per_device_train_batch_size=8,
-               gradient_accumulation_steps=1, num_generations=8, max_completion_length=512)
+UNSLOTH = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="lora",
+               config=dict(per_device_train_batch_size=8, gradient_accumulation_steps=1, num_generations=8,
+                           max_completion_length=512))
 
 FIELDS = ["date", "device", "kind", "name", "figure", "model", "method", "precision", "card", "card_gib",
           "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size", "num_generations",
@@ -64,7 +65,7 @@ def configurations(which: str = "all") -> list[tuple[str, str, object]]:
     if which in ("all", "sizing"):  # one step past each sized preset: the evidence that it is the largest that fits
         for name in SIZED:
             p = PRESETS[name]
-            step = p.per_device_train_batch_size + p.num_generations
+            step = p.config["per_device_train_batch_size"] + p.config["num_generations"]
             rows.append(("sizing", f"{name}-batch{step}", p.replace(per_device_train_batch_size=step)))
     return rows
 

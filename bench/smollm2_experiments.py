@@ -26,7 +26,9 @@ __all__ = ["main", "append_experiment", "prompts_per_step"]
 def prompts_per_step(preset: dict) -> int:
     """Prompts in one optimiser step of a recorded preset: its completions a step (micro-batch x accumulation, or
     steps_per_generation) over num_generations."""
-    steps = (preset.get("trl_options") or {}).get("steps_per_generation") or preset.get("gradient_accumulation_steps", 1)
+    # a preset as recorded: its GRPOConfig arguments in "config", or (before) at the top and in "trl_options"
+    preset = {**preset, **(preset.get("trl_options") or {}), **(preset.get("config") or {})}
+    steps = preset.get("steps_per_generation") or preset.get("gradient_accumulation_steps", 1)
     return preset["per_device_train_batch_size"] * steps // preset["num_generations"]
 
 
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         from labkit.presets import get_preset
 
         base = get_preset("cpu-smollm2")
-        completions, micro = args.prompts * (generations or base.num_generations), base.per_device_train_batch_size
+        completions = args.prompts * (generations or base.config["num_generations"])
+        micro = base.config["per_device_train_batch_size"]
         if completions % micro:
             parser.error(f"--prompts x num_generations = {completions} completions, not a multiple of the preset's "
                          f"micro-batch of {micro}")
@@ -97,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.trl:
         key, _, value = item.partition("=")
         trl[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
-    if trl:
-        overrides["trl_options"] = trl
+    overrides.update(trl)
     system_prompt = SYSTEM_PROMPTS[args.prompt] if args.prompt else None
     path = results_dir(args.out) / "smollm2_experiments.json"
     evaluations: dict = {}

@@ -50,7 +50,7 @@ def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch
                               tool_rollouts, tool_scores, warm_up)
     from labkit.training import LogRecorder
 
-    seed = recipe.seed
+    seed = recipe.config["seed"]
     if not use_tool:  # the same recipe without the tool: no environment, no schema in the prompt, the same reward
         recipe = recipe.replace(environment=None, max_tool_calling_iterations=None)
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -60,7 +60,7 @@ def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch
     system = TOOL_SYSTEM_PROMPT if use_tool else NO_TOOL_SYSTEM_PROMPT
     held = Dataset.from_dict({"prompt": [tool_prompt(q, system) for q, _ in held_out],
                               "answer": [a for _, a in held_out]})
-    rounds = recipe.max_tool_calling_iterations or 0
+    rounds = recipe.config.get("max_tool_calling_iterations") or 0
     seconds, stages, examples = {}, {}, {}
 
     def evaluate(name):
@@ -153,6 +153,7 @@ def run(*, recipe="cpu-tools", arms=ARMS, warm_up_steps: int = 8, warm_up_batch:
         raise ValueError(f"the recipe's task must be word-problems-large or word-problems (the experiment scores "
                          f"their held-out pool), not {recipe.task!r}")
     validate(recipe, None)  # a bad field stops here, before a model loads
+    c = recipe.config
     torch.set_num_threads(threads)
     started, cpu_started, load_start = time.perf_counter(), time.process_time(), list(os.getloadavg())
     task = WordProblems(numbers=numbers)
@@ -184,12 +185,12 @@ def run(*, recipe="cpu-tools", arms=ARMS, warm_up_steps: int = 8, warm_up_batch:
                         "learning rate 0 for control_steps steps: LoRA's weights do not move and greedy decoding is "
                         "deterministic, so it shows the pipeline changes nothing by itself; it is not a noise estimate "
                         "(McNemar's test is)",
-        "recipe": {"preset": recipe.name, "seed": recipe.seed, "warm_up_steps": warm_up_steps,
-                   "warm_up_batch": warm_up_batch, "warm_up_lr": warm_up_lr, "grpo_steps": recipe.max_steps,
-                   "learning_rate": recipe.learning_rate, "prompts_per_step": int(recipe.prompts_per_step),
-                   "num_generations": recipe.num_generations, "max_completion_length": recipe.max_completion_length,
-                   "max_tool_calling_iterations": recipe.max_tool_calling_iterations, "lora_rank": recipe.lora_rank,
-                   "micro_batch": recipe.per_device_train_batch_size, "temperature": recipe.temperature,
+        "recipe": {"preset": recipe.name, "seed": c["seed"], "warm_up_steps": warm_up_steps,
+                   "warm_up_batch": warm_up_batch, "warm_up_lr": warm_up_lr, "grpo_steps": c["max_steps"],
+                   "learning_rate": c["learning_rate"], "prompts_per_step": int(recipe.prompts_per_step),
+                   "num_generations": c["num_generations"], "max_completion_length": c["max_completion_length"],
+                   "max_tool_calling_iterations": c.get("max_tool_calling_iterations"), "lora_rank": recipe.lora_rank,
+                   "micro_batch": c["per_device_train_batch_size"], "temperature": c["temperature"],
                    "control_steps": control_steps if control else None,
                    "rewards": {"tool": ["right_answer_reward", "CalculatorEnv.get_reward"],
                                "no_tool": ["right_answer_reward"]}},

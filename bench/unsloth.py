@@ -120,7 +120,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
 
         FastLanguageModel.for_inference(model)
     result = gsm8k_accuracy(model, run.tokenizer, "test", limit=eval_limit, batch_size=preset.eval_batch_size,
-                            max_new_tokens=preset.max_completion_length, progress=False)
+                            max_new_tokens=preset.config["max_completion_length"], progress=False)
     record.update(strict_accuracy=round(result.strict_accuracy, 4), lenient_accuracy=round(result.lenient_accuracy, 4),
                   format_rate=round(result.format_rate, 4), eval_n=result.n, eval_seconds=result.seconds)
     record["unsloth"] = status.version if backend == "unsloth" else None

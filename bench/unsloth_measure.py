@@ -77,7 +77,7 @@ def _loaded_by(loader: str, recorder, seen: dict):
             if loader == "unsloth":
                 from labkit.unsloth_path import load_unsloth_policy
 
-                model, tokenizer = load_unsloth_policy(preset, fast_inference=False, seed=preset.seed)
+                model, tokenizer = load_unsloth_policy(preset, fast_inference=False, seed=preset.config["seed"])
                 # Unsloth's checkpointing (inputs offloaded to CPU RAM) is on the model; the trainer's would replace it.
                 kwargs.update(model=model, tokenizer=tokenizer, activation_checkpointing=False)
             run = original(preset, output_dir, **kwargs)

@@ -150,9 +150,10 @@ def train_parser():
     parser.add_argument("--train-limit", type=int)
     # action="extend": a repeated --set or --config adds its pairs instead of silently replacing the earlier ones
     parser.add_argument("--set", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                        help="override any preset field")
+                        help="override any preset field or GRPOConfig argument, in TRL's names "
+                             "(e.g. max_steps=50 loss_type=grpo; kept in the recipe)")
     parser.add_argument("--config", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                        help="any other GRPOConfig field, e.g. loss_type=grpo num_iterations=2 (kept in the recipe)")
+                        help="the same as --set, for GRPOConfig arguments (e.g. loss_type=grpo num_iterations=2)")
     parser.add_argument("--resume", default="auto", help="auto (default), yes, no, or a checkpoint path")
     parser.add_argument("--seed", type=int, help="the run's seed (part of the recipe; default the preset's, 0)")
     parser.add_argument("--dry-run", action="store_true", help="validate and run the preflight check, then exit")
@@ -195,21 +196,15 @@ def train_cli(argv: list[str] | None = None) -> int:
     main = is_main_process()
     output_dir = None
     try:
-        overrides = parse_pairs("--set", args.set)
-        if "trl_options" in overrides:  # a dict on the command line is --config's job, pair by pair
-            raise UsageError("--set trl_options=... is not a setting: pass GRPOConfig fields one by one with "
-                             "--config KEY=VALUE (e.g. --config loss_type=grpo num_iterations=2)")
-        config = parse_pairs("--config", args.config)
+        overrides = {**parse_pairs("--set", args.set), **parse_pairs("--config", args.config)}
         for key, choices in TRL_CHOICES.items():  # "scale_rewards=none" is TRL's word, not Python's None
-            if key in config and config[key] is None and "none" in choices:
-                config[key] = "none"
-        secrets = sorted(key for key in config if key in SECRET_FIELDS)
+            if key in overrides and overrides[key] is None and "none" in choices:
+                overrides[key] = "none"
+        secrets = sorted(key for key in overrides if key in SECRET_FIELDS)
         if secrets:  # refused before anything can echo or save it
-            raise UsageError(f"--config {secrets[0]}=... is refused: a secret on the command line ends up in the "
+            raise UsageError(f"--set {secrets[0]}=... is refused: a secret on the command line ends up in the "
                              f"shell history and the saved recipe. Set the {SECRET_FIELDS[secrets[0]]} environment "
                              "variable instead.")
-        if config:  # --set trl_options was refused above: --config is its only source
-            overrides["trl_options"] = config
         for key in ("model", "max_steps", "save_steps", "train_limit", "seed"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)

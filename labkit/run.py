@@ -55,9 +55,9 @@ PRESET_FILE = "labkit_preset.json"
 LOCK_FILE = "labkit.lock"
 
 
-# Fields a resumed run may change: they do not change what the run computes.
-RESUMABLE_CHANGES = ("description", "save_steps", "save_total_limit", "gradient_checkpointing", "eval_batch_size",
-                     "card_gib")
+# Fields and GRPOConfig arguments a resumed run may change: they do not change what the run computes.
+RESUMABLE_CHANGES = ("description", "save_strategy", "save_steps", "save_total_limit", "activation_checkpointing",
+                     "activation_checkpointing_kwargs", "eval_batch_size", "card_gib")
 
 
 def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: int | None = None,
@@ -72,7 +72,7 @@ def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: 
     the tool schema the template renders into the prompt.
     """
     limit = limit if limit is not None else preset.train_limit
-    dataset = task_dataset(preset.task, split, seed=preset.seed if seed is None else seed)
+    dataset = task_dataset(preset.task, split, seed=preset.config["seed"] if seed is None else seed)
     tools = None
     if preset.environment:
         from labkit.environments import ENVIRONMENTS, environment_tools, tool_prompt
@@ -167,7 +167,7 @@ def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     recipe = preset.to_dict()
     # validate() refuses secrets; a preset built around it must still never write one.
-    recipe["trl_options"] = {k: v for k, v in recipe["trl_options"].items() if k not in SECRET_FIELDS}
+    recipe["config"] = {k: v for k, v in recipe["config"].items() if k not in SECRET_FIELDS}
     path.write_text(json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n")
     return path
 
@@ -227,9 +227,9 @@ def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: boo
             f"{checkpoint} has no {PRESET_FILE}, so its recipe cannot be checked. Resume it with "
             "trainer.train(resume_from_checkpoint=...) yourself, or start a new output_dir."
         )
-    now, before = _redacted(preset.to_dict()), _redacted(saved.to_dict())
+    now, before = _compared(preset), _compared(saved)
     differences = [f"{k}: checkpoint {before.get(k)!r}, now {now.get(k)!r}"
-                   for k in now if k not in RESUMABLE_CHANGES and now.get(k) != before.get(k)]
+                   for k in dict.fromkeys([*now, *before]) if k not in RESUMABLE_CHANGES and now.get(k) != before.get(k)]
     if differences:
         lines = "\n".join(f"- {d}" for d in differences)
         raise ResumeMismatchError(
@@ -240,10 +240,11 @@ def resume_checkpoint(output_dir: str | os.PathLike, preset: Preset, resume: boo
     return checkpoint
 
 
-def _redacted(recipe: dict) -> dict:
-    options = recipe.get("trl_options") or {}
-    recipe["trl_options"] = {k: ("<secret>" if k in SECRET_FIELDS else v) for k, v in options.items()}
-    return recipe
+def _compared(preset: Preset) -> dict:
+    """The recipe a resume compares: the preset's fields and its GRPOConfig arguments side by side, secrets hidden."""
+    recipe = preset.to_dict()
+    config = recipe.pop("config")
+    return {**recipe, **{k: ("<secret>" if k in SECRET_FIELDS else v) for k, v in config.items()}}
 
 
 _REPORTED: set[str] = set()
@@ -269,8 +270,8 @@ def finished_run(output_dir: str | os.PathLike, preset: Preset) -> str | None:
     checkpoint = last_checkpoint(output_dir)
     final = output_dir / "final"
     if checkpoint is not None:
-        if (checkpoint_step(checkpoint) or 0) >= preset.max_steps:
-            return (f"the run in {output_dir} is finished: {checkpoint.name} reached max_steps={preset.max_steps}"
+        if (checkpoint_step(checkpoint) or 0) >= preset.config["max_steps"]:
+            return (f"the run in {output_dir} is finished: {checkpoint.name} reached max_steps={preset.config['max_steps']}"
                     + (f" and {final} holds the result" if final.exists() else "")
                     + ". Nothing to do; to train on, start a new --output-dir.")
         return None
@@ -384,7 +385,7 @@ class Run:
 
         with RunLock(self.output_dir):
             checkpoint = resume_checkpoint(self.output_dir, self.preset, resume)
-            if checkpoint is not None and (checkpoint_step(checkpoint) or 0) >= self.preset.max_steps:
+            if checkpoint is not None and (checkpoint_step(checkpoint) or 0) >= self.preset.config["max_steps"]:
                 # Resuming a finished run would train one step past max_steps: report it and change nothing.
                 if is_main_process():
                     print(finished_run(self.output_dir, self.preset))
@@ -488,7 +489,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     """
     plan = preset if isinstance(preset, Plan) else None
     preset = plan.preset if plan else get_preset(preset)
-    if seed is not None and seed != preset.seed:  # the seed is part of the recipe (saved, checked on resume)
+    if seed is not None and seed != preset.config["seed"]:  # the seed is part of the recipe (saved, checked on resume)
         preset, plan = preset.replace(seed=seed), None
     secrets = sorted(set(config_overrides) & set(SECRET_FIELDS))
     if secrets:  # GRPOConfig is saved as training_args.bin in every checkpoint
@@ -507,7 +508,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     if not print_logs:  # else trainer.py adds its own bar (NotebookProgressCallback in a notebook): a second clock
         settings["disable_tqdm"] = True
     settings.update(config_overrides)
-    # validate saw trl_options only; what the caller adds here must pass the same check
+    # validate saw the preset's config only; what the caller adds here must pass the same check
     dropped = dropped_settings_problem(preset.generation, settings.get("generation_kwargs"),
                                        settings.get("repetition_penalty", 1.0))
     if dropped:
@@ -531,7 +532,7 @@ def build_run(preset, output_dir: str | os.PathLike, *, device=None, model=None,
     elif not isinstance(model, str):
         if tokenizer is None:
             raise ValueError("pass the tokenizer together with a loaded model")
-        if preset.gradient_checkpointing and hasattr(model, "peft_config"):
+        if preset.config["activation_checkpointing"] and hasattr(model, "peft_config"):
             # The classic LoRA pitfall: with checkpointing and a frozen embedding, nothing entering a
             # checkpointed block requires grad and the adapters get no gradient at all.
             model.enable_input_require_grads()

@@ -370,7 +370,7 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
     preset = preset or tools_recipe()
     rows = []
     for batch in batches:
-        if batch % preset.num_generations:
+        if batch % preset.config["num_generations"]:
             continue
         candidate = preset.replace(per_device_train_batch_size=batch)
         est = estimate(resolve_plan(candidate, card_device(preset)))
@@ -379,13 +379,13 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
         peak = est.total
         rows.append({"per_device_train_batch_size": batch, "generation_batch": est.settings["generation_batch"],
                      "max_prompt_length": preset.max_prompt_length,
-                     "max_completion_length": preset.max_completion_length,
+                     "max_completion_length": preset.config["max_completion_length"],
                      "first_turn_gib": round(first.bytes["generation_phase"] / GIB, 2),
                      "tool_round_gib": round(est.bytes["generation_phase"] / GIB, 2),
                      "training_gib": round(est.bytes["training_phase"] / GIB, 2), "estimated_gib": round(peak, 2),
                      "sized_gib": round(sized_gib(peak), 2),
                      "fits_80_percent": sized_gib(peak) <= SIZING_TARGET * preset.card_gib,
-                     "the preset": batch == preset.per_device_train_batch_size})
+                     "the preset": batch == preset.config["per_device_train_batch_size"]})
     return rows
 
 

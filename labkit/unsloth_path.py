@@ -185,7 +185,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
     plan = resolve_plan(preset, detect_device())  # the precision and dtypes build_run's GRPOConfig will use
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=plan.model_path,
-        max_seq_length=preset.max_prompt_length + preset.max_completion_length,
+        max_seq_length=preset.max_prompt_length + preset.config["max_completion_length"],
         dtype=plan.weight_dtype,
         load_in_4bit=preset.method == "qlora",
         fast_inference=fast_inference,
@@ -200,7 +200,7 @@ def load_unsloth_policy(preset, *, fast_inference: bool = False, gpu_memory_util
         lora_alpha=plan.peft_config.lora_alpha,
         target_modules=list(preset.target_modules),  # in the preset's order (PEFT's LoraConfig keeps a set)
         lora_dropout=lora_dropout,
-        use_gradient_checkpointing="unsloth" if preset.gradient_checkpointing else False,
+        use_gradient_checkpointing="unsloth" if preset.config["activation_checkpointing"] else False,
         random_state=seed,
     )
     tokenizer.padding_side = "left"  # decoder-only generation pads on the left

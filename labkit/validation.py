@@ -2,14 +2,12 @@
 
 The layer above :mod:`labkit.presets` (the recipe and its plan) and the readers of a plan (the tool rounds' fit on the
 card reads the plan's own :func:`labkit.preflight.estimate`): pure functions of a preset's plan and a card, importing
-nothing above. Each check returns one-line messages that name the field
-and say what to write instead: the preset's own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers,
-their ranges; texts, lists, booleans), the model name (an offline tiny model, an existing folder with a
-``config.json``, or a well-formed hub id), secrets (never part of a recipe: :data:`SECRET_FIELDS`)
-and the ``trl_options`` values: the types ``trl.GRPOConfig`` declares, the ranges and choices it
-does not check itself (:data:`TRL_NUMBER_RANGES`, :data:`TRL_CHOICES`), and whatever a real
-``GRPOConfig`` built from them refuses. Introduced with ``python -m labkit train --dry-run``
-(``04_lora_grpo_16gb.ipynb``).
+nothing above. Each check returns one-line messages that name the field and say what to write instead: the preset's
+own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers, their ranges; texts, lists, booleans), the model name (an
+offline tiny model, an existing folder with a ``config.json``, or a well-formed hub id), and its ``config``
+(:func:`config_errors`): no secrets (:data:`SECRET_FIELDS`), only names ``trl.GRPOConfig`` has, the types it declares,
+the ranges and choices it does not check itself (:data:`TRL_NUMBER_RANGES`, :data:`TRL_CHOICES`), and whatever a real
+``GRPOConfig`` built from them refuses. Introduced with ``python -m labkit train --dry-run`` (``04_lora_grpo_16gb.ipynb``).
 """
 from __future__ import annotations
 
@@ -24,12 +22,12 @@ from labkit.device import detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
-from labkit.presets import RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
+from labkit.presets import RECIPE_CONFIG, RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
 from labkit.tasks import WORD_PROBLEM_TASKS
 
-__all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES", "field_errors",
-           "trl_config_errors", "in_notebook_terms"]
+__all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES",
+           "field_errors", "config_errors", "in_notebook_terms"]
 
 
 # Fields holding a credential: never accepted in a recipe (it is saved in the run folder and every
@@ -37,37 +35,38 @@ __all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", 
 SECRET_FIELDS = {"hub_token": "HF_TOKEN"}
 
 _INT, _FLOAT = "a whole number", "a number"
-# field -> (kind, lowest, highest, None allowed). The upper bounds only refuse the absurd (a typo's
-# extra zeros): every real recipe stays far below them.
+# The preset's own number fields: field -> (kind, lowest, highest, None allowed). The upper bounds only refuse the
+# absurd (a typo's extra zeros): every real recipe stays far below them.
 _NUMBER_FIELDS = {
     "lora_rank": (_INT, 1, 4096, False),
-    "per_device_train_batch_size": (_INT, 1, 4096, False),
-    "gradient_accumulation_steps": (_INT, 1, 4096, False),
-    "num_generations": (_INT, 2, 1024, False),
     "max_prompt_length": (_INT, 1, 1_048_576, False),
-    "max_completion_length": (_INT, 1, 1_048_576, False),
-    "max_steps": (_INT, 1, 10_000_000, False),
     "eval_batch_size": (_INT, 1, 4096, False),
-    "save_steps": (_INT, 1, 10_000_000, True),
-    "save_total_limit": (_INT, 1, 100_000, True),
     "train_limit": (_INT, 1, 10_000_000, True),
-    "seed": (_INT, 0, 2**32 - 1, False),
-    "learning_rate": (_FLOAT, 0.0, 1.0, False),  # > 0
-    "beta": (_FLOAT, 0.0, 1000.0, False),  # >= 0
-    "temperature": (_FLOAT, 0.0, 100.0, False),  # > 0
     "lora_alpha": (_FLOAT, 0.0, 100_000.0, True),  # > 0
     "lora_dropout": (_FLOAT, 0.0, 0.9, False),  # >= 0
     "card_gib": (_FLOAT, 0.0, 100_000.0, True),  # > 0
-    "max_tool_calling_iterations": (_INT, 1, 64, True),
 }
-# Float fields whose lowest value is itself allowed (learning_rate 0: a control run, which validate warns about).
-_ZERO_ALLOWED = {"beta", "seed", "learning_rate", "lora_dropout"}
-_STRING_FIELDS = ("name", "model", "method", "description", "optim", "generation")  # task: a name or a Dataset
+# Float fields whose lowest value is itself allowed.
+_ZERO_ALLOWED = {"lora_dropout"}
+_STRING_FIELDS = ("name", "model", "method", "description", "generation")  # task: a name or a Dataset
 TASKS = ("gsm8k", *WORD_PROBLEM_TASKS)  # labkit.run.task_dataset knows these
 
-# GRPOConfig fields that GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low allowed).
-# A value outside these ranges crashes after the model loads, or trains silently on nonsense.
+# GRPOConfig arguments whose range GRPOConfig itself does not check (TRL 1.16), checked here: (kind, low, high, low
+# allowed); None is allowed where GRPOConfig's type allows it. A value outside these ranges crashes after the model
+# loads, or trains silently on nonsense. The first ones are those the lab reads (the batch rule, the estimate).
 TRL_NUMBER_RANGES = {
+    "per_device_train_batch_size": (_INT, 1, 4096, True),
+    "gradient_accumulation_steps": (_INT, 1, 4096, True),
+    "num_generations": (_INT, 2, 1024, True),
+    "max_completion_length": (_INT, 1, 1_048_576, True),
+    "max_steps": (_INT, 1, 10_000_000, True),
+    "save_steps": (_INT, 1, 10_000_000, True),
+    "save_total_limit": (_INT, 1, 100_000, True),
+    "seed": (_INT, 0, 2**32 - 1, True),
+    "learning_rate": (_FLOAT, 0.0, 1.0, True),  # 0: a control run, which validate warns about
+    "beta": (_FLOAT, 0.0, 1000.0, True),
+    "temperature": (_FLOAT, 0.0, 100.0, False),
+    "max_tool_calling_iterations": (_INT, 1, 64, True),
     "num_iterations": (_INT, 1, 1024, True),
     "steps_per_generation": (_INT, 1, 4096, True),  # 0 gave a generation batch of 0 completions
     "epsilon": (_FLOAT, 0.0, 10.0, False),
@@ -91,7 +90,12 @@ TRL_CHOICES = {
     "loss_type": ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
     "scale_rewards": ("group", "batch", "none"),
     "importance_sampling_level": ("token", "sequence"),
+    "save_strategy": ("no", "steps", "epoch", "best"),
 }
+# What the recipe's own arguments may be, without asking TRL (RECIPE_CONFIG's names; TRL is asked about any other):
+# true or false, or None too (GRPOConfig's types, which tests/test_validation.py compares).
+_RECIPE_BOOLS = ("activation_checkpointing",)
+_RECIPE_NONE = ("save_total_limit", "activation_checkpointing_kwargs")
 
 
 def _finite(value) -> bool:
@@ -113,31 +117,28 @@ def _number_error(label: str, value, kind: str, low, high, low_allowed: bool, no
 
 
 def field_errors(p: Preset) -> list[str]:
-    """Return what is wrong with the preset's field types and ranges (each message names the field)."""
+    """Return what is wrong with the preset's field types and ranges and its ``config`` (each message names the field
+    or the ``GRPOConfig`` argument, and says what to set)."""
     errors = []
     for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items():
         low_allowed = kind == _INT or name in _ZERO_ALLOWED
-        value = getattr(p, name)
-        error = _number_error(name, value, kind, low, high, low_allowed, none_allowed)
-        if error and name == "num_generations" and isinstance(value, int) and value < 2:
-            error = (f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
-                     f"not {value}. Set num_generations=4.")
-        elif error:
-            error += f" Set --set {name}=VALUE."
+        error = _number_error(name, getattr(p, name), kind, low, high, low_allowed, none_allowed)
         if error:
-            errors.append(error)
+            errors.append(error + f" Set --set {name}=VALUE.")
     for name in _STRING_FIELDS:
         value = getattr(p, name)
         if not isinstance(value, str) or (name != "description" and not value.strip()):
             errors.append(f"{name} must be a non-empty text, not {value!r}.")
+    if not isinstance(p.config, dict):
+        return errors + [f"config must be a dict of GRPOConfig arguments (--set KEY=VALUE), not {p.config!r}."]
+    errors.extend(config_errors(p.config))
     if isinstance(p.task, str) and p.task not in TASKS or p.task is None:
         errors.append(f"task must be one of {', '.join(TASKS)}, or your datasets.Dataset, not {p.task!r}.")
     elif not isinstance(p.task, str):  # your own dataset: its prompts, and every reward called on its first rows
         errors.extend(task_errors(p.task, p.rewards))
     errors.extend(_tool_errors(p))
-    for name in ("gradient_checkpointing", "prepare_model_for_kbit_training"):
-        if not isinstance(getattr(p, name), bool):
-            errors.append(f"{name} must be true or false, not {getattr(p, name)!r}.")
+    if not isinstance(p.prepare_model_for_kbit_training, bool):
+        errors.append(f"prepare_model_for_kbit_training must be true or false, not {p.prepare_model_for_kbit_training!r}.")
     if p.precision is not None and p.precision not in ("bf16", "fp16", "fp32"):
         errors.append(f"precision must be bf16, fp16, fp32 or None (the card decides), not {p.precision!r}.")
     for name in ("target_modules", "rewards"):
@@ -154,10 +155,6 @@ def field_errors(p: Preset) -> list[str]:
                           f"{weights!r}.")
         elif weights and not any(weights):
             errors.append("reward_weights are all 0: no reward would train anything. Set one to 1.")
-    if not isinstance(p.trl_options, dict):
-        errors.append(f"trl_options must be a dict of GRPOConfig fields, not {p.trl_options!r}.")
-    else:
-        errors.extend(_secret_errors(p.trl_options))
     if isinstance(p.model, str) and p.model.strip():
         errors.extend(_model_errors(p.model))
     return errors
@@ -176,21 +173,24 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     """
     from labkit.environments import ENVIRONMENTS
 
-    kind, low, high, none_allowed = _NUMBER_FIELDS["max_tool_calling_iterations"]
-    if _number_error("", p.max_tool_calling_iterations, kind, low, high, True, none_allowed):
-        return []  # a bad value: _NUMBER_FIELDS' check says what is allowed, once
+    c = p.config
+    rounds = c.get("max_tool_calling_iterations")
+    batch, length = c["per_device_train_batch_size"], c["max_completion_length"]
+    if _number_error("", rounds, *TRL_NUMBER_RANGES["max_tool_calling_iterations"], True):
+        return []  # a bad value: config_errors says what is allowed, once
     if p.environment is None:
-        if p.max_tool_calling_iterations is not None:
-            return [f"max_tool_calling_iterations={p.max_tool_calling_iterations!r} must come with a tool environment "
+        if rounds is not None:
+            return [f"max_tool_calling_iterations={rounds!r} must come with a tool environment "
                     f"(it needs one): set --set environment=NAME ({', '.join(ENVIRONMENTS)}), or remove "
                     "max_tool_calling_iterations."]
         return []
     if not isinstance(p.environment, str) or p.environment not in ENVIRONMENTS:
         return [f"environment must be one of {', '.join(ENVIRONMENTS)} (labkit.environments.ENVIRONMENTS) or None, "
                 f"not {p.environment!r}."]
-    if p.max_tool_calling_iterations is None:
+    if rounds is None:
         return ["max_tool_calling_iterations must be set for a tool recipe (it needs max_tool_calling_iterations: "
-                "the tool rounds a rollout may take; TRL's default is no limit): set --set max_tool_calling_iterations=3."]
+                "the tool rounds a rollout may take; TRL's default is no limit): "
+                "set --set max_tool_calling_iterations=3."]
     device = plan.card if plan else None
     if device is None or device.kind != "cuda" or not device.total_memory_gib:
         return []
@@ -198,34 +198,34 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     from labkit.memory import GIB
     from labkit.preflight import estimate
 
-    def generation_gib(batch: int, rounds: int) -> float:  # the plan's own estimate, at another batch or round count
-        changed = plan.apply({"per_device_train_batch_size": batch, "max_tool_calling_iterations": rounds})
+    def generation_gib(size: int, turns: int) -> float:  # the plan's own estimate, at another batch or round count
+        changed = plan.apply({"per_device_train_batch_size": size, "max_tool_calling_iterations": turns})
         return estimate(changed, num_processes=procs).bytes["generation_phase"] / GIB
 
     try:
-        needed = generation_gib(p.per_device_train_batch_size, p.max_tool_calling_iterations)
+        needed = generation_gib(batch, rounds)
     except (ValueError, KeyError, OSError):  # a model the estimator cannot read, offline
         return []
     card = device.total_memory_gib
     if needed + SIZING_CONTEXT_GIB <= card:
         return []
     per_batch = procs * p.steps_per_generation  # generation rows per unit of the batch
-    fits = next(((b, gib) for b in range(p.per_device_train_batch_size - 1, 0, -1)
-                 if b * per_batch % p.num_generations == 0
-                 and (gib := generation_gib(b, p.max_tool_calling_iterations)) + SIZING_CONTEXT_GIB <= card), None)
+    fits = next(((b, gib) for b in range(batch - 1, 0, -1)
+                 if b * per_batch % c["num_generations"] == 0
+                 and (gib := generation_gib(b, rounds)) + SIZING_CONTEXT_GIB <= card), None)
     change = (f"Set per_device_train_batch_size={fits[0]} (a round then needs about {fits[1]:.1f} GiB), or lower "
               "max_completion_length" if fits else "No batch fits: lower max_completion_length or max_prompt_length")
-    return [f"tool rounds: each of the {p.max_tool_calling_iterations} tool rounds generates again on prompt + "
-            f"completion so far (up to {p.max_prompt_length} + {p.max_completion_length} tokens, prefilled from scratch) "
-            f"and asks {p.max_completion_length} new tokens, for all {p.per_device_train_batch_size * per_batch // procs} "
+    return [f"tool rounds: each of the {rounds} tool rounds generates again on prompt + "
+            f"completion so far (up to {p.max_prompt_length} + {length} tokens, prefilled from scratch) and asks "
+            f"{length} new tokens, for all {batch * per_batch // procs} "
             f"completions of the generation batch: estimated {needed:.1f} GiB for the generation (the first turn alone "
-            f"{generation_gib(p.per_device_train_batch_size, 0):.1f} GiB), more than this card's {card:g} GiB with the "
+            f"{generation_gib(batch, 0):.1f} GiB), more than this card's {card:g} GiB with the "
             f"CUDA context ({SIZING_CONTEXT_GIB:g} GiB). {change}."]
 
 
 
 def _secret_errors(options: dict) -> list[str]:
-    return [f"trl_options may not hold {key!r}: a recipe is saved in the run folder and every checkpoint, and a "
+    return [f"config may not hold {key!r}: a recipe is saved in the run folder and every checkpoint, and a "
             f"secret must never be. Set the {SECRET_FIELDS[key]} environment variable instead (TRL reads it there)."
             for key in options if key in SECRET_FIELDS]
 
@@ -251,58 +251,89 @@ def _model_errors(model: str) -> list[str]:
     return []
 
 
-def trl_config_errors(p: Preset) -> list[str]:
-    """Return what is wrong with the ``trl_options`` values: types from GRPOConfig, ranges TRL does not check.
+# GRPOConfig arguments a preset's config may not hold: the lab sets them from what the preset says elsewhere, so a
+# recipe has one source for each.
+_SET_ELSEWHERE = {
+    "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
+    "output_dir": "--output-dir", "reward_weights": "reward_weights (the preset's, beside its rewards)",
+    "gradient_checkpointing": "activation_checkpointing (transformers 5 ignores this old name when "
+                              "activation_checkpointing is set, as every recipe does)",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs (transformers 5's name)",
+    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or steps_per_generation=N: "
+                             "generation batch = per_device_train_batch_size x N)",
+    **{key: "generation (labkit.generation.PATHS)" for key in GENERATION_FIELDS},
+}
 
-    A ``trl.GRPOConfig`` is built with the options (in a temporary folder, on the CPU) so that
-    whatever TRL and transformers refuse is refused here, as one line, before any model loads.
+
+def config_errors(config: dict) -> list[str]:
+    """Return what is wrong with a preset's ``config`` (``GRPOConfig`` arguments), before any model loads.
+
+    Refused: a secret, a name the lab sets from another field (:data:`_SET_ELSEWHERE`), a name ``GRPOConfig`` does not
+    have; a type ``GRPOConfig`` does not declare; a range or choice TRL does not check itself
+    (:data:`TRL_NUMBER_RANGES`, :data:`TRL_CHOICES`); and whatever a real ``GRPOConfig`` built from the config (in a
+    temporary folder, on the CPU) refuses, in TRL's own words. The recipe's own names
+    (:data:`labkit.presets.RECIPE_CONFIG`) are checked without TRL; any other name imports it.
     """
-    if not p.trl_options:
-        return []
-    import tempfile
-    import typing
+    errors = _secret_errors(config)
+    errors += [f"config may not set {key!r}: the lab sets it from {where}. Change that instead (--set FIELD=VALUE)."
+               for key, where in _SET_ELSEWHERE.items() if key in config]
+    extra = sorted(set(config) - set(RECIPE_CONFIG) - set(SECRET_FIELDS) - set(_SET_ELSEWHERE))
+    hints, known = {}, set(RECIPE_CONFIG)
+    if extra:
+        import difflib
+        import typing
 
-    from trl import GRPOConfig
+        from trl import GRPOConfig
 
-    hints = typing.get_type_hints(GRPOConfig)
-    errors = []
-    for key, value in p.trl_options.items():
-        label = f"trl_options {key} (--config {key}=VALUE)"
-        allowed = set(typing.get_args(hints.get(key))) or {hints.get(key)}
-        none_allowed = type(None) in allowed
+        hints, known = typing.get_type_hints(GRPOConfig), {f.name for f in dataclasses.fields(GRPOConfig)}
+        for key in extra:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=3)
+                hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+                errors.append(f"GRPOConfig (trl) has no argument {key!r}.{hint}")
+    for key, value in config.items():
+        if key not in known or key in SECRET_FIELDS or key in _SET_ELSEWHERE:
+            continue
+        allowed = set(typing.get_args(hints[key])) or {hints[key]} if key in hints else set()
+        none_allowed = type(None) in allowed if hints else key in _RECIPE_NONE
+        error = None
         if key in TRL_CHOICES:
             if value not in TRL_CHOICES[key] and not (key == "scale_rewards" and isinstance(value, bool)):
-                errors.append(f"{label} must be one of {', '.join(TRL_CHOICES[key])}, not {value!r}.")
+                error = f"{key} must be one of {', '.join(TRL_CHOICES[key])}, not {value!r}."
         elif key in TRL_NUMBER_RANGES:
-            error = _number_error(label, value, *TRL_NUMBER_RANGES[key], none_allowed)
-            if error:
+            kind, low, high, low_allowed = TRL_NUMBER_RANGES[key]
+            error = _number_error(key, value, kind, low, high, low_allowed, none_allowed)
+            if error and key == "num_generations" and isinstance(value, int) and value < 2:
+                error = (f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
+                         f"not {value}. Set num_generations=4.")
                 errors.append(error)
+                continue
+        elif key in _RECIPE_BOOLS or bool in allowed and allowed <= {bool, type(None)}:
+            if not isinstance(value, bool) and not (value is None and none_allowed):
+                error = f"{key} must be true or false, not {value!r}."
         elif value is None:
-            if not none_allowed:
-                errors.append(f"{label} may not be None.")
-        elif bool in allowed and allowed <= {bool, type(None)}:
-            if not isinstance(value, bool):
-                errors.append(f"{label} must be true or false, not {value!r}.")
+            if hints and not none_allowed:
+                error = f"{key} may not be None."
         elif allowed & {int, float} and not allowed & {str, dict, list}:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or (
                     float not in allowed and not isinstance(value, int)):
-                errors.append(f"{label} must be {_INT if float not in allowed else _FLOAT}, not {value!r}.")
-        elif allowed <= {str, type(None)} and not isinstance(value, str):
-            errors.append(f"{label} must be a text, not {value!r}.")
-    epsilon = p.trl_options.get("epsilon", 0.2)
-    high = p.trl_options.get("epsilon_high")
+                error = f"{key} must be {_INT if float not in allowed else _FLOAT}, not {value!r}."
+        elif allowed and allowed <= {str, type(None)} and not isinstance(value, str):
+            error = f"{key} must be a text, not {value!r}."
+        if error:
+            errors.append(f"{error} Set --set {key}=VALUE.")
+    epsilon, high = config.get("epsilon", 0.2), config.get("epsilon_high")
     if not errors and high is not None and high < epsilon:
-        errors.append(f"trl_options epsilon_high ({high}) must be at least epsilon ({epsilon}).")
-    if errors:
+        errors.append(f"epsilon_high ({high}) must be at least epsilon ({epsilon}).")
+    if errors or not extra:
         return errors
-    settings = dict(per_device_train_batch_size=p.per_device_train_batch_size, num_generations=p.num_generations,
-                    gradient_accumulation_steps=p.gradient_accumulation_steps)
+    import tempfile
+
     with tempfile.TemporaryDirectory() as folder:
         try:
-            GRPOConfig(output_dir=folder, use_cpu=True, report_to="none", **settings, **p.trl_options)
+            GRPOConfig(output_dir=folder, use_cpu=True, report_to="none", **config)
         except Exception as exc:  # noqa: BLE001  whatever TRL refuses, as one line
-            message = " ".join(str(exc).split())
-            errors.append(f"trl_options {sorted(p.trl_options)}: GRPOConfig refuses them: {message}")
+            errors.append(f"config {extra}: GRPOConfig refuses them: {' '.join(str(exc).split())}")
     return errors
 
 
@@ -332,47 +363,6 @@ def model_context_length(model: str) -> int | None:
 
 def process_count(num_processes: int | None) -> int:
     return num_processes or int(os.environ.get("WORLD_SIZE", "1"))
-
-
-# GRPOConfig fields that build_run sets from a preset's own fields (or that change the generation batch
-# the batch rule and the preflight check): trl_options may not set them, so a recipe has one source.
-_SET_BY_PRESET = {
-    "seed": "--seed", "per_device_train_batch_size": "per_device_train_batch_size",
-    "gradient_accumulation_steps": "gradient_accumulation_steps", "num_generations": "num_generations",
-    "max_completion_length": "max_completion_length", "max_prompt_length": "max_prompt_length",
-    "learning_rate": "learning_rate", "optim": "optim", "beta": "beta", "temperature": "temperature",
-    "max_steps": "max_steps", "save_steps": "save_steps", "save_strategy": "save_steps",
-    "save_total_limit": "save_total_limit", "reward_weights": "reward_weights",
-    "gradient_checkpointing": "gradient_checkpointing", "activation_checkpointing": "gradient_checkpointing",
-    "gradient_checkpointing_kwargs": "gradient_checkpointing",
-    "activation_checkpointing_kwargs": "gradient_checkpointing",
-    "bf16": "precision", "fp16": "precision", "tf32": "precision", "model_init_kwargs": "model and method",
-    "output_dir": "--output-dir", "max_tool_calling_iterations": "max_tool_calling_iterations",
-    "generation_batch_size": "per_device_train_batch_size and gradient_accumulation_steps (or --config "
-                             "steps_per_generation=N: generation batch = per_device_train_batch_size x N)",
-    **{key: "generation (labkit.generation.PATHS)" for key in GENERATION_FIELDS},
-}
-
-
-def _trl_option_errors(options: dict) -> list[str]:
-    """Return what is wrong with a preset's ``trl_options``: unknown GRPOConfig fields, or ones the preset sets."""
-    if not options:
-        return []
-    import difflib
-
-    from trl import GRPOConfig
-
-    known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    errors = []
-    for key in options:
-        if key in _SET_BY_PRESET:
-            errors.append(f"trl_options may not set {key!r}: the preset sets it from {_SET_BY_PRESET[key]}. "
-                          f"Change that instead (python -m labkit train --set FIELD=VALUE).")
-        elif key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3)
-            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-            errors.append(f"trl_options: GRPOConfig (trl) has no field {key!r}.{hint}")
-    return errors
 
 
 def _target_module_errors(plan: Plan, warnings: list[str]) -> list[str]:
@@ -478,57 +468,49 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
         plan = resolve_plan(p, device)
     from labkit.training import too_few_prompts  # build_trainer's check; here: training loads transformers
 
-    spg = p.trl_options.get("steps_per_generation")
-    # A steps_per_generation that is not a whole number >= 1 is reported by trl_config_errors (TRL_NUMBER_RANGES);
-    # the batch rule would trip over it (found by tests/test_fuzz.py: "--config steps_per_generation=abc" crashed).
-    spg_usable = spg is None or (isinstance(spg, int) and not isinstance(spg, bool) and spg >= 1)
-    if spg_usable:
-        per_step = p.per_device_train_batch_size * procs
-        generation_batch = per_step * p.steps_per_generation
-        if spg is None and generation_batch % p.num_generations:
-            g = p.num_generations
-            accumulation = g // math.gcd(per_step, g)
-            accumulation *= math.ceil(p.gradient_accumulation_steps / accumulation)
-            errors.append(
-                f"per_device_train_batch_size ({p.per_device_train_batch_size}) x processes ({procs}) x "
-                f"gradient_accumulation_steps ({p.gradient_accumulation_steps}) = {generation_batch} completions per "
-                f"generation batch, which must be a multiple of num_generations ({g}): TRL generates each prompt's "
-                f"{g} completions in one batch. Set gradient_accumulation_steps={accumulation}, or "
-                f"per_device_train_batch_size={g}, or num_generations to a divisor of {generation_batch}."
-            )
-        elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, p.num_generations)):
-            errors.append(f"train_limit: {problem} Set "
-                          f"train_limit to at least {generation_batch // p.num_generations}, or lower the batch "
-                          "(per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
-    errors.extend(_trl_option_errors(p.trl_options))
-    if not errors:
-        errors.extend(trl_config_errors(p))
+    c = p.config
+    batch, g, accumulation = c["per_device_train_batch_size"], c["num_generations"], c["gradient_accumulation_steps"]
+    per_step = batch * procs
+    generation_batch = per_step * p.steps_per_generation
+    if "steps_per_generation" not in c and generation_batch % g:
+        fix = g // math.gcd(per_step, g)
+        fix *= math.ceil(accumulation / fix)
+        errors.append(
+            f"per_device_train_batch_size ({batch}) x processes ({procs}) x gradient_accumulation_steps "
+            f"({accumulation}) = {generation_batch} completions per generation batch, which must be a multiple of "
+            f"num_generations ({g}): TRL generates each prompt's {g} completions in one batch. Set "
+            f"gradient_accumulation_steps={fix}, or per_device_train_batch_size={g}, or num_generations to a divisor "
+            f"of {generation_batch}."
+        )
+    elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, g)):
+        errors.append(f"train_limit: {problem} Set train_limit to at least {generation_batch // g}, or lower the "
+                      "batch (per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
     errors.extend(_target_module_errors(plan, warnings))
-    if p.optim not in OPTIMS:
-        errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {p.optim!r}.")
+    if c["optim"] not in OPTIMS:
+        errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {c['optim']!r}.")
     try:
         named_rewards(p.rewards, p.reward_weights)
     except ValueError as exc:
         errors.append(f"rewards: {exc}")
 
     context = model_context_length(plan.shape_name)
-    total = p.max_prompt_length + p.max_completion_length
+    total = p.max_prompt_length + c["max_completion_length"]
     if context is None:
         warnings.append(f"could not read {p.model}'s context length (offline?): prompt + completion length "
                         f"({total}) is unchecked.")
     elif total > context:
         errors.append(
-            f"max_prompt_length ({p.max_prompt_length}) + max_completion_length ({p.max_completion_length}) = "
+            f"max_prompt_length ({p.max_prompt_length}) + max_completion_length ({c['max_completion_length']}) = "
             f"{total} tokens, more than {p.model}'s context of {context}. Set max_completion_length to at most "
             f"{max(1, context - p.max_prompt_length)}."
         )
 
     if plan.precision_error:
         errors.append(f"{plan.precision_error} (preset field: precision)")
-    if device.kind == "mps" and p.optim in EIGHT_BIT_OPTIMS:
+    if device.kind == "mps" and c['optim'] in EIGHT_BIT_OPTIMS:
         # bitsandbytes 0.50.2 registers its 8-bit optimiser kernel for CUDA, the CPU and XPU, not for MPS
         # (backends/{cuda,cpu,xpu}/ops.py); its 4-bit kernels do run there (backends/mps/ops.py).
-        errors.append(f"optim={p.optim!r} (bitsandbytes' 8-bit AdamW) has no kernel for {device} in bitsandbytes "
+        errors.append(f"optim={c['optim']!r} (bitsandbytes' 8-bit AdamW) has no kernel for {device} in bitsandbytes "
                       f"0.50: set optim='adamw_torch'.")
     if device.kind == "mps" and p.method == "qlora":
         warnings.append("QLoRA on Apple's MPS: bitsandbytes 0.50 has 4-bit kernels there (a compiled kernel on "
@@ -538,8 +520,8 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
         errors.append(f"prepare_model_for_kbit_training applies to 4-bit models (method='qlora') only, not "
                       f"method={p.method!r}. Set prepare_model_for_kbit_training=false or method='qlora'.")
     if fsdp if fsdp is not None else _under_fsdp():
-        if p.optim in EIGHT_BIT_OPTIMS:
-            errors.append(f"optim={p.optim!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "
+        if c['optim'] in EIGHT_BIT_OPTIMS:
+            errors.append(f"optim={c['optim']!r} (bitsandbytes 8-bit) does not support FSDP's sharded parameters "
                           "(bitsandbytes issue 1633). Under FSDP set optim='adamw_torch' (--set optim=adamw_torch), "
                           "or launch with DDP (labkit/configs/multi_gpu.yaml) to keep the 8-bit optimiser.")
         if p.method == "qlora":
@@ -549,11 +531,11 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
     if device.kind != "cuda" and not p.model.startswith("tiny:") and p.model not in LOCAL_MODELS:
         warnings.append(f"{p.model} on {device}: expect hours per step. The 'cpu-smollm2' and 'cpu-tiny' "
                         "presets are the CPU mode.")
-    if p.learning_rate == 0:
+    if c["learning_rate"] == 0:
         warnings.append("learning_rate is 0: the policy will not change (a control run, as the demo's).")
-    if p.save_steps is not None and p.save_steps > p.max_steps:
-        warnings.append(f"save_steps ({p.save_steps}) > max_steps ({p.max_steps}): no checkpoint before the end, "
-                        "so an interrupted run starts again from step 0.")
+    if p.checkpoint_every is not None and p.checkpoint_every > c["max_steps"]:
+        warnings.append(f"save_steps ({p.checkpoint_every}) > max_steps ({c['max_steps']}): no checkpoint before the "
+                        "end, so an interrupted run starts again from step 0.")
     if p.method == "full" and p.lora_rank != Preset.lora_rank:
         warnings.append("lora_rank is ignored with method='full'.")
     path_errors, path_warnings = generation_problems(p, device)

@@ -55,12 +55,12 @@ def workshop_estimate(preset="workshop", eval_questions: int = 100, eval_passes:
         raise ValueError(f"{p.model} is not in labkit/data/architectures.json: its size (params_b) is unknown")
     lower_step = trl["seconds_per_step"] * params_b / trl["params_b"]
     eval_batches = eval_passes * math.ceil(eval_questions / p.eval_batch_size)
-    units = p.max_steps + eval_batches
+    units = p.config["max_steps"] + eval_batches
     upper = units * upper_step / 60 + _SETUP_ALLOWANCE_MIN
     lower = units * lower_step / 60 + _SETUP_ALLOWANCE_MIN
     return {
-        "preset": p.name, "model": p.model, "max_steps": p.max_steps, "num_generations": p.num_generations,
-        "max_completion_length": p.max_completion_length, "eval_questions": eval_questions,
+        "preset": p.name, "model": p.model, "max_steps": p.config["max_steps"],
+        "num_generations": p.config["num_generations"], "max_completion_length": p.config["max_completion_length"], "eval_questions": eval_questions,
         "eval_batches": eval_batches, "seconds_per_step_low": round(lower_step, 1),
         "seconds_per_step_high": upper_step, "setup_allowance_min": _SETUP_ALLOWANCE_MIN,
         "minutes_low": round(lower), "minutes_high": round(upper), "status": "estimate",
