@@ -5,18 +5,12 @@ Introduced in ``04_lora_grpo_16gb.ipynb``; ``python -m labkit train --preset NAM
 the same code from a shell (and under ``accelerate launch``).
 
 The bottom of the recipe core, which reads only the cards, the device facts, the models and their shapes; above it:
-:mod:`labkit.validation` (what a preset may hold, on a card, read from its plan), :mod:`labkit.preflight` (its memory
-estimate) and :func:`labkit.run.build_run` (the run). To add a field: declare it on :class:`Preset`, check its type
-and range in ``labkit.validation._NUMBER_FIELDS`` (or beside it), and pass it on in :func:`grpo_arguments` (a
-``GRPOConfig`` field) or read it where it acts.
-
-A :class:`Preset` bundles everything a GSM8K GRPO run needs: the model, full / LoRA /
-QLoRA and its adapter settings, the ``GRPOConfig`` knobs that decide memory
-(``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``num_generations``,
-``max_completion_length``, the optimiser, gradient checkpointing) and the reward set.
-The precision is never part of a preset: the plan picks it for the card
-(bf16 on Ampere+, fp16 on a T4, fp32 on a CPU) unless you ask for one, and asking for one
-the card cannot do fails in :func:`labkit.validation.validate`.
+:mod:`labkit.validation` (what a preset may hold, on a card), :mod:`labkit.preflight` (its memory estimate) and
+:func:`labkit.run.build_run` (the run). A :class:`Preset` holds what TRL does not know (the model, full / LoRA / QLoRA
+and the adapter, the task, the rewards, the card) and ``config``, the ``GRPOConfig`` arguments in TRL's names
+(:data:`RECIPE_CONFIG` with the preset's changes; ``--set KEY=VALUE`` sets either kind). The precision is never part of
+a preset: the plan picks it for the card (bf16 on Ampere+, fp16 on a T4, fp32 on a CPU) unless you ask for one, and
+asking for one the card cannot do fails in :func:`labkit.validation.validate`.
 
 ``laptop-16gb-published`` is the published recipe that made GRPO fit a 16 GB RTX 3080 Mobile (REFERENCES.md):
 :class:`Preset`'s defaults; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4``, ``qlora-3b`` and
@@ -35,7 +29,7 @@ everything the rest of the lab needs, decided in one place:
 - the libraries' own objects: PEFT's ``LoraConfig`` (``peft_config``: LoRA, QLoRA), transformers'
   ``BitsAndBytesConfig`` (``quantization_config``: QLoRA) and how ``from_pretrained`` loads the model
   (``model_init_kwargs``), exactly what ``GRPOTrainer`` is handed;
-- the ``GRPOConfig`` arguments the preset sets, in TRL's names (``config``, :func:`grpo_arguments`), with
+- the ``GRPOConfig`` arguments: the preset's ``config`` with its generation path's (:func:`grpo_arguments`), with
   TRL's derived ``steps_per_generation`` and ``generation_batch_size`` as properties. The ``GRPOConfig`` itself is
   built from them on the machine that trains (:func:`labkit.training.grpo_config`): transformers refuses a bf16
   ``TrainingArguments`` on a machine without a bf16 GPU, so a plan for another card cannot hold one;
@@ -62,7 +56,7 @@ from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_polic
                            resolve_model)
 from labkit.shapes import ModelShape, model_shape
 
-__all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_TARGETS", "get_preset", "card_device",
+__all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_CONFIG", "RECIPE_TARGETS", "get_preset", "card_device",
            "Plan", "resolve_plan", "grpo_arguments",
            # the cards a recipe is made for and the device it is checked against (labkit.cards, labkit.device)
            "CARDS", "SIZING_TARGET", "DeviceInfo"]
@@ -97,25 +91,20 @@ RECIPE_CONFIG = {
     # Non-reentrant checkpointing works with frozen inputs; LoRA still needs build_run's input-grad fix.
     "activation_checkpointing_kwargs": {"use_reentrant": False},
     "beta": 0.0,  # TRL's default: no KL term, no reference pass
-    "temperature": 1.0,
-    "max_steps": 200,
-    "save_strategy": "steps",  # a checkpoint every save_steps optimiser steps; "no": none
-    "save_steps": 25,
-    "save_total_limit": 2,
+    "temperature": 1.0, "max_steps": 200,
+    "save_strategy": "steps", "save_steps": 25, "save_total_limit": 2,  # a checkpoint every 25 steps ("no": none)
     "seed": 0,  # also the order (and subset) of the training prompts: part of the recipe
 }
 
 
 @dataclass(frozen=True)
 class Preset:
-    """One GRPO recipe: what TRL does not know (the model, full / LoRA / QLoRA and the adapter, the task, the rewards,
-    the tool environment, the card) and ``config``, the ``GRPOConfig`` arguments in TRL's own names.
+    """One GRPO recipe: what TRL does not know, and ``config``, the ``GRPOConfig`` arguments in TRL's own names.
 
-    ``config`` starts from :data:`RECIPE_CONFIG` (the published 16 GB recipe); ``Preset(..., config={"max_steps": 8})``
-    changes what it names. ``replace`` and :func:`get_preset` take either kind: a preset field by its name, any
-    other name as a ``GRPOConfig`` argument (``get_preset("cpu-tiny", max_steps=8, loss_type="grpo")``).
-    ``model`` is a hub id, a local path, or ``"tiny:qwen2"`` / ``"tiny:llama"`` for the offline tiny models of the
-    CPU mode.
+    ``config`` starts from :data:`RECIPE_CONFIG`: ``Preset(..., config={"max_steps": 8})`` changes what it names.
+    ``replace`` and :func:`get_preset` take a preset field by its name and any other name as a ``GRPOConfig`` argument
+    (``get_preset("cpu-tiny", max_steps=8, loss_type="grpo")``). ``model`` is a hub id, a local path, or
+    ``"tiny:qwen2"`` / ``"tiny:llama"`` for the offline tiny models of the CPU mode.
     """
 
     name: str
