@@ -61,7 +61,7 @@ def measure(overrides: dict, steps: int = 2, threads: int = 1) -> dict:
     threading.Thread(target=watch, daemon=True).start()
     overrides = dict(overrides)
     dropout = overrides.pop("lora_dropout", None)
-    preset = get_preset("cpu-smollm2", max_steps=steps, save_steps=None, **overrides)
+    preset = get_preset("cpu-smollm2", max_steps=steps, save_strategy="no", **overrides)
     seed_everything(preset.config["seed"])  # LoRA's A matrices are drawn here: the same in every layout
     model, tokenizer = resolve_plan(preset).load_policy()  # a CPU preset's plan: fp32
     if dropout is not None:  # every dropout of the model (SmolLM2's own are 0 already): the adapters' too

@@ -50,7 +50,7 @@ def compare_tokens(prompts: int = 4, paths=CPU_PATHS, runs: str = "runs/bench-ge
     from labkit.presets import get_preset
     from labkit.run import build_run
 
-    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_steps=None)
+    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_strategy="no")
     rows, reference = {}, None
     for path in paths:
         run = build_run(preset.replace(generation=path), Path(runs) / path, print_logs=False,
@@ -130,7 +130,7 @@ def short_runs(seeds, steps: int = 6, paths=("generate", "continuous"),
         for path in paths:
             folder = Path(runs) / f"short-{path}-seed{seed}"
             shutil.rmtree(folder, ignore_errors=True)  # a fresh run, never a resumed one
-            preset = get_preset("cpu-smollm2").replace(max_steps=steps, save_steps=None, generation=path, seed=seed)
+            preset = get_preset("cpu-smollm2").replace(max_steps=steps, save_strategy="no", generation=path, seed=seed)
             run = build_run(preset, folder, print_logs=False)
             start = time.perf_counter()
             run.trainer.train()
@@ -152,7 +152,7 @@ def same_model_sampling(prompts: int = 8, lora_b_std: float = 0.02, repeats: int
     from labkit.presets import get_preset
     from labkit.run import build_run
 
-    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_steps=None, generation="continuous")
+    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_strategy="no", generation="continuous")
     run = build_run(preset, Path(runs) / "same-model", print_logs=False)
     trainer, model = run.trainer, run.trainer.model
     batch = _prompt_batch(run, prompts)

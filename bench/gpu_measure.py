@@ -234,7 +234,7 @@ def bench_preset(spec: dict):
     OOM doctor's ``change`` (``Preset.apply``: GRPOConfig fields such as ``steps_per_generation`` too)."""
     from labkit.presets import get_preset
 
-    return get_preset(spec["preset"], **spec.get("overrides", {})).apply(spec.get("change") or {})
+    return get_preset(spec["preset"], **spec.get("overrides", {})).replace(**spec.get("change") or {})
 
 
 def loader_of(preset) -> str | None:
@@ -322,7 +322,7 @@ def measure(spec: dict) -> dict:
     try:
         path = shared_model(Path(spec.get("models") or folder) / model_folder_name(preset, precision, tiny=tiny),
                             preset, precision, device="cuda" if cuda else "cpu", tiny=tiny)
-        bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_steps=None)
+        bench = preset.replace(model=path, max_steps=spec.get("steps", 2), save_strategy="no")
         tokenizer = load_tokenizer(path)
         n = max(8, math.ceil(bench.prompts_per_step) * bench.config["max_steps"] * 2)
         tools = None

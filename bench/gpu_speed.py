@@ -49,7 +49,7 @@ def speed_jobs(shrink: dict, *, tiny: bool = False, steps: int = 2) -> list[dict
     ``--tiny``'s settings (empty on a GPU)."""
     from labkit.presets import get_preset
 
-    accumulation = dict(get_preset(SPEED_PRESET).to_dict(), **shrink)["gradient_accumulation_steps"]
+    accumulation = shrink.get("gradient_accumulation_steps", get_preset(SPEED_PRESET).config["gradient_accumulation_steps"])
     short = {} if tiny else {"max_completion_length": SWEEP_COMPLETION}
 
     def job(name, path, speed, **overrides):

@@ -149,7 +149,7 @@ def bench_preset(preset: Preset | str, *, steps: int = 5, cap_gib: float | None 
     workdir = Path(workdir or tempfile.mkdtemp(prefix="labkit-bench-"))
     try:
         model_path = _random_weights_model(preset, workdir / "model", precision)
-        bench = preset.replace(model=model_path, max_steps=steps, save_steps=None)
+        bench = preset.replace(model=model_path, max_steps=steps, save_strategy="no")
         from labkit.models import load_tokenizer
 
         tokenizer = load_tokenizer(model_path)

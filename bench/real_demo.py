@@ -37,20 +37,24 @@ def _argv(args, seed: int, lr, tag: str) -> tuple[list[str], Path]:
 
 def _reusable(args, seed: int, lr, tag: str) -> dict | None:
     """Return the summary an earlier identical run left in its folder (same command line and recipe), or None."""
-    from labkit.presets import get_preset
+    from labkit.presets import Preset, get_preset
 
     argv, out = _argv(args, seed, lr, tag)
     try:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    expected = get_preset("cpu-smollm2", model=args.model, seed=seed).to_dict()
-    expected["learning_rate"] = lr if lr is not None else expected["learning_rate"]
     steps = args.control_steps if tag == "lr0" and args.control_steps is not None else args.steps
-    expected["max_steps"] = steps if steps is not None else expected["max_steps"]
-    recipe = lambda p: {k: v for k, v in p.items() if k not in ("save_steps", "description")}  # noqa: E731
+    changes = {k: v for k, v in (("learning_rate", lr), ("max_steps", steps)) if v is not None}
+    expected = get_preset("cpu-smollm2", model=args.model, seed=seed, **changes)
+
+    def recipe(preset):  # the recipe, less its description and where it saves
+        out = {k: v for k, v in preset.to_dict().items() if k != "description"}
+        out["config"] = {k: v for k, v in out["config"].items() if not k.startswith("save_")}
+        return out
+
     same_command = summary.get("command", "").split() == ["python", "-m", "labkit", "demo", *argv[4:]]
-    return summary if same_command and recipe(summary["preset"]) == recipe(expected) else None
+    return summary if same_command and recipe(Preset.from_dict(summary["preset"])) == recipe(expected) else None
 
 
 def _run(args, seed: int, lr, tag: str, command: str) -> tuple[subprocess.Popen, Path]:

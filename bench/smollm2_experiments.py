@@ -109,13 +109,13 @@ def main(argv: list[str] | None = None) -> int:
                                   learning_rate=args.lr, steps=args.steps, eval_problems=args.eval_problems,
                                   threads=args.threads, progress=False, before=evaluations.get("before"), system_prompt=system_prompt,
                                   preset_overrides=overrides, command=command, evaluations=evaluations)
-        preset = summary["preset"]
+        preset = {**summary["preset"], **summary["preset"]["config"]}  # its fields and GRPOConfig arguments
         record = {
             "name": args.name, "note": args.note, "seed": seed, "command": command,
             "settings": {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size",
                                                 "gradient_accumulation_steps", "num_generations",
                                                 "max_completion_length", "rewards",
-                                                "reward_weights", "temperature", "beta", "trl_options")}
+                                                "reward_weights", "temperature", "beta", "config")}
                         | {"lora_dropout": preset["lora_dropout"],
                            "prompts_per_step": prompts_per_step(preset),
                            "system_prompt": summary["system_prompt"], "held_out_problems": args.eval_problems},
@@ -143,10 +143,10 @@ def _collect(args) -> int:
         demo = {"preset": demo["preset"], "runs": [demo], "control_lr0": [], "command": demo["command"],
                 "system_prompt": demo.get("system_prompt"), "provenance": demo["provenance"]}
     path = results_dir(args.out) / "smollm2_experiments.json"
-    preset = demo["preset"]
-    settings = {k: preset[k] for k in ("learning_rate", "max_steps", "per_device_train_batch_size", "num_generations",
-                                       "max_completion_length", "rewards", "reward_weights", "temperature", "beta",
-                                       "trl_options")}
+    preset = {**demo["preset"], **(demo["preset"].get("config") or demo["preset"].get("trl_options") or {})}
+    settings = {k: preset.get(k) for k in ("learning_rate", "max_steps", "per_device_train_batch_size",
+                                           "num_generations", "max_completion_length", "rewards", "reward_weights",
+                                           "temperature", "beta", "config")}
     settings |= {"prompts_per_step": prompts_per_step(preset),
                  "system_prompt": demo.get("system_prompt"), "held_out_problems": len(demo["runs"][0]["right_before"])}
     name = args.name or "chosen-recipe"

@@ -72,7 +72,7 @@ def comparison_run(preset, backend: str = "trl", *, steps: int = 30, eval_limit:
     from labkit.run import build_run
     from labkit.training import LogRecorder
 
-    preset = get_preset(preset, max_steps=steps, save_steps=None,
+    preset = get_preset(preset, max_steps=steps, save_strategy="no",
                         **({"target_modules": COMPARISON_TARGETS} if target_modules == "all" else
                            {"target_modules": tuple(target_modules)} if target_modules else {}))
     device = detect_device()

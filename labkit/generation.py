@@ -63,7 +63,7 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
     cuda = getattr(device, "kind", "cpu") == "cuda"
     vllm_options = sorted(k for k in p.config if k.startswith("vllm_"))
     if vllm_options and path != "vllm":
-        errors.append(f"trl_options {', '.join(vllm_options)} act only with generation='vllm' (this recipe's is "
+        errors.append(f"{', '.join(vllm_options)} act only with generation='vllm' (this recipe's is "
                       f"{path!r}): set generation='vllm', or drop them.")
     if path == "static-compiled":
         if p.method == "qlora":
@@ -260,7 +260,7 @@ def paths_table(p, device) -> list[dict]:
 
 # The GRPOConfig fields a generation path sets: a recipe changes them through its generation field only.
 # (vllm_mode is a recipe's choice under generation='vllm': "colocate", the default, or "server" with
-# vllm_server_base_url, both through trl_options, as notebook 07 shows.)
+# vllm_server_base_url, both in the preset's config, as notebook 07 shows.)
 GENERATION_FIELDS = ("cache_implementation", "pad_to_multiple_of", "use_transformers_continuous_batching",
                      "transformers_continuous_batching_config", "use_vllm", "vllm_enable_sleep_mode",
                      "vllm_gpu_memory_utilization")
@@ -472,7 +472,7 @@ def _graphs_compiled() -> int:
 def dropped_settings_problem(path: str, generation_kwargs: dict | None, repetition_penalty: float = 1.0) -> str | None:
     """Say which generation settings ``path`` would silently drop, or return None: for "continuous", those of
     :data:`_CONTINUOUS_DROPS` in ``generation_kwargs`` and a ``repetition_penalty`` other than 1. One message for
-    :func:`generation_problems` (a recipe's ``trl_options``) and ``labkit.run.build_run`` (its caller's overrides)."""
+    :func:`generation_problems` (a recipe's ``config``) and ``labkit.run.build_run`` (its caller's overrides)."""
     if path != "continuous":
         return None
     drops = sorted(k for k in _CONTINUOUS_DROPS if k in (generation_kwargs or {}))

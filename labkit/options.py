@@ -1,7 +1,7 @@
 """Command-line settings shared by ``python -m labkit`` and the benchmarks: ``KEY=VALUE`` words and the estimator's
 options, named as ``GRPOConfig`` names them.
 
-One parser for every ``--set`` / ``--config`` (:func:`parse_pairs`), so a learning rate typed as ``1e-4`` is the
+One parser for every ``--set`` (:func:`parse_pairs`), so a learning rate typed as ``1e-4`` is the
 same float everywhere. Used by :mod:`labkit.cli` and by the ``bench`` folder beside the package.
 """
 from __future__ import annotations

@@ -43,20 +43,17 @@ PHASE_MEMORY = {
 
 
 def flat_settings(settings: dict) -> dict:
-    """Return ``settings`` (preset field names) with its ``config`` (GRPOConfig arguments) lifted to the top."""
-    flat = {k: v for k, v in settings.items() if k != "config"}
+    """Return ``settings`` (a preset's ``to_dict()``, perhaps with changes at the top) with its ``config`` (GRPOConfig
+    arguments) lifted to the top, under what is already there."""
     options = settings.get("config")
-    if isinstance(options, dict):
-        flat.update(options)
-    return flat
+    return {**(options if isinstance(options, dict) else {}), **{k: v for k, v in settings.items() if k != "config"}}
 
 
 def tool_rounds(settings: dict) -> int:
-    """Return the tool rounds :func:`labkit.memory.estimate` counts for ``settings``: 0 without an ``environment``
-    (preset names) or without ``max_tool_calling_iterations`` (a GRPOConfig dict, which holds it only for a tool
-    recipe); else ``max_tool_calling_iterations``, where None is TRL's "no limit" (``sys.maxsize``,
+    """Return the tool rounds :func:`labkit.memory.estimate` counts for ``settings``: 0 without an ``environment``;
+    else ``max_tool_calling_iterations``, where None is TRL's "no limit" (``sys.maxsize``,
     trl/trainer/grpo_trainer.py 784-785), which the estimate counts as at least one round."""
-    if not settings.get("environment") if "environment" in settings else "max_tool_calling_iterations" not in settings:
+    if not settings.get("environment"):
         return 0
     rounds = settings.get("max_tool_calling_iterations")
     return 1 if rounds is None else rounds

@@ -42,7 +42,7 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None,
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
         lora_dropout=p.lora_dropout, prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
         device=device, padded=True, num_processes=num_processes,
-        max_tool_calling_iterations=tool_rounds(g))  # a tool recipe's rounds (notebook 08)
+        max_tool_calling_iterations=tool_rounds({**g, "environment": p.environment}))  # a tool recipe's (notebook 08)
     if not g.get("use_transformers_continuous_batching"):
         return est
     # continuous batching: transformers' paged cache, mask and read buffers instead of generate's cache, and the

@@ -93,7 +93,7 @@ TRL_CHOICES = {
     "save_strategy": ("no", "steps", "epoch", "best"),
 }
 # What the recipe's own arguments may be, without asking TRL (RECIPE_CONFIG's names; TRL is asked about any other):
-# true or false, or None too (GRPOConfig's types, which tests/test_validation.py compares).
+# true or false; None too (where GRPOConfig allows it and the lab, which reads them, has a use for it).
 _RECIPE_BOOLS = ("activation_checkpointing",)
 _RECIPE_NONE = ("save_total_limit", "activation_checkpointing_kwargs")
 
@@ -295,7 +295,8 @@ def config_errors(config: dict) -> list[str]:
         if key not in known or key in SECRET_FIELDS or key in _SET_ELSEWHERE:
             continue
         allowed = set(typing.get_args(hints[key])) or {hints[key]} if key in hints else set()
-        none_allowed = type(None) in allowed if hints else key in _RECIPE_NONE
+        # the recipe's own names the lab reads itself: None only where it has a meaning (_RECIPE_NONE)
+        none_allowed = key in _RECIPE_NONE if key in RECIPE_CONFIG else type(None) in allowed
         error = None
         if key in TRL_CHOICES:
             if value not in TRL_CHOICES[key] and not (key == "scale_rewards" and isinstance(value, bool)):
@@ -303,6 +304,8 @@ def config_errors(config: dict) -> list[str]:
         elif key in TRL_NUMBER_RANGES:
             kind, low, high, low_allowed = TRL_NUMBER_RANGES[key]
             error = _number_error(key, value, kind, low, high, low_allowed, none_allowed)
+            if error and key == "save_steps" and value is None:
+                error += " For no checkpoints, set save_strategy=no."
             if error and key == "num_generations" and isinstance(value, int) and value < 2:
                 error = (f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
                          f"not {value}. Set num_generations=4.")
@@ -312,7 +315,7 @@ def config_errors(config: dict) -> list[str]:
             if not isinstance(value, bool) and not (value is None and none_allowed):
                 error = f"{key} must be true or false, not {value!r}."
         elif value is None:
-            if hints and not none_allowed:
+            if not none_allowed:
                 error = f"{key} may not be None."
         elif allowed & {int, float} and not allowed & {str, dict, list}:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or (

@@ -790,10 +790,10 @@ def test_the_speed_rows_set_each_path_through_the_recipe_most_valuable_first():
         assert preset.name == "laptop-16gb" and preset.method == "lora" and job["cap"] == "card"
         assert preset.generation == job["generation"] and not set(job.get("config", {})) & set(GENERATION_FIELDS)
         full = job["speed"]["mode"] == "full step"
-        assert preset.max_completion_length == (786 if full else 256) and job["steps"] == 2
+        assert preset.config["max_completion_length"] == (786 if full else 256) and job["steps"] == 2
         if job["name"].startswith("speed-sweep-"):
             assert preset.generation_batch_size == int(job["name"].rsplit("-b", 1)[1])  # 8, 32, 96
-            assert preset.gradient_accumulation_steps == 4 and preset.num_generations == 4
+            assert preset.config["gradient_accumulation_steps"] == 4 and preset.config["num_generations"] == 4
         else:
             assert preset.generation_batch_size == 96
     assert jobs[3]["speed"]["generations"] == ["unmerged", "merged", "unmerged"]

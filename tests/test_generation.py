@@ -30,7 +30,7 @@ def _greedy(path: str, tmp_path, layers: int = 4) -> list[list[int]]:
     30 layers keep the CPU compilation of "static-compiled" to about 20 s)."""
     from labkit.run import build_run
 
-    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_steps=None, generation=path, max_completion_length=16)
+    preset = get_preset("cpu-smollm2").replace(max_steps=1, save_strategy="no", generation=path, max_completion_length=16)
     run = build_run(preset, tmp_path / path, print_logs=False, generation_kwargs={"do_sample": False})
     base = run.trainer.model.get_base_model()
     base.model.layers = base.model.layers[:layers]
@@ -72,9 +72,9 @@ def test_the_comparison_sees_a_different_model(default_tokens, tmp_path):  # the
     (dict(generation="static"), None, "generation must be one of generate, static-compiled, continuous, vllm"),
     (dict(generation="static-compiled"), "qlora", "cannot compile a 4-bit (QLoRA) model"),
     (dict(generation="static-compiled"), "tools", "a new shape to compile each time"),
-    (dict(generation="continuous", trl_options={"generation_kwargs": {"min_new_tokens": 8}}), None,
+    (dict(generation="continuous", **{"generation_kwargs": {"min_new_tokens": 8}}), None,
      "drops min_new_tokens"),
-    (dict(generation="continuous", trl_options={"repetition_penalty": 1.1}), None, "drops repetition_penalty"),
+    (dict(generation="continuous", **{"repetition_penalty": 1.1}), None, "drops repetition_penalty"),
     (dict(generation="continuous", gradient_accumulation_steps=12), "cuda",  # 288 sequences at full length
      "needs 12.7 GiB for its KV pages, attention mask and read buffers (transformers' own sizing), and this 15.7 GiB "
      "card has 11.8 GiB beside the weights and optimizer. Lower gradient_accumulation_steps"),
@@ -107,9 +107,9 @@ def test_the_paths_that_can_run_pass_and_static_compiled_on_a_cpu_warns():
     assert set(PATHS) == {"generate", "static-compiled", "continuous", "vllm"}
 
 
-def test_trl_options_may_not_set_a_paths_fields():
-    preset = get_preset("cpu-tiny").replace(trl_options={"use_transformers_continuous_batching": True})
-    with pytest.raises(PresetError, match="the preset sets it from generation"):
+def test_config_may_not_set_a_paths_fields():
+    preset = get_preset("cpu-tiny").replace(**{"use_transformers_continuous_batching": True})
+    with pytest.raises(PresetError, match="the lab sets it from generation"):
         validate(preset)
 
 
@@ -120,10 +120,10 @@ def test_each_path_sets_its_grpo_config_fields():
     assert generation_arguments(p.replace(generation="static-compiled")) == dict(cache_implementation="static")
     cb = generation_arguments(p.replace(generation="continuous"))
     config = cb["transformers_continuous_batching_config"]
-    assert cb["use_transformers_continuous_batching"] is True and config["seed"] == p.seed
+    assert cb["use_transformers_continuous_batching"] is True and config["seed"] == p.config["seed"]
     # pages for every sequence of the generation batch at full length, sized from the recipe
     assert config["num_blocks"] * config["page_size"] >= p.generation_batch_size * (
-        p.max_prompt_length + p.max_completion_length)
+        p.max_prompt_length + p.config["max_completion_length"])
     assert config["drop_unsupported_processors"] is False  # a setting it cannot honour fails instead of vanishing
     # one whole prompt (256) or one decode step of the batch (96) a forward pass, not transformers' 8,192
     assert config["max_batch_tokens"] == 256 and config["max_memory_percent"] == 1.0
@@ -313,7 +313,7 @@ def _paged_cache(cb_kwargs: dict, *, total_gib: float, used_gib: float):
 
     p = get_preset("laptop-16gb")
     config = model_config(p.model)[1]
-    hints = WorkloadHints(max_prompt_length=p.max_prompt_length, max_generated_length=p.max_completion_length,
+    hints = WorkloadHints(max_prompt_length=p.max_prompt_length, max_generated_length=p.config["max_completion_length"],
                           num_requests=p.generation_batch_size)
     resolved = resolve_continuous_batching_config(config, ContinuousBatchingConfig(**cb_kwargs), hints, True,
                                                   torch.device("cuda"))
@@ -339,7 +339,7 @@ def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
     # and within TRL's own default of half the free memory too
     _paged_cache(dict(trl, max_memory_percent=0.5), total_gib=15.7, used_gib=used)
     # labkit's estimate is transformers' footprint: the cache (less its two spare sectors) and the SDPA mask
-    footprint = continuous_footprint(p.model, p.generation_batch_size, p.max_prompt_length, p.max_completion_length)
+    footprint = continuous_footprint(p.model, p.generation_batch_size, p.max_prompt_length, p.config["max_completion_length"])
     assert footprint["cache"] == cache.cache_tensor.numel() - 2 * cache.bytes_per_sector
     assert footprint["attention_mask"] == 2 * cache.max_batch_tokens * (cache.max_tokens_read + cache.max_batch_tokens)
     assert est.bytes["kv_cache"] == footprint["total"]
@@ -436,13 +436,13 @@ def test_the_continuous_cast_leaves_the_gradients_of_an_accumulation_as_they_wer
 def _tiny_run(tmp_path, path: str = "generate"):
     from labkit.run import build_run
 
-    preset = get_preset("cpu-tiny").replace(max_steps=1, save_steps=None, generation=path, max_completion_length=8)
+    preset = get_preset("cpu-tiny").replace(max_steps=1, save_strategy="no", generation=path, max_completion_length=8)
     return build_run(preset, tmp_path / path, print_logs=False, generation_kwargs={"do_sample": False})
 
 
 def test_three_generations_leave_one_requires_grad_hook_on_the_embeddings(tmp_path):
     run = _tiny_run(tmp_path)  # LoRA (a PeftModel) with gradient checkpointing, as every GPU preset
-    assert run.preset.gradient_checkpointing and hasattr(run.trainer.model, "get_base_model")
+    assert run.preset.config["activation_checkpointing"] and hasattr(run.trainer.model, "get_base_model")
     # what Trainer.train does first (transformers/trainer.py 1503-1514)
     run.trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     assert run.trainer.model.is_gradient_checkpointing
@@ -482,11 +482,11 @@ def test_vllm_server_mode_is_a_recipe_choice_and_vllm_options_need_the_vllm_path
     from labkit.validation import validate
 
     server = get_preset("laptop-16gb", generation="vllm",
-                        trl_options={"vllm_mode": "server", "vllm_server_base_url": "http://localhost:8000"})
+                        **{"vllm_mode": "server", "vllm_server_base_url": "http://localhost:8000"})
     fields = {k: v for k, v in grpo_arguments(server).items() if "vllm" in k}
     # server mode: vLLM runs on its own GPU, so colocate's sleep mode and share of the card are not set
     assert fields == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://localhost:8000"}
     colocate = {k: v for k, v in grpo_arguments(get_preset("laptop-16gb", generation="vllm")).items() if "vllm" in k}
     assert colocate["vllm_mode"] == "colocate" and 0.1 <= colocate["vllm_gpu_memory_utilization"] <= 0.9
     with pytest.raises(PresetError, match="vllm_mode act only with generation='vllm'"):
-        validate(get_preset("laptop-16gb", trl_options={"vllm_mode": "server"}), card_device("laptop-16gb"))
+        validate(get_preset("laptop-16gb", **{"vllm_mode": "server"}), card_device("laptop-16gb"))

@@ -11,7 +11,7 @@ def _trained_run(tmp_path, method):
     from labkit.presets import get_preset
     from labkit.run import build_run
 
-    run = build_run(get_preset("cpu-tiny", method=method, max_steps=1, save_steps=None), tmp_path / method,
+    run = build_run(get_preset("cpu-tiny", method=method, max_steps=1, save_strategy="no"), tmp_path / method,
                     print_logs=False)
     run.train(resume=False)
     with torch.no_grad():  # an adapter that is surely not zero (B starts at zero; one step moves it little)

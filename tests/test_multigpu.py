@@ -370,7 +370,7 @@ def test_two_processes_train_on_different_prompts_and_save_one_adapter(tmp_path)
     (tmp_path / "prompts").mkdir()
     output_dir = tmp_path / "run"
     command = launch_command(["--preset", "cpu-tiny", "--max-steps", "2", "--output-dir", output_dir,
-                              "--set", "save_steps=none"], num_processes=2, cpu=True, script=str(probe))
+                              "--set", "save_strategy=no"], num_processes=2, cpu=True, script=str(probe))
     assert command[command.index("--num_processes") + 1] == "2" and "--multi_gpu" in command
     env = {**os.environ, "PROBE_DIR": str(tmp_path / "prompts"), "OMP_NUM_THREADS": "1", "LABKIT_MODE": "cpu",
            "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}

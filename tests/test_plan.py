@@ -192,7 +192,7 @@ def test_your_own_dataset_and_reward_train_through_build_run(tmp_path):
         seen.append(list(answer))
         return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
 
-    preset = get_preset("cpu-tiny", task=task, rewards=exact, max_steps=2, save_steps=None, train_limit=None)
+    preset = get_preset("cpu-tiny", task=task, rewards=exact, max_steps=2, save_strategy="no", train_limit=None)
     run = build_run(preset, tmp_path, print_logs=False)
     assert len(seen) == 1  # the check before the model: one call on the first rows, as TRL calls it
     assert len(run.trainer.train_dataset) == 20
@@ -211,7 +211,7 @@ def test_a_plan_with_a_change_keeps_what_the_change_does_not_reach(resolve_calls
     resolve_calls.clear()
     smaller = plan.apply({"per_device_train_batch_size": 8, "lora_rank": 8, "steps_per_generation": 2})
     # the settings, the LoRA config and TRL's arguments follow; the model path, shape and precision stay as decided
-    assert (smaller.preset.per_device_train_batch_size, smaller.generation_batch_size) == (8, 16)
+    assert (smaller.preset.config["per_device_train_batch_size"], smaller.generation_batch_size) == (8, 16)
     assert smaller.config["steps_per_generation"] == 2 and smaller.peft_config.r == 8 and plan.peft_config.r == 16
     assert (smaller.model_path, smaller.precision, smaller.card) == (plan.model_path, plan.precision, plan.card)
     assert smaller.shape is plan.shape and smaller.quantization_config is plan.quantization_config

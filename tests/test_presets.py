@@ -31,12 +31,12 @@ def test_every_preset_validates_on_its_card(name):
 
 def test_the_published_laptop_recipe_keeps_its_own_name_and_laptop_16gb_differs_only_in_its_batch():
     p = PRESETS["laptop-16gb-published"]
-    assert (p.per_device_train_batch_size, p.gradient_accumulation_steps, p.num_generations) == (1, 4, 4)
-    assert (p.max_prompt_length, p.max_completion_length) == (256, 786)
+    assert (p.config["per_device_train_batch_size"], p.config["gradient_accumulation_steps"], p.config["num_generations"]) == (1, 4, 4)
+    assert (p.max_prompt_length, p.config["max_completion_length"]) == (256, 786)
     assert set(p.target_modules) == {"q_proj", "k_proj", "o_proj", "up_proj", "down_proj"}
-    assert p.optim == "adamw_bnb_8bit" and p.gradient_checkpointing and p.method == "lora"
+    assert p.config["optim"] == "adamw_bnb_8bit" and p.config["activation_checkpointing"] and p.method == "lora"
     sized = PRESETS["laptop-16gb"]
-    assert sized.per_device_train_batch_size > 1
+    assert sized.config["per_device_train_batch_size"] > 1
     assert sized.replace(name=p.name, description=p.description, per_device_train_batch_size=1) == p
     assert PRESETS["qlora-3b"].method == "qlora" and "3B" in PRESETS["qlora-3b"].model
 
@@ -57,11 +57,12 @@ def test_sized_presets_are_the_largest_batch_their_recorded_rehearsal_fits_in_80
     for name in SIZED:
         p = PRESETS[name]
         row = rows[name]
-        assert {k: row[k] for k in keys} == {k: str(getattr(p, k)) for k in keys}, (name, "rehearse it again")
-        assert float(row["card_gib"]) == p.card_gib and p.per_device_train_batch_size % p.num_generations == 0
+        recipe = {**p.to_dict(), **p.config}
+        assert {k: row[k] for k in keys} == {k: str(recipe[k]) for k in keys}, (name, "rehearse it again")
+        assert float(row["card_gib"]) == p.card_gib and p.config["per_device_train_batch_size"] % p.config["num_generations"] == 0
         assert sizing_fits(float(row["rehearsed_peak_gib"]), p.card_gib), name
         assert float(row["sized_fraction_of_card"]) <= SIZING_TARGET, name
-        step = p.per_device_train_batch_size + p.num_generations
+        step = p.config["per_device_train_batch_size"] + p.config["num_generations"]
         bigger = rows[f"{name}-batch{step}"]
         assert int(bigger["per_device_train_batch_size"]) == step
         assert not sizing_fits(float(bigger["rehearsed_peak_gib"]), p.card_gib), (name, step)
@@ -69,11 +70,26 @@ def test_sized_presets_are_the_largest_batch_their_recorded_rehearsal_fits_in_80
 
 
 def test_a_preset_round_trips_through_json():
-    p = get_preset("laptop-16gb", target_modules=["q_proj", "v_proj"], max_steps=7,
-                   trl_options={"loss_type": "grpo", "num_iterations": 2})
+    p = get_preset("laptop-16gb", target_modules=["q_proj", "v_proj"], max_steps=7, loss_type="grpo", num_iterations=2)
     assert Preset.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    assert p.config["num_iterations"] == 2 and p.config["learning_rate"] == 2e-4  # the recipe's, with the changes
     assert p.target_modules == ("q_proj", "v_proj")
     assert validate(p, LAPTOP) is not None  # real GRPOConfig fields, not set by the preset: accepted
+
+
+def test_a_recipe_saved_before_the_config_dict_loads_as_the_same_preset():
+    """labkit before ``Preset.config`` saved the GRPOConfig arguments as fields, others in ``trl_options``,
+    ``gradient_checkpointing`` under that name, ``save_steps=None`` for no checkpoints, and
+    ``max_tool_calling_iterations=None`` without tools: a resume still reads such a file as the preset it was."""
+    now = get_preset("cpu-tools", loss_type="grpo")
+    old = {k: v for k, v in now.to_dict().items() if k != "config"}
+    old.update({k: v for k, v in now.config.items()
+                if k not in ("activation_checkpointing", "activation_checkpointing_kwargs", "save_strategy",
+                             "save_steps", "loss_type")},
+               gradient_checkpointing=False, save_steps=None, trl_options={"loss_type": "grpo"})
+    assert Preset.from_dict(old) == now
+    no_tools = {**old, "environment": None, "max_tool_calling_iterations": None}
+    assert "max_tool_calling_iterations" not in Preset.from_dict(no_tools).config
 
 
 # ----------------------------------------------------------------------------- bad combinations
@@ -99,13 +115,13 @@ def test_a_preset_round_trips_through_json():
     (dict(optim="sgd"), LAPTOP, r"optim must be one of"),
     (dict(rewards=("accuracy", "vibes")), LAPTOP, r"unknown reward 'vibes'"),
     (dict(reward_weights=(1.0,)), LAPTOP, r"reward_weights has 1 values for 3 reward functions"),
-    # other GRPOConfig fields: only real ones, and none that the preset itself sets
-    (dict(trl_options={"loss_typ": "grpo"}), LAPTOP, r"no field 'loss_typ'.*Did you mean 'loss_type'"),
-    (dict(trl_options={"learning_rate": 1e-5}), LAPTOP, r"may not set 'learning_rate'.*--set FIELD=VALUE"),
-    (dict(trl_options={"generation_batch_size": 8}), LAPTOP, r"may not set 'generation_batch_size'.*steps_per_generation"),
+    # other GRPOConfig arguments: only real ones, and none that the lab sets from another field
+    (dict(loss_typ="grpo"), LAPTOP, r"no argument 'loss_typ'.*Did you mean 'loss_type'"),
+    (dict(gradient_checkpointing=False), LAPTOP, r"may not set 'gradient_checkpointing'.*activation_checkpointing"),
+    (dict(generation_batch_size=8), LAPTOP, r"may not set 'generation_batch_size'.*steps_per_generation"),
     # steps_per_generation may be set (the generation batch), but it must hold whole groups, as TRL says
-    (dict(per_device_train_batch_size=1, trl_options={"steps_per_generation": 3}), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
-    (dict(trl_options={"bf16": True}), T4, r"may not set 'bf16'.*from precision"),
+    (dict(per_device_train_batch_size=1, steps_per_generation=3), LAPTOP, r"generation_batch_size \(3\) must be divisible by num_generations"),
+    (dict(bf16=True), T4, r"may not set 'bf16'.*from precision"),
 ])
 def test_bad_combinations_fail_with_what_to_change(overrides, device, expected):
     preset = get_preset("qlora-3b", **overrides)
@@ -124,19 +140,26 @@ def test_tiny_context_is_checked_too():
         validate(get_preset("cpu-tiny", max_completion_length=4000), CPU)
 
 
-def test_trl_options_refuse_every_field_the_preset_sets():
-    from labkit.validation import _SET_BY_PRESET
+def test_config_refuses_every_argument_the_lab_sets_from_another_field():
+    """What build_run passes beyond the preset's config (the generation path's fields, the reward weights, the
+    precision, how the model loads) has one source: a config that sets it too is refused, naming the source."""
     from labkit.presets import grpo_arguments
+    from labkit.validation import config_errors
 
-    set_by_build_run = set(grpo_arguments(PRESETS["laptop-16gb"])) | {"reward_weights", "model_init_kwargs"}
-    assert set_by_build_run <= set(_SET_BY_PRESET), set_by_build_run - set(_SET_BY_PRESET)
+    preset = PRESETS["laptop-16gb"].replace(generation="static-compiled")
+    elsewhere = set(grpo_arguments(preset)) - set(preset.config)
+    assert elsewhere, "the generation path sets arguments of its own"
+    for key in elsewhere | {"reward_weights", "model_init_kwargs", "bf16", "fp16", "gradient_checkpointing"}:
+        assert any(f"may not set {key!r}" in e for e in config_errors({**preset.config, key: None})), key
+    assert config_errors(preset.config) == []
 
 
 def test_unknown_preset_and_field():
     with pytest.raises(PresetError, match="choose from"):
         get_preset("desktop-4090")
-    with pytest.raises(PresetError, match="unknown preset field"):
-        get_preset("cpu-tiny", num_generation=4)
+    misspelt = get_preset("cpu-tiny", num_generation=4)  # not a preset field: a GRPOConfig argument, checked by TRL's names
+    with pytest.raises(PresetError, match="has no argument 'num_generation'. Did you mean 'num_generations'"):
+        validate(misspelt, CPU)
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -198,9 +221,9 @@ def test_preflight_is_unchanged_when_only_num_generations_changes(name):
 
 def test_steps_per_generation_sets_the_generation_batch_of_a_preset():
     preset = get_preset("laptop-16gb", per_device_train_batch_size=4, gradient_accumulation_steps=4)
-    fewer = preset.apply({"steps_per_generation": 1})
+    fewer = preset.replace(steps_per_generation=1)
     assert (preset.generation_batch_size, fewer.generation_batch_size) == (16, 4)
-    assert fewer.trl_options == {"steps_per_generation": 1} and validate(fewer, LAPTOP) == []
+    assert fewer.config == {**preset.config, "steps_per_generation": 1} and validate(fewer, LAPTOP) == []
     assert preflight(fewer, LAPTOP).breakdown["kv_cache"] < preflight(preset, LAPTOP).breakdown["kv_cache"]
 
 
@@ -208,7 +231,7 @@ def test_preflight_that_does_not_fit_plans_changes_until_it_fits():
     # full fine-tuning with TRL 1.16's batch defaults (8 completions of 512 tokens) and no checkpointing
     preset = get_preset("laptop-16gb", method="full", per_device_train_batch_size=8, gradient_accumulation_steps=1,
                         num_generations=8, max_completion_length=512, optim="adamw_torch",
-                        gradient_checkpointing=False)
+                        activation_checkpointing=False)
     report = preflight(preset, LAPTOP, card_gib=SMALL_CAP)
     assert report.fits is False
     afters = [after for change, after in report.changes if change.kind != "model"]
@@ -221,11 +244,11 @@ def test_preflight_that_does_not_fit_plans_changes_until_it_fits():
     # each plan step is the estimate of all the changes so far, applied together
     applied = preset
     for change, _ in report.plan:
-        applied = applied.apply(change.updates)
+        applied = applied.replace(**change.updates)
     assert math.isclose(preflight(applied, LAPTOP, card_gib=SMALL_CAP).estimate_gib, plan[-1])
     assert preflight(applied, LAPTOP, card_gib=SMALL_CAP).fits
     text = str(report)
-    assert "does NOT fit" in text and "until it fits" in text and "gradient_checkpointing False -> True" in text
+    assert "does NOT fit" in text and "until it fits" in text and "activation_checkpointing False -> True" in text
 
 
 def test_preflight_without_a_gpu_has_nothing_to_compare():
@@ -278,8 +301,8 @@ def test_run_config_carries_the_preset(tmp_path):
     assert args.bf16 is False and args.fp16 is False
     assert args.reward_weights == [1.0, 0.5, 0.25]
     assert hasattr(run.model, "peft_config") and run.model.peft_config["default"].r == 8
-    assert args.loss_type == "dapo"  # TRL's default, until trl_options says otherwise:
-    other = build_run(preset.replace(trl_options={"loss_type": "grpo", "epsilon_high": 0.28}), tmp_path / "b",
+    assert args.loss_type == "dapo"  # TRL's default, until the preset's config says otherwise:
+    other = build_run(preset.replace(**{"loss_type": "grpo", "epsilon_high": 0.28}), tmp_path / "b",
                       device=CPU, disable_tqdm=True)
     assert (other.trainer.args.loss_type, other.trainer.args.epsilon_high) == ("grpo", 0.28)
 
@@ -302,7 +325,7 @@ def test_train_command_trains_saves_and_refuses_a_changed_recipe(tmp_path, capsy
     # so does a changed GRPOConfig option: it is part of the saved recipe
     assert train_cli(common + ["--max-steps", "2", "--set", "max_completion_length=8",
                                "--config", "loss_type=grpo"]) == 2
-    assert "trl_options: checkpoint {}, now {'loss_type': 'grpo'}" in capsys.readouterr().err
+    assert "loss_type: checkpoint None, now 'grpo'" in capsys.readouterr().err
 
 
 def test_train_command_dry_run_and_bad_preset(capsys):
@@ -315,7 +338,7 @@ def test_train_command_dry_run_and_bad_preset(capsys):
     assert train_cli(["--list"]) == 0
     assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--config", "loss_type=grpo", "num_iterations=2"]) == 0
     assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--config", "num_iteration=2"]) == 2
-    assert "no field 'num_iteration'. Did you mean 'num_iterations'" in capsys.readouterr().err
+    assert "no argument 'num_iteration'. Did you mean 'num_iterations'" in capsys.readouterr().err
     assert train_cli(["--preset", "cpu-tiny", "--dry-run", "--config", "loss_type"]) == 2
     assert "--config takes KEY=VALUE" in capsys.readouterr().err
 
@@ -329,7 +352,7 @@ def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
 
     record = json.loads((tmp_path / "preset_cpu-tiny.json").read_text())
     assert record["steps_done"] == 2 and record["seconds_per_step"] > 0
-    assert record["completion_mean_length"] == PRESETS["cpu-tiny"].max_completion_length
+    assert record["completion_mean_length"] == PRESETS["cpu-tiny"].config["max_completion_length"]
     assert record["peak_allocated_gib"] is None and "no CUDA" in record["note"]
     assert record["provenance"]["versions"]["trl"]
     assert (tmp_path / "presets.csv").read_text().count("\n") == 2
@@ -354,7 +377,7 @@ def test_qlora_adapters_train_in_a_dtype_the_precision_supports(tmp_path):
     assert adapter_dtype("fp16") == torch.float32 and adapter_dtype("fp32") == torch.float32
     assert adapter_dtype("bf16") == torch.bfloat16
     preset = get_preset("cpu-tiny", method="qlora", optim="adamw_bnb_8bit", train_limit=8, max_steps=1,
-                        save_steps=None)
+                        save_strategy="no")
     run = build_run(preset, tmp_path, device=CPU, disable_tqdm=True)
     assert run.model.is_loaded_in_4bit
     trainable = {name: p.dtype for name, p in run.model.named_parameters() if p.requires_grad}

@@ -84,7 +84,7 @@ def test_cpu_smollm2_preset_rewards_the_stated_right_answer():
 
     preset = get_preset("cpu-smollm2")
     assert preset.rewards[0] == "right_answer" and preset.task == "word-problems"
-    assert preset.learning_rate > 0 and preset.max_steps >= 16
+    assert preset.config["learning_rate"] > 0 and preset.config["max_steps"] >= 16
 
 
 def test_held_out_table_shows_wilson_intervals_and_the_paired_test():

@@ -56,7 +56,7 @@ def test_lora_run_trains_checkpoints_resumes_and_evaluates(smollm2, tmp_path):
     from labkit.training import last_checkpoint
 
     preset = get_preset("laptop-16gb", **CPU_SIZES)
-    assert preset.optim == "adamw_bnb_8bit" and preset.gradient_checkpointing  # the GPU recipe's own
+    assert preset.config["optim"] == "adamw_bnb_8bit" and preset.config["activation_checkpointing"]  # the GPU recipe's own
     assert validate(preset, CPU) == []
     model, tokenizer = _policy(preset)
     train_dataset, dropped = training_prompts(preset, tokenizer)
@@ -107,8 +107,8 @@ def test_qlora_run_on_a_real_4bit_base(smollm2, tmp_path):
     from labkit.validation import validate
     from labkit.run import build_run, training_prompts
 
-    preset = get_preset("qlora-3b", **{**CPU_SIZES, "max_steps": 1, "save_steps": None})
-    assert preset.method == "qlora" and preset.optim == "paged_adamw_8bit"
+    preset = get_preset("qlora-3b", **{**CPU_SIZES, "max_steps": 1, "save_strategy": "no"})
+    assert preset.method == "qlora" and preset.config["optim"] == "paged_adamw_8bit"
     assert validate(preset, CPU) == []
     model, tokenizer = _policy(preset)
     assert model.base_model.model.is_loaded_in_4bit
@@ -167,7 +167,7 @@ def test_nan_logits_during_generation_stop_the_first_step_with_what_to_change(tm
     from labkit.presets import get_preset
     from labkit.run import build_run
 
-    preset = get_preset("cpu-tiny", train_limit=8, max_steps=2, save_steps=None)
+    preset = get_preset("cpu-tiny", train_limit=8, max_steps=2, save_strategy="no")
     run = build_run(preset, tmp_path, device=CPU, disable_tqdm=True, print_logs=False)
     run.model.get_output_embeddings().register_forward_hook(lambda module, args, out: out * float("nan"))
     with pytest.raises(NonFiniteTraining, match=r"step 1, in generation(.|\n)*learning_rate") as info:

@@ -77,7 +77,7 @@ def test_a_changed_recipe_is_refused_on_resume(tmp_path):
     with pytest.raises(ResumeMismatchError, match=r"num_generations: checkpoint 4, now 2[\s\S]*new output_dir"):
         resume_checkpoint(tmp_path, PRESET.replace(num_generations=2, per_device_train_batch_size=2))
     # memory-only settings may change: gradient checkpointing is what an OOM report may ask for
-    assert resume_checkpoint(tmp_path, PRESET.replace(gradient_checkpointing=False)) == checkpoint
+    assert resume_checkpoint(tmp_path, PRESET.replace(activation_checkpointing=False)) == checkpoint
     with pytest.raises(ResumeMismatchError, match="already holds checkpoints"):
         resume_checkpoint(tmp_path, PRESET, resume=False)
 
@@ -194,7 +194,7 @@ def test_other_errors_pass_through_untouched(tmp_path, monkeypatch):
 def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
     settings = dict(model="Qwen/Qwen2.5-1.5B-Instruct", method="full", per_device_train_batch_size=4,
                     gradient_accumulation_steps=2, num_generations=8, max_completion_length=786,
-                    optim="adamw_torch", gradient_checkpointing=False, beta=0.04)
+                    optim="adamw_torch", activation_checkpointing=False, beta=0.04)
     first = {phase: ordered_changes(settings, phase)[0].kind
              for phase in ("generation", "forward", "backward", "optimizer", "scoring", "setup")}
     assert first == {"generation": "generations", "forward": "checkpointing", "backward": "checkpointing",
@@ -206,7 +206,7 @@ def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
     assert kinds["model"].updates == {"model": "Qwen/Qwen2.5-0.5B-Instruct"}
     assert kinds["beta"].updates == {"beta": 0.0} and kinds["method"].updates == {"method": "lora"}
     done = dict(settings, method="qlora", beta=0.0, per_device_train_batch_size=1, gradient_accumulation_steps=16,
-                optim="paged_adamw_8bit", gradient_checkpointing=True, num_generations=2, max_completion_length=128)
+                optim="paged_adamw_8bit", activation_checkpointing=True, num_generations=2, max_completion_length=128)
     assert {c.kind: c.updates for c in candidate_changes(done)} == {
         "generation_batch": {"steps_per_generation": 8}, "model": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}}
 
@@ -227,7 +227,7 @@ def _phase_bytes(preset, precision, phase):
         return est["weights"] + est["reference"] + est["gradients"] + est["optimizer"]
     if phase == "scoring":  # a no-grad forward of per_device_train_batch_size sequences (tests/test_oom_phases.py)
         return scoring_memory(result, lora_targets=list(preset.target_modules),
-                              num_iterations=preset.trl_options.get("num_iterations", 1))
+                              num_iterations=preset.config.get("num_iterations", 1))
     return est["training_phase"]
 
 
@@ -242,15 +242,15 @@ def test_the_doctor_never_offers_a_change_that_leaves_the_phase_unchanged(name, 
 
     preset = PRESETS[name]
     if variant == "full, no checkpointing":
-        preset = preset.replace(method="full", optim="adamw_torch", gradient_checkpointing=False, beta=0.04)
+        preset = preset.replace(method="full", optim="adamw_torch", activation_checkpointing=False, beta=0.04)
     elif variant == "bigger batch":
-        preset = preset.replace(per_device_train_batch_size=preset.num_generations * 2, gradient_accumulation_steps=2)
+        preset = preset.replace(per_device_train_batch_size=preset.config["num_generations"] * 2, gradient_accumulation_steps=2)
     for precision in ("bf16", "fp16"):
         settings = {**preset.to_dict(), "precision": precision}
         for phase in _PHASES:
             before = _phase_bytes(preset, precision, phase)
             for change in ordered_changes(settings, phase):
-                after = _phase_bytes(preset.apply(change.updates), precision, phase)
+                after = _phase_bytes(preset.replace(**change.updates), precision, phase)
                 assert after < before, (name, variant, precision, phase, str(change))
 
 
@@ -265,12 +265,12 @@ def test_the_doctor_offers_no_batch_halving_for_generation_and_qlora_only_where_
     assert "batch" in [c.kind for c in ordered_changes(laptop, "forward")]
     # Qwen2.5-0.5B with LoRA (workshop, fp16 on a T4): QLoRA is offered for the forward pass exactly when the
     # estimator says its training pass is smaller (with fp32 hidden states it was not); the weights alone shrink
-    workshop = {**PRESETS["workshop"].to_dict(), "precision": "fp16"}
+    workshop = {**PRESETS["workshop"].to_dict(), **PRESETS["workshop"].config, "precision": "fp16"}
     knobs = dict(per_device_train_batch_size=workshop["per_device_train_batch_size"],
                  gradient_accumulation_steps=workshop["gradient_accumulation_steps"],
                  num_generations=workshop["num_generations"], max_prompt_length=workshop["max_prompt_length"],
                  max_completion_length=workshop["max_completion_length"], optim=workshop["optim"],
-                 gradient_checkpointing=workshop["gradient_checkpointing"], beta=workshop["beta"],
+                 gradient_checkpointing=workshop["activation_checkpointing"], beta=workshop["beta"],
                  precision="fp16", lora_rank=workshop["lora_rank"], lora_targets=list(workshop["target_modules"]))
     qlora_saves = (estimate(workshop["model"], "qlora", **knobs).bytes["training_phase"]
                    < estimate(workshop["model"], "lora", **knobs).bytes["training_phase"])
@@ -280,7 +280,7 @@ def test_the_doctor_offers_no_batch_halving_for_generation_and_qlora_only_where_
 
 def test_explain_oom_reads_the_failed_allocation():
     report = explain_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. ..."),
-                         phase="backward", step=7, max_steps=200, settings={"gradient_checkpointing": False})
+                         phase="backward", step=7, max_steps=200, settings={"activation_checkpointing": False})
     assert isinstance(report, OOMReport) and report.tried_gib == pytest.approx(0.5)
     assert report.changes[0].kind == "checkpointing"
     assert "step 7 of 200, during the backward pass" in str(report)

@@ -866,5 +866,5 @@ def test_notebook_02s_own_task_passes_the_checks_on_the_real_modes_card_too():
     from labkit.presets import card_device, get_preset
     from labkit.validation import validate
 
-    preset = get_preset("workshop", task=_own_task(), rewards=[_exact], max_steps=2, save_steps=None, train_limit=None)
+    preset = get_preset("workshop", task=_own_task(), rewards=[_exact], max_steps=2, save_strategy="no", train_limit=None)
     assert validate(preset, card_device(preset)) == []

@@ -145,12 +145,12 @@ def test_the_real_mode_recipe_counts_tool_rounds_and_its_batch_is_the_largest_es
     from labkit.tools import REASONING_TOKENS, TOKENS_PER_ROUND, tools_recipe
 
     recipe = tools_recipe()
-    assert recipe.max_completion_length == REASONING_TOKENS + recipe.max_tool_calling_iterations * TOKENS_PER_ROUND
+    assert recipe.config["max_completion_length"] == REASONING_TOKENS + recipe.config["max_tool_calling_iterations"] * TOKENS_PER_ROUND
     rows = size_tools_recipe()
     peaks = [r["estimated_gib"] for r in rows]
     assert peaks == sorted(peaks) and len(set(peaks)) == len(peaks)
     (own,) = [r for r in rows if r["the preset"]]
-    assert own["fits_80_percent"] and own["per_device_train_batch_size"] == recipe.per_device_train_batch_size
+    assert own["fits_80_percent"] and own["per_device_train_batch_size"] == recipe.config["per_device_train_batch_size"]
     assert not rows[-1]["fits_80_percent"]
     # a tool round generates again on prompt + completion so far: its generation, not the first turn's, sizes the recipe
     assert all(r["tool_round_gib"] > r["first_turn_gib"] and r["estimated_gib"] >= r["tool_round_gib"] for r in rows)

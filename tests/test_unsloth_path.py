@@ -240,7 +240,7 @@ def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch):
     preset = get_preset("cpu-tiny")
     (_, name, load), (_, peft), (inference,) = _FakeFastLanguageModel.calls
     assert name == resolve_model(preset.model)
-    assert load["max_seq_length"] == preset.max_prompt_length + preset.max_completion_length
+    assert load["max_seq_length"] == preset.max_prompt_length + preset.config["max_completion_length"]
     assert load["load_in_4bit"] is False and load["use_exact_model_name"] is True
     assert str(load["dtype"]) == "torch.float32"  # the trainer's precision on a CPU
     assert peft["r"] == preset.lora_rank and peft["lora_alpha"] == 2 * preset.lora_rank

@@ -54,7 +54,7 @@ def _refused(capsys, field, *args):
     ("loss_type", ["--config", "loss_type=bogus"]), ("num_iterations", ["--config", "num_iterations=-1"]),
     ("num_iterations", ["--config", "num_iterations=0"]), ("epsilon", ["--config", "epsilon=-1"]),
     ("reward_weights", ["--set", "reward_weights=nan,1,1"]), ("lora_alpha", ["--set", "lora_alpha=-3"]),
-    ("gradient_checkpointing", ["--set", "gradient_checkpointing=maybe"]),
+    ("activation_checkpointing", ["--set", "activation_checkpointing=maybe"]),
     ("train_limit", ["--set", "train_limit=-1"]), ("train_limit", ["--train-limit", "0"]),
     ("num_generations", ["--set", "num_generations=4.5"]), ("lora_rank", ["--set", "lora_rank=abc"]),
     ("model", ["--set", "model=123"]), ("model", ["--set", "model=/nonexistent"]),
@@ -92,11 +92,11 @@ def _invalid_for(kind, low, high, low_allowed, none_allowed):
     return values
 
 
-_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("beta", "seed", "learning_rate", "lora_dropout"),
+_FIELDS = {name: _invalid_for(kind, low, high, kind == "a whole number" or name in ("lora_dropout",),
                              none_allowed)
            for name, (kind, low, high, none_allowed) in _NUMBER_FIELDS.items()}
 _FIELDS.update({
-    "gradient_checkpointing": ["maybe", "1", "none", "2.5"], "precision": ["bf32", "1", "true"],
+    "activation_checkpointing": ["maybe", "1", "none", "2.5"], "precision": ["bf32", "1", "true"],
     "prepare_model_for_kbit_training": ["maybe", "1", "none", "true"],  # true: a LoRA preset, not QLoRA
     "model": ["123", "/nonexistent/x", "a/b/c", "tiny:gpt9", "none"], "method": ["dora", "1", "none"],
     "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
@@ -107,12 +107,13 @@ _FIELDS.update({
 _CONFIG = {name: _invalid_for(kind, low, high, low_allowed, True)
            for name, (kind, low, high, low_allowed) in TRL_NUMBER_RANGES.items()}
 _CONFIG.update({name: [v for v in ("bogus", "1", "none") if v not in choices] for name, choices in TRL_CHOICES.items()})
-_CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "max_steps": ["4"], "hub_token": ["hf_x"],
-                "num_iteration": ["2"]})
+_CONFIG.update({"mask_truncated_completions": ["maybe", "2"], "gradient_checkpointing": ["false"], "hub_token": ["hf_x"],
+                "num_iteration": ["2"], "bf16": ["true"]})
 _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["0", "0.04"], "temperature": ["0.7"],
           "num_generations": ["2", "8"], "max_steps": ["1", "100"], "train_limit": ["2", "none"],
           "lora_alpha": ["32", "none", "8.5"], "lora_dropout": ["0", "0.05"], "target_modules": ["q_proj,v_proj", "down_proj"],
-          "gradient_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["none", "3"],
+          "activation_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["3"],
+          "save_strategy": ["no", "steps"],
           "prepare_model_for_kbit_training": ["false"], "generation": ["generate", "continuous"]}
 _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
                  "top_p": ["0.9", "1"], "scale_rewards": ["none", "batch"], "mask_truncated_completions": ["true"]}
@@ -163,16 +164,35 @@ def test_repeated_set_and_config_groups_add_up(capsys, monkeypatch):
     code, _, err = _dry_run(capsys, "--set", "max_steps=3", "--config", "loss_type=grpo", "--set", "save_steps=2",
                             "--config", "num_iterations=2")
     assert code == 0, err
-    merged = next(c for c in seen if "trl_options" in c)
-    assert merged["max_steps"] == 3 and merged["save_steps"] == 2
-    assert merged["trl_options"] == {"loss_type": "grpo", "num_iterations": 2}
+    merged = next(c for c in seen if "loss_type" in c)
+    assert (merged["max_steps"], merged["save_steps"], merged["loss_type"], merged["num_iterations"]) == (3, 2, "grpo", 2)
 
 
 def test_every_preset_field_and_trl_range_is_covered_by_the_property():
     from labkit.presets import Preset
 
-    assert set(Preset.field_names()) - set(_FIELDS) == {"trl_options"}  # trl_options: the --config property
+    assert set(Preset.field_names()) - set(_FIELDS) == {"config"}  # config: the GRPOConfig arguments, below
     assert set(TRL_NUMBER_RANGES) | set(TRL_CHOICES) <= set(_CONFIG)
+
+
+def test_the_recipe_arguments_checked_without_trl_are_judged_as_trl_would():
+    """A config of the recipe's own names is checked without importing TRL: the same verdicts as with it."""
+    import typing
+
+    from trl import GRPOConfig
+
+    from labkit.presets import RECIPE_CONFIG
+    from labkit.validation import _RECIPE_BOOLS, _RECIPE_NONE, config_errors
+
+    hints = typing.get_type_hints(GRPOConfig)
+    assert set(_RECIPE_NONE) <= {k for k in RECIPE_CONFIG if type(None) in typing.get_args(hints[k])}
+    assert {k for k in RECIPE_CONFIG if hints[k] is bool or set(typing.get_args(hints[k])) == {bool, type(None)}
+            } - {"activation_checkpointing_kwargs"} >= set(_RECIPE_BOOLS)
+    # a value refused without TRL is refused with it (an extra argument makes config_errors ask TRL)
+    for key, bad in [("activation_checkpointing", "maybe"), ("save_total_limit", "x"), ("max_steps", None)]:
+        alone = config_errors({**RECIPE_CONFIG, key: bad})
+        asked = config_errors({**RECIPE_CONFIG, key: bad, "loss_type": "grpo"})
+        assert alone and asked and alone[0] == asked[0], (key, alone, asked)
 
 
 _SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -215,7 +235,7 @@ def test_a_secret_on_the_command_line_is_refused_and_never_echoed(capsys):
 
 
 def test_a_secret_from_python_is_refused_and_never_saved(tmp_path):
-    preset = TINY.replace(trl_options={"hub_token": "hf_SECRETVALUE"})
+    preset = TINY.replace(**{"hub_token": "hf_SECRETVALUE"})
     with pytest.raises(PresetError, match="HF_TOKEN") as info:
         validate(preset, CPU)
     assert "hf_SECRETVALUE" not in str(info.value)
@@ -228,11 +248,11 @@ def test_a_secret_from_python_is_refused_and_never_saved(tmp_path):
 
 
 def test_a_resume_mismatch_never_prints_a_secret(tmp_path):
-    saved = TINY.replace(trl_options={"hub_token": "hf_OLDSECRET"})
+    saved = TINY.replace(**{"hub_token": "hf_OLDSECRET"})
     (tmp_path / PRESET_FILE).write_text(json.dumps({"preset": saved.to_dict()}))  # an old run's file
     _checkpoint(tmp_path, 2)
     with pytest.raises(ResumeMismatchError) as info:
-        resume_checkpoint(tmp_path, TINY.replace(trl_options={"hub_token": "hf_NEWSECRET"}))
+        resume_checkpoint(tmp_path, TINY.replace(**{"hub_token": "hf_NEWSECRET"}))
     assert "SECRET" not in str(info.value)
 
 
@@ -252,7 +272,7 @@ def test_the_seed_is_part_of_the_recipe(tmp_path):
     _checkpoint(tmp_path, 2)
     with pytest.raises(ResumeMismatchError, match="seed: checkpoint 0, now 1"):
         resume_checkpoint(tmp_path, TINY.replace(seed=1))
-    assert load_saved_preset(tmp_path).seed == 0
+    assert load_saved_preset(tmp_path).config["seed"] == 0
 
 
 def test_a_run_folder_is_locked_and_a_stale_lock_is_taken_over(tmp_path, capsys):

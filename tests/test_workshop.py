@@ -23,7 +23,7 @@ T4 = CARDS["t4"].device()
 def test_workshop_preset_is_small_and_short():
     p = PRESETS["workshop"]
     assert p.model == "Qwen/Qwen2.5-0.5B-Instruct" and p.method == "lora"
-    assert p.max_completion_length <= 256 and p.max_steps <= 30
+    assert p.config["max_completion_length"] <= 256 and p.config["max_steps"] <= 30
 
 
 def test_workshop_preset_validates_and_fits_a_t4_in_fp16_with_6_gib_to_spare():
