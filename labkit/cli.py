@@ -384,7 +384,8 @@ def _real_model_demo_cli(args, argv: list[str], command: str) -> int:
 
 
 def print_real_demo_summary(summary: dict) -> None:
-    print(f"seed {summary['seed']}, learning rate {summary['preset']['learning_rate']:g}: held-out right answers "
+    rate = summary["preset"]["config"]["learning_rate"]
+    print(f"seed {summary['seed']}, learning rate {rate:g}: held-out right answers "
           f"{summary['right_number_before']:.1%} -> {summary['right_number_after']:.1%} "
           f"({summary['rise_points']:+.1f} points, McNemar p = {summary['mcnemar_p']:.2g}; short answers "
           f"{summary['short_answer_before']:.1%} -> {summary['short_answer_after']:.1%}; {summary['mean_words_before']:.1f}"

@@ -330,7 +330,8 @@ def plot_real_model_demo(summary: dict, path: str | os.PathLike | None = None):
     right.set(xticks=[0, 1], xticklabels=["before GRPO", "after GRPO"], ylim=(0, 1.05),
               ylabel="right answers (share)", title=f"{n} held-out word problems (greedy)")
     right.text(0.5, 1.0, f"McNemar p = {summary['mcnemar_p']:.2g}", ha="center", va="bottom", fontsize=9)
-    fig.suptitle(f"{summary['model']}, seed {summary['seed']}, learning rate {summary['preset']['learning_rate']:g}")
+    rate = summary["preset"]["config"]["learning_rate"]
+    fig.suptitle(f"{summary['model']}, seed {summary['seed']}, learning rate {rate:g}")
     return _finish(fig, path)
 
 

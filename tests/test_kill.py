@@ -99,5 +99,5 @@ def test_a_run_killed_while_saving_resumes_from_its_last_complete_checkpoint(tmp
     history = json.loads((last / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in history if "loss" in h] == list(range(1, STEPS + 1))
     assert (output_dir / "final" / "adapter_model.safetensors").is_file()
-    assert json.loads((output_dir / "labkit_preset.json").read_text())["preset"]["max_steps"] == STEPS
+    assert json.loads((output_dir / "labkit_preset.json").read_text())["preset"]["config"]["max_steps"] == STEPS
     assert not (output_dir / "labkit.lock").exists()

@@ -39,9 +39,9 @@ MAX_LINES = 600
 # the notebooks are 26 lines shorter each), each card's tensor peak with its source for the compute roof (17), a
 # preset's LoRA dropout (7), a learner's own dataset and reward functions in a preset, checked before a model loads
 # (62), one ranking of the changes that make a recipe fit, for preflight and the OOM doctor (13); a preset's GRPOConfig
-# arguments as one dict in TRL's names, checked once (-12: trl_options and its refusals gone). Issue 53 plans 11,500
+# arguments as one dict in TRL's names, checked once (-10: trl_options and its refusals gone). Issue 53 plans 11,500
 # by design. A ceiling against growth, not a goal: raise it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_266
+PACKAGE_BUDGET = 15_268
 
 
 def _module_name(path: Path) -> str:
