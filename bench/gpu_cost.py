@@ -57,7 +57,6 @@ def job_shape(job: dict) -> dict:
 def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | None = None) -> dict:
     """Return :func:`job_shape` of ``preset`` measured on the card of preset ``card_name`` for ``steps`` steps."""
     from labkit.device import choose_precision
-    from labkit.phase_memory import tool_rounds
     from labkit.preflight import estimate
     from labkit.presets import card_device, resolve_plan
     from labkit.shapes import model_shape
@@ -67,7 +66,7 @@ def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | Non
     plan = resolve_plan(preset.replace(precision=precision), card)
     shape = model_shape(plan.shape_name)
     completion = plan.config["max_completion_length"]
-    rounds = tool_rounds({**preset.config, "environment": preset.environment})  # the estimate's rule, once
+    rounds = preset.tool_rounds  # the estimate's rule, once
     est = estimate(plan)
     from bench.gpu_measure import folder_gb, model_folder_name
 

@@ -281,12 +281,11 @@ def measure(spec: dict) -> dict:
     row = dict(part=spec["part"], name=spec["name"], model=preset.model, method=preset.method, precision=precision,
                card=card.name if card else None, generation=preset.generation,
                loader=loader_of(preset),
-               per_device_train_batch_size=plan.preset.config["per_device_train_batch_size"],
-               gradient_accumulation_steps=plan.config["gradient_accumulation_steps"],
+               **{k: plan.config[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps")},
                generation_batch_size=plan.generation_batch_size, num_generations=plan.config["num_generations"],
                max_prompt_length=preset.max_prompt_length,
                **{k: plan.config[k] for k in ("max_completion_length", "optim")},
-               gradient_checkpointing=preset.config["activation_checkpointing"])
+               gradient_checkpointing=plan.config["activation_checkpointing"])  # the CSV's column name
     context = cap_gib = context_from = cap_from = None
     beside = bool(spec.get("side_by_side"))
     if cuda:

@@ -40,7 +40,6 @@ from bench.fake_tensors import (EMULATED, LABEL, NOT_COUNTED, LiveBytes, cuda_be
                                 loss_context, optimizer_for)
 from labkit.cards import card_gib
 from labkit.memory import GIB
-from labkit.phase_memory import tool_rounds as count_tool_rounds
 
 __all__ = ["Rehearsal", "rehearse", "main", "LABEL"]
 
@@ -112,7 +111,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     g = plan.config
     micro, gen_batch = g["per_device_train_batch_size"], plan.generation_batch_size
     prompt_len, completion_len = plan.preset.max_prompt_length, g["max_completion_length"]
-    tool_rounds = count_tool_rounds({**g, "environment": plan.preset.environment})  # the estimate's rule, once
+    tool_rounds = plan.preset.tool_rounds  # the estimate's rule, once
     started, cpu_started = time.perf_counter(), time.process_time()
     tracker = LiveBytes()
     fake = FakeTensorMode(allow_non_fake_inputs=True)

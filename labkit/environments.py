@@ -25,7 +25,7 @@ from fractions import Fraction
 
 __all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX",
            "safe_calculate", "CalculatorEnv", "ENVIRONMENTS", "environment_tools", "prepare_tool_tokenizer",
-           "tool_prompt"]
+           "tool_prompt", "tool_rounds"]
 
 TOOL_SYSTEM_PROMPT = "Use the calculate tool for the arithmetic, then answer in one short sentence."
 NO_TOOL_SYSTEM_PROMPT = "Answer in one short sentence."  # the same run without the tool (the comparison arm)
@@ -180,3 +180,14 @@ def prepare_tool_tokenizer(tokenizer):
 def tool_prompt(question: str, system_prompt: str = TOOL_SYSTEM_PROMPT) -> list[dict]:
     """Return the conversational prompt of a question for the tool runs (system prompt, then the question)."""
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": question}]
+
+
+def tool_rounds(settings: dict) -> int:
+    """Return the tool rounds a recipe's rollout may take, as :func:`labkit.memory.estimate` counts them for
+    ``settings`` (preset / GRPOConfig field names): 0 without an ``environment``;
+    else ``max_tool_calling_iterations``, where None is TRL's "no limit" (``sys.maxsize``,
+    trl/trainer/grpo_trainer.py 784-785), which the estimate counts as at least one round."""
+    if not settings.get("environment"):
+        return 0
+    rounds = settings.get("max_tool_calling_iterations")
+    return 1 if rounds is None else rounds

@@ -17,18 +17,12 @@ lifts a preset's ``config``) and returns None for a model it cannot estimate.
 """
 from __future__ import annotations
 
+from labkit.environments import tool_rounds
 from labkit.memory import PRECISION_BYTES, fused_head, estimate, hidden_state_bytes
 from labkit.models import DEFAULT_LORA_TARGETS, resolve_model
 from labkit.shapes import model_shape
 
-__all__ = [
-    "PHASE_MEMORY",
-    "flat_settings",
-    "tool_rounds",
-    "phase_memory",
-    "scoring_memory",
-    "optimizer_step_memory",
-]
+__all__ = ["PHASE_MEMORY", "flat_settings", "phase_memory", "scoring_memory", "optimizer_step_memory"]
 
 # Which memory each phase fills (phase_memory): a term of labkit.memory.estimate (generation_phase,
 # training_phase), scoring_memory, optimizer_step_memory, or what lives through every phase (persistent).
@@ -47,16 +41,6 @@ def flat_settings(settings: dict) -> dict:
     arguments) lifted to the top, under what is already there."""
     options = settings.get("config")
     return {**(options if isinstance(options, dict) else {}), **{k: v for k, v in settings.items() if k != "config"}}
-
-
-def tool_rounds(settings: dict) -> int:
-    """Return the tool rounds :func:`labkit.memory.estimate` counts for ``settings``: 0 without an ``environment``;
-    else ``max_tool_calling_iterations``, where None is TRL's "no limit" (``sys.maxsize``,
-    trl/trainer/grpo_trainer.py 784-785), which the estimate counts as at least one round."""
-    if not settings.get("environment"):
-        return 0
-    rounds = settings.get("max_tool_calling_iterations")
-    return 1 if rounds is None else rounds
 
 
 def phase_memory(settings: dict, phase: str | None) -> int | None:

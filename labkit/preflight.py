@@ -16,7 +16,6 @@ from labkit.generation import continuous_footprint
 from labkit.memory import GIB, MemoryEstimate, estimate as _estimate_memory
 from labkit.models import architecture_config
 from labkit.oom import fitting_changes
-from labkit.phase_memory import tool_rounds
 from labkit.presets import Plan, resolve_plan
 
 __all__ = ["estimate", "Preflight", "preflight"]
@@ -42,7 +41,7 @@ def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None,
         precision=plan.precision, lora_rank=p.lora_rank, lora_targets=list(p.target_modules),
         lora_dropout=p.lora_dropout, prepare_model_for_kbit_training=p.prepare_model_for_kbit_training,
         device=device, padded=True, num_processes=num_processes,
-        max_tool_calling_iterations=tool_rounds({**g, "environment": p.environment}))  # a tool recipe's (notebook 08)
+        max_tool_calling_iterations=p.tool_rounds)  # a tool recipe's (notebook 08)
     if not g.get("use_transformers_continuous_batching"):
         return est
     # continuous batching: transformers' paged cache, mask and read buffers instead of generate's cache, and the

@@ -51,6 +51,7 @@ import torch
 
 from labkit.cards import CARDS, SIZING_TARGET, card
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
+from labkit.environments import tool_rounds
 from labkit.generation import generation_arguments
 from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config,
                            resolve_model)
@@ -159,7 +160,7 @@ class Preset:
         """Return a copy with ``changes``: a preset field by its name (lists become tuples), any other name a
         ``GRPOConfig`` argument set in ``config`` (:func:`labkit.validation.validate` refuses one TRL does not know);
         ``config=`` gives the whole dict (over :data:`RECIPE_CONFIG`)."""
-        fields = set(self.field_names())
+        fields = {f.name for f in dataclasses.fields(self)}
         settings = {key: changes.pop(key) for key in list(changes) if key not in fields}
         if "config" in changes and not isinstance(changes["config"], (dict, type(None))):
             raise PresetError(f"config must be a dict of GRPOConfig arguments (--set KEY=VALUE), "
@@ -182,10 +183,6 @@ class Preset:
                 raise PresetError(f"reward_weights must be numbers, one per reward (--set reward_weights=1,0.5), "
                                   f"not {changes['reward_weights']!r}") from None
         return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
 
     def to_dict(self) -> dict:
         """Return the preset as plain JSON-able values (tuples as lists); your own dataset and reward functions as
@@ -226,6 +223,10 @@ class Preset:
     @property
     def prompts_per_step(self) -> float:
         return self.generation_batch_size / self.config["num_generations"]
+
+    @property
+    def tool_rounds(self) -> int:  # a rollout's tool rounds, as the estimate counts them: 0 without an environment
+        return tool_rounds({**self.config, "environment": self.environment})
 
     @property
     def checkpoint_every(self) -> int | None:

@@ -159,14 +159,14 @@ def test_build_run_resolves_the_preset_once(tmp_path, resolve_calls):
 
 def test_the_recipe_does_not_climb_back():
     # labkit.presets (the recipe and its plan) sits under its checks, preflight, run and training
-    # (tests/test_layout.py's layers): it imports only the cards, the device, the models, their shapes and the
+    # (tests/test_layout.py's layers): it imports only the cards, the device, the models, their shapes, the
     # generation paths (labkit.generation: a recipe's GRPOConfig fields for its path, importing no labkit module at
-    # its top)
+    # its top) and the tool environments (labkit.environments: the tool rounds a recipe's environment takes)
     tree = ast.parse((PACKAGE / "presets.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
     assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.shapes",
-                        "labkit.generation"}, imported
+                        "labkit.generation", "labkit.environments"}, imported
 
 
 def test_the_presets_lora_dropout_reaches_the_estimate():

@@ -67,6 +67,15 @@ def test_bad_tool_fields_are_refused_before_any_model_loads(changes, says):
 
 
 
+def test_a_recipe_takes_tool_rounds_only_with_an_environment():
+    """The one rule the estimate, preflight, the rehearsal and the GPU rows count rounds by (Preset.tool_rounds)."""
+    tools = PRESETS["tools-16gb"]
+    assert tools.tool_rounds == 3 and tools.replace(max_tool_calling_iterations=1).tool_rounds == 1
+    assert tools.replace(environment=None).tool_rounds == 0  # the rounds bound nothing without a tool
+    assert tools.replace(max_tool_calling_iterations=None).tool_rounds == 1  # TRL's "no limit": at least one round
+    assert PRESETS["cpu-tiny"].tool_rounds == 0
+
+
 def test_the_estimate_of_a_tool_recipe_counts_its_rounds():
     """preflight's estimate (the plan's, what size_tools_recipe, train --dry-run and the rehearsal's comparison read)
     passes the recipe's max_tool_calling_iterations: its generation phase is a round's, larger than the first turn's."""
