@@ -109,10 +109,13 @@ class Change:
     before: dict
     why: str
 
+    @property
+    def moves(self) -> str:  # what changes (a value set to what it already was is not a move)
+        return ", ".join(f"{k} {'(default)' if self.before.get(k) is None else repr(self.before.get(k))} -> {v!r}"
+                         for k, v in self.updates.items() if self.before.get(k) != v)
+
     def __str__(self) -> str:
-        moves = ", ".join(f"{k} {'(default)' if self.before.get(k) is None else repr(self.before.get(k))} -> {v!r}"
-                          for k, v in self.updates.items())
-        return f"{moves}: {self.why}"
+        return f"{self.moves}: {self.why}"
 
 
 def _smaller_generation_batch(batch: int, steps: int, accumulation, processes: int, generations: int, **updates):
@@ -208,8 +211,9 @@ def candidate_changes(settings: dict) -> list[Change]:
 
 def fitting_changes(settings: dict, memory, *, order: list[str] | None = None,
                     min_cut: float = 0.0) -> list[tuple[Change, float | None]]:
-    """The one ranking of the changes that make a recipe fit, for preflight (by the step's estimate) and the OOM doctor
-    (by the failed phase's, :func:`ordered_changes`): ``[(change, memory(change))]`` of :func:`candidate_changes` (the
+    """The one ranking of the changes that make a recipe fit, for preflight (by the step's estimate), the tool-round
+    check (by the generation phase's: both :func:`labkit.preflight.changes_until_fit`) and the OOM doctor (by the
+    failed phase's, :func:`ordered_changes`): ``[(change, memory(change))]`` of :func:`candidate_changes` (the
     kinds in ``order``) that cut ``memory(None)`` by more than ``min_cut``, all when it is None; in ``order``'s order,
     else the biggest cut first and another model last."""
     before = memory(None)

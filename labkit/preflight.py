@@ -18,7 +18,7 @@ from labkit.models import architecture_config
 from labkit.oom import fitting_changes
 from labkit.presets import Plan, resolve_plan
 
-__all__ = ["estimate", "Preflight", "preflight"]
+__all__ = ["estimate", "Preflight", "preflight", "changes_until_fit"]
 
 
 def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None, num_processes: int = 1):
@@ -100,18 +100,32 @@ class Preflight:
 _TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
 
 
-def _ranked_changes(plan, total: float) -> list:
-    """Return ``[(change, GiB after it)]`` for every candidate change that cuts ``total``, the plan's estimate, biggest
-    cut first (:func:`labkit.oom.fitting_changes`, the OOM doctor's ranking too, here by the whole step's estimate)."""
-    def total_gib(change):
-        if change is None:  # the plan as it is: estimated already
-            return total
+def _ranked_changes(plan, gib, before: float, num_processes: int = 1) -> list:
+    """Return ``[(change, gib(plan with it))]`` for every candidate change that cuts ``before``, ``gib(plan)``, biggest
+    cut first: the one ranking (:func:`labkit.oom.fitting_changes`, the OOM doctor's too, by its failed phase)."""
+    def after(change):
         try:
-            return estimate(plan.apply(change.updates)).total
+            return before if change is None else gib(plan.apply(change.updates))
         except (ValueError, KeyError):  # a change the estimator cannot model
             return None
 
-    return fitting_changes(plan.preset.to_dict(), total_gib, min_cut=0.01)
+    return fitting_changes({**plan.preset.to_dict(), "num_processes": num_processes}, after, min_cut=0.01)
+
+
+def _step_gib(plan) -> float:
+    return estimate(plan).total
+
+
+def changes_until_fit(plan, limit: float, gib=_step_gib, before: float | None = None, *, num_processes: int = 1):
+    """Return ``[(change, gib after it and those above)]``: the biggest cut of ``gib`` (the whole step's estimate
+    unless it says otherwise), re-estimated, repeated until ``gib`` is at most ``limit`` or nothing cuts it; another
+    model last (it changes what you train, not how). :func:`preflight` and the tool-round check offer these."""
+    steps, before = [], gib(plan) if before is None else before
+    while before > limit and (ranked := _ranked_changes(plan, gib, before, num_processes)):
+        change, before = ranked[0]
+        plan = plan.apply(change.updates)
+        steps.append((change, before))
+    return steps
 
 
 def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
@@ -141,13 +155,6 @@ def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib:
     total, breakdown = result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
     report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
     if card_gib is not None and not report.fits:
-        report.changes = ranked = _ranked_changes(plan, total)
-        # The plan: take the biggest cut, re-estimate, repeat until it fits. Another model comes last:
-        # it changes what you train, not how.
-        current, current_total = plan, total
-        while current_total + margin_gib > card_gib and ranked:
-            change, current_total = ranked[0]
-            current = current.apply(change.updates)
-            report.plan.append((change, current_total))
-            ranked = _ranked_changes(current, current_total) if current_total + margin_gib > card_gib else []
+        report.changes = _ranked_changes(plan, _step_gib, total)
+        report.plan = changes_until_fit(plan, card_gib - margin_gib, before=total)
     return report

@@ -168,14 +168,14 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     up to ``max_prompt_length + max_completion_length`` tokens prefilled from scratch, and ``max_completion_length``
     new tokens asked again, for every row of the generation batch (:func:`labkit.memory.estimate` with
     ``max_tool_calling_iterations``). Refused when that **estimated** generation phase plus the CUDA context
-    (:data:`labkit.cards.SIZING_CONTEXT_GIB`) is more than the card holds, saying which batch fits; a model the
+    (:data:`labkit.cards.SIZING_CONTEXT_GIB`) is more than the card holds, with the changes that make it fit, ranked
+    as preflight ranks them (:func:`labkit.preflight.changes_until_fit`, by the generation phase); a model the
     estimator cannot read passes here (the preflight says so).
     """
     from labkit.environments import ENVIRONMENTS
 
     c = p.config
-    rounds = c.get("max_tool_calling_iterations")
-    batch, length = c["per_device_train_batch_size"], c["max_completion_length"]
+    rounds, length = c.get("max_tool_calling_iterations"), c["max_completion_length"]
     if _number_error("", rounds, *TRL_NUMBER_RANGES["max_tool_calling_iterations"], True):
         return []  # a bad value: config_errors says what is allowed, once
     if p.environment is None:
@@ -196,32 +196,30 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
         return []
     from labkit.cards import SIZING_CONTEXT_GIB
     from labkit.memory import GIB
-    from labkit.preflight import estimate
+    from labkit.preflight import changes_until_fit, estimate
 
-    def generation_gib(size: int, turns: int) -> float:  # the plan's own estimate, at another batch or round count
-        changed = plan.apply({"per_device_train_batch_size": size, "max_tool_calling_iterations": turns})
+    def generation_gib(changed: Plan) -> float:  # the plan's own estimate of the generation phase
         return estimate(changed, num_processes=procs).bytes["generation_phase"] / GIB
 
     try:
-        needed = generation_gib(batch, rounds)
+        needed = generation_gib(plan)
     except (ValueError, KeyError, OSError):  # a model the estimator cannot read, offline
         return []
     card = device.total_memory_gib
     if needed + SIZING_CONTEXT_GIB <= card:
         return []
-    per_batch = procs * p.steps_per_generation  # generation rows per unit of the batch
-    fits = next(((b, gib) for b in range(batch - 1, 0, -1)
-                 if b * per_batch % c["num_generations"] == 0
-                 and (gib := generation_gib(b, rounds)) + SIZING_CONTEXT_GIB <= card), None)
-    change = (f"Set per_device_train_batch_size={fits[0]} (a round then needs about {fits[1]:.1f} GiB), or lower "
-              "max_completion_length" if fits else "No batch fits: lower max_completion_length or max_prompt_length")
+    first_turn = generation_gib(plan.apply({"max_tool_calling_iterations": 0}))
+    steps = changes_until_fit(plan, card - SIZING_CONTEXT_GIB, generation_gib, needed, num_processes=procs)
+    moves = "; ".join(f"{step.moves} -> about {after:.1f} GiB" for step, after in steps)
+    fits = steps and steps[-1][1] + SIZING_CONTEXT_GIB <= card
+    change = ("Change (--set KEY=VALUE), biggest cut first as preflight ranks, a round's estimate after each: " + moves
+              if fits else "No change of the settings fits it" + (f" (after {moves})" if steps else "")
+              + ": a bigger card, or a shorter max_prompt_length")
     return [f"tool rounds: each of the {rounds} tool rounds generates again on prompt + "
             f"completion so far (up to {p.max_prompt_length} + {length} tokens, prefilled from scratch) and asks "
-            f"{length} new tokens, for all {batch * per_batch // procs} "
-            f"completions of the generation batch: estimated {needed:.1f} GiB for the generation (the first turn alone "
-            f"{generation_gib(batch, 0):.1f} GiB), more than this card's {card:g} GiB with the "
-            f"CUDA context ({SIZING_CONTEXT_GIB:g} GiB). {change}."]
-
+            f"{length} new tokens, for all {plan.generation_batch_size} completions of the generation batch: "
+            f"estimated {needed:.1f} GiB for the generation (the first turn alone {first_turn:.1f} GiB), more than "
+            f"this card's {card:g} GiB with the CUDA context ({SIZING_CONTEXT_GIB:g} GiB). {change}."]
 
 
 def _secret_errors(options: dict) -> list[str]:

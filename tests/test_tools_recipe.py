@@ -1,5 +1,6 @@
 """GRPO with tools through the recipe core (issue 34): the tools-16gb preset, its checks, its plan, build_run with an
 environment; the large-number word problems; the recorded comparison with and without the tool."""
+import ast
 import copy
 import json
 import re
@@ -95,24 +96,47 @@ def test_the_estimate_of_a_tool_recipe_counts_its_rounds():
     assert with_rounds.bytes["generation_phase"] == long_prompt.bytes["generation_phase"]
 
 
-def test_a_tool_recipe_whose_rounds_cannot_fit_its_card_is_refused_with_the_figure_and_the_batch_that_fits():
+def _offered_changes(message: str) -> dict:
+    """The settings a tool-round refusal offers, as a learner would --set them: 'key before -> value' moves."""
+    offered = message.split("a round's estimate after each: ")[1].removesuffix(".")
+    changes = {}
+    for step in offered.split("; "):
+        for move in step.rsplit(" -> about ", 1)[0].split(", "):
+            key, _, value = re.fullmatch(r"(\w+) (.+) -> (.+)", move).groups()
+            changes[key] = ast.literal_eval(value)
+    return changes
+
+
+@pytest.mark.parametrize("changes", [{"per_device_train_batch_size": 32}, {"max_completion_length": 16384}])
+def test_a_tool_recipe_whose_rounds_cannot_fit_its_card_is_refused_with_the_figure_and_the_changes_that_fit(changes):
     from labkit.cards import CARDS
     from labkit.presets import card_device
 
     card = card_device("tools-16gb")
     assert validate(PRESETS["tools-16gb"], card) == []
     with pytest.raises(PresetError) as info:
-        validate(get_preset("tools-16gb", per_device_train_batch_size=32), card)
+        validate(get_preset("tools-16gb", **changes), card)
     message = str(info.value)
-    assert "tool rounds" in message and "448 + 704 tokens" in message and "first turn alone" in message
+    length = changes.get("max_completion_length", 704)
+    assert "tool rounds" in message and f"448 + {length} tokens" in message and "first turn alone" in message
     estimated = float(re.search(r"estimated ([\d.]+) GiB", message).group(1))
     assert estimated + 1 > card.total_memory_gib
-    batch = int(re.search(r"per_device_train_batch_size=(\d+)", message).group(1))
-    assert 0 < batch < 32 and validate(get_preset("tools-16gb", per_device_train_batch_size=batch), card) == []
-    with pytest.raises(PresetError, match="No batch fits: lower max_completion_length"):
-        validate(get_preset("tools-16gb", max_completion_length=16384), card)
-    # a bigger card holds the same rounds: the refusal is the card's, not the recipe's
-    validate(get_preset("tools-16gb", per_device_train_batch_size=32), CARDS["a100-80gb"].device())
+    # what it offers, set as a learner would, passes; each step's estimate falls, the last one's fits
+    offered = _offered_changes(message)
+    assert offered and validate(get_preset("tools-16gb", **{**changes, **offered}), card) == []
+    afters = [float(x) for x in re.findall(r"-> about ([\d.]+) GiB", message)]
+    assert afters == sorted(afters, reverse=True) and afters[0] < estimated
+    assert afters[-1] + 1 <= card.total_memory_gib
+    if estimated < CARDS["a100-80gb"].gib - 1:  # a bigger card holds the same rounds: the card's refusal
+        validate(get_preset("tools-16gb", **changes), CARDS["a100-80gb"].device())
+
+
+def test_a_tool_recipe_no_change_can_fit_says_so():
+    from labkit.presets import card_device
+
+    tiny_card = get_preset("tools-16gb", card_gib=1.5)  # 0.5 GiB beside the CUDA context: not even the weights
+    with pytest.raises(PresetError, match="No change of the settings fits it .*: a bigger card"):
+        validate(tiny_card, card_device(tiny_card))
 
 
 def test_build_run_refuses_an_environment_for_a_recipe_without_one(tmp_path):
