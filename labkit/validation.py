@@ -448,7 +448,7 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
       shard 4-bit weights, which labkit's loader does not set): refused, saying what to set.
     - a tool recipe (notebook 08) on a card: each tool round generates again on prompt + completion so far and asks
       ``max_completion_length`` new tokens; when that round's estimated generation cannot fit the card, refused with
-      the figure and the ``per_device_train_batch_size`` that fits.
+      the figure and the changes that make it fit (:func:`_tool_errors`).
     """
     plan = preset if isinstance(preset, Plan) else None
     p = plan.preset if plan else preset
