@@ -46,8 +46,8 @@ def _arm(use_tool: bool, recipe, *, task, held_out, warm_up_steps, warm_up_batch
     from labkit.lab import seed_everything
     from labkit.presets import resolve_plan
     from labkit.run import build_run, task_dataset
-    from labkit.tools import (NO_TOOL_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, prepare_tool_tokenizer, tool_prompt,
-                              tool_rollouts, tool_scores, warm_up)
+    from labkit.environments import NO_TOOL_SYSTEM_PROMPT, TOOL_SYSTEM_PROMPT, prepare_tool_tokenizer, tool_prompt
+    from labkit.tools import tool_rollouts, tool_scores, warm_up
     from labkit.training import LogRecorder
 
     seed = recipe.config["seed"]

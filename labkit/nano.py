@@ -39,7 +39,7 @@ import torch
 from labkit.objective import frac_reward_zero_std, group_advantages, grpo_loss, per_token_logps, token_entropy
 from labkit.rewards import accuracy_reward, format_reward, score_completions, weighted_sum
 from labkit.tasks import AdditionTask, carries
-from labkit.warmup import warm_up_path, warmed_up_policy  # re-exported: notebook 03 imports them from here
+from labkit.warmup import warm_up_path, warmed_up_policy
 
 __all__ = [
     "NanoConfig",
@@ -47,8 +47,6 @@ __all__ = [
     "Rollout",
     "REWARD_FUNCS",
     "REWARD_WEIGHTS",
-    "warmed_up_policy",
-    "warm_up_path",
     "sample_completions",
     "completion_mask",
     "calculate_rewards",

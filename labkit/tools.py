@@ -1,9 +1,8 @@
 """GRPO with a tool, as notebook 08 teaches it: tool rollouts and their metrics, the warm-up, the masks.
 
-Introduced in ``08_grpo_with_tools.ipynb``. The environment itself (:func:`safe_calculate`,
-:class:`CalculatorEnv`, :func:`prepare_tool_tokenizer`, :func:`tool_prompt`) lives in
-:mod:`labkit.environments`, below the recipe core, so that a preset can name it (``tools-16gb``); they are
-re-exported here for the notebook.
+Introduced in ``08_grpo_with_tools.ipynb``. The environment itself (:func:`labkit.environments.safe_calculate`,
+:class:`labkit.environments.CalculatorEnv`, its tokenizer and prompts) lives in :mod:`labkit.environments`, below the
+recipe core, so that a preset can name it (``tools-16gb``).
 
 - :func:`tool_rollouts` and :func:`tool_scores`: greedy (or sampled) multi-turn rollouts with the tool, as
   TRL runs them, and the held-out figures: replies that call the tool, well-formed calls, right answers.
@@ -17,17 +16,14 @@ import re
 
 import torch
 
-from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, NO_TOOL_SYSTEM_PROMPT,
-                                 TOOL_SYSTEM_PROMPT, CalculatorEnv, environment_tools, prepare_tool_tokenizer,
-                                 safe_calculate, tool_prompt)
-from labkit.rewards.parse import answers_match
+from labkit.environments import (ERROR_PREFIX, TOOL_SYSTEM_PROMPT, CalculatorEnv, environment_tools, safe_calculate,
+                                 tool_prompt)
 
-__all__ = ["TOOL_SYSTEM_PROMPT", "NO_TOOL_SYSTEM_PROMPT", "MAX_CALLS", "MAX_EXPRESSION_CHARS", "ERROR_PREFIX",
-           "safe_calculate", "CalculatorEnv", "prepare_tool_tokenizer", "tool_prompt", "demonstration", "warm_up",
-           "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens", "record_batches",
-           "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe", "size_tools_recipe",
-           "tools_demo_table", "tools_demo_tests", "plot_tools_demo", "text_table", "message_text", "loss_mask_table",
-           "answers_match"]  # labkit.rewards': what the calculator environment's reward compares with (notebook 08)
+__all__ = ["demonstration", "warm_up", "tool_rollouts", "tool_scores", "loss_mask_view", "tool_round_tokens",
+           "record_batches", "execute_tool_calls", "REASONING_TOKENS", "TOKENS_PER_ROUND", "tools_recipe",
+           "size_tools_recipe", "tools_demo_table", "tools_demo_tests", "plot_tools_demo", "text_table", "message_text",
+           "loss_mask_table"]
+
 
 def _expression(question: str) -> str:
     a, b = re.findall(r"\d+", question)[:2]

@@ -10,7 +10,7 @@ something to find: within a group, the completions that carry are the ones rewar
 The warm-up is a deterministic function of a :class:`labkit.nano.NanoConfig`'s seed, model shape and
 ``sft_*`` fields, so :func:`warmed_up_policy` saves it under the lab's cache and runs that only change
 GRPO settings share it; :func:`warm_up_path` is its folder, what TRL's ``GRPOTrainer`` loads by path.
-``labkit.nano`` re-exports both. (Notebook 08's warm-up on tool-call demonstrations is
+Notebook 03 imports both from here. (Notebook 08's warm-up on tool-call demonstrations is
 :func:`labkit.tools.warm_up`.)
 """
 from __future__ import annotations

@@ -83,7 +83,8 @@ print("LABKIT_DONE", board.record.step)
 # is one), the dashboard its only progress display.
 NANO_CELL = """\
 import labkit
-from labkit.nano import NanoConfig, nano_grpo, warmed_up_policy
+from labkit.nano import NanoConfig, nano_grpo
+from labkit.warmup import warmed_up_policy
 
 lab = labkit.setup(seed=0, mode="cpu")
 config = NanoConfig(seed=0, sft_steps=400, max_steps=10, device="cpu")

@@ -6,8 +6,9 @@ import time
 import pytest
 
 import labkit.exercises as ex
-from labkit.tools import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, CalculatorEnv, demonstration,
-                          execute_tool_calls, loss_mask_view, safe_calculate, size_tools_recipe, tool_scores)
+from labkit.environments import (ERROR_PREFIX, MAX_CALLS, MAX_EXPRESSION_CHARS, CalculatorEnv, prepare_tool_tokenizer,
+                                 safe_calculate, tool_prompt)
+from labkit.tools import demonstration, execute_tool_calls, loss_mask_view, size_tools_recipe, tool_scores
 
 
 # --------------------------------------------------------------------------- the calculator
@@ -186,7 +187,7 @@ def smollm2_tokenizer():
 def test_smollm2_gets_a_tool_template_whose_calls_parse_back(smollm2_tokenizer):
     from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response, supports_tool_calling
 
-    from labkit.tools import prepare_tool_tokenizer, tool_prompt, tool_round_tokens
+    from labkit.tools import tool_round_tokens
 
     tokenizer = smollm2_tokenizer
     assert not supports_tool_calling(tokenizer)  # its own template drops tools: TRL would refuse it
@@ -220,7 +221,7 @@ def test_the_rollout_loop_runs_calls_and_survives_bad_ones(smollm2_tokenizer, mo
 
     import labkit.tools as tools
 
-    tokenizer = tools.prepare_tool_tokenizer(smollm2_tokenizer)
+    tokenizer = prepare_tool_tokenizer(smollm2_tokenizer)
     call = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call><|im_end|>'
     script = {  # question -> the replies the "model" writes, turn by turn
         "good": [call.format("calculate", '{"expression": "7 * 8"}'), "Mia has 56 stickers.<|im_end|>"],
@@ -241,7 +242,7 @@ def test_the_rollout_loop_runs_calls_and_survives_bad_ones(smollm2_tokenizer, mo
         return out
 
     monkeypatch.setattr(tools, "_generate", scripted)
-    data = Dataset.from_dict({"prompt": [tools.tool_prompt(q) for q in script], "answer": ["56", "56", "56", "4"]})
+    data = Dataset.from_dict({"prompt": [tool_prompt(q) for q in script], "answer": ["56", "56", "56", "4"]})
     records = tools.tool_rollouts(None, tokenizer, data, max_tool_calling_iterations=2)
     by = {r["question"]: r for r in records}
     assert [m["role"] for m in by["good"]["messages"]] == ["assistant", "tool", "assistant"]

@@ -418,7 +418,7 @@ CALCULATOR_ENV = register(Exercise(
     compare=_compare,
     mistakes={
         "it evaluates with eval(): the model's text runs as Python ('__import__(\"os\").getpid()' gave a number); "
-        "evaluate with labkit.tools.safe_calculate, which parses and never runs code": _UsesEval,
+        "evaluate with labkit.environments.safe_calculate, which parses and never runs code": _UsesEval,
         "a bad expression raises instead of returning an 'error: ...' string: TRL would send the model "
         "{'error': ...} and count a tool failure, so the model never reads what went wrong; return "
         "safe_calculate's message": _Raises,
@@ -468,5 +468,5 @@ CALCULATOR_ENV = register(Exercise(
          "else append it to self.results; return it. get_reward(self): 1.0 if any result answers_match the gold "
          "answer, else 0.0. Any helper's name starts with _.",
     solution=f"{_SOLUTIONS_08}#exercise-calculator_env",
-    reference_name="labkit.tools.CalculatorEnv",
+    reference_name="labkit.environments.CalculatorEnv",
 ))
