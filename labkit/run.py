@@ -21,9 +21,8 @@ second process started into the same folder is refused (:class:`RunLock`).
 
 What a learner meets on this road comes from here too, so notebook 04 opens one module for it: the checks a run
 makes before any model loads (:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`) and the
-OOM doctor :meth:`Run.train` wraps the trainer in (:func:`labkit.oom.explain_oom`) and the generation paths a run
-can take with the bandwidth limit they are measured against (:func:`labkit.generation.paths_table`,
-:func:`labkit.generation.card_limit`) are listed in ``__all__`` where they live.
+OOM doctor :meth:`Run.train` wraps the trainer in (:func:`labkit.oom.explain_oom`) are listed in ``__all__`` where
+they live.
 """
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from labkit.device import detect_device
-from labkit.generation import card_limit, dropped_settings_problem, paths_table, prepare_generation
+from labkit.generation import dropped_settings_problem, prepare_generation
 from labkit.models import load_tokenizer, match_adapter_dtype, quantization_config
 from labkit.oom import explain_oom
 from labkit.preflight import preflight
@@ -47,8 +46,8 @@ from labkit.validation import SECRET_FIELDS, checked_plan, process_count, valida
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
            "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters", "question_prompt",
-           # where they live: labkit.validation, labkit.preflight, labkit.oom, labkit.generation
-           "validate", "preflight", "explain_oom", "paths_table", "card_limit"]
+           # where they live: labkit.validation, labkit.preflight, labkit.oom (notebook 04's doors)
+           "validate", "preflight", "explain_oom"]
 
 
 PRESET_FILE = "labkit_preset.json"
