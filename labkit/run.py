@@ -19,10 +19,9 @@ A run whose last checkpoint reached ``max_steps`` is finished: training it again
 (:func:`finished_run`). While a run trains, ``OUTPUT_DIR/labkit.lock`` holds its process id, so a
 second process started into the same folder is refused (:class:`RunLock`).
 
-What a learner meets on this road comes from here too, so notebook 04 opens one module for it: the checks a run
-makes before any model loads (:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`) and the
-OOM doctor :meth:`Run.train` wraps the trainer in (:func:`labkit.oom.explain_oom`) are listed in ``__all__`` where
-they live.
+Notebooks 04, 06 and 08 import from here what a learner meets on this road: the checks a run makes before any model
+loads (:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`) and the OOM doctor :meth:`Run.train`
+wraps the trainer in (:func:`labkit.oom.explain_oom`). They live in those modules; ``__all__`` lists them here.
 """
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ from labkit.validation import SECRET_FIELDS, checked_plan, process_count, valida
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
            "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters", "question_prompt",
-           # where they live: labkit.validation, labkit.preflight, labkit.oom (notebook 04's doors)
+           # where they live: labkit.validation, labkit.preflight, labkit.oom (notebooks 04, 06, 08)
            "validate", "preflight", "explain_oom"]
 
 
