@@ -132,9 +132,10 @@ def test_a_tool_recipe_whose_rounds_cannot_fit_its_card_is_refused_with_the_figu
 
 
 def test_a_tool_recipe_no_change_can_fit_says_so():
+    from labkit.cards import CARDS
     from labkit.presets import card_device
 
-    tiny_card = get_preset("tools-16gb", card_gib=1.5)  # 0.5 GiB beside the CUDA context: not even the weights
+    tiny_card = get_preset("tools-16gb", card_gib=CARDS["t4"].gib / 10)  # under 0.5 GiB beside the CUDA context
     with pytest.raises(PresetError, match="No change of the settings fits it .*: a bigger card"):
         validate(tiny_card, card_device(tiny_card))
 
