@@ -60,6 +60,7 @@ __all__ = [
     "fitting_changes",
     "ordered_changes",
     "OOMReport",
+    "report_text",
     "TrainingOutOfMemory",
     "PhaseTracker",
     "is_oom",
@@ -294,10 +295,15 @@ class OOMReport:
         else:
             lines.append("No checkpoint was written before the error: the run starts again from step 0.")
         lines.append("Restart the Python process (the kernel) before retrying: memory is fragmented after an OOM.")
-        # between words at 100 characters, a numbered change's lines under its text (JupyterLab cuts mid-word)
-        return "\n".join(textwrap.fill(line, 100, break_long_words=False, break_on_hyphens=False,
-                                        subsequent_indent=" " * len(re.match(r"\s*(\d+\. )?", line).group(0)))
-                         for line in lines)
+        return report_text(lines)
+
+
+def report_text(lines: list[str]) -> str:
+    """Return a report's ``lines`` wrapped between words at 100 characters, a numbered change's lines under its text:
+    JupyterLab cuts a long printed line mid-word (this report, and :class:`labkit.preflight.Preflight`'s)."""
+    return "\n".join(textwrap.fill(line, 100, break_long_words=False, break_on_hyphens=False,
+                                    subsequent_indent=" " * len(re.match(r"\s*(\d+\. )?", line).group(0)))
+                     for line in lines)
 
 
 class TrainingOutOfMemory(RuntimeError):
