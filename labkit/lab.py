@@ -157,6 +157,10 @@ class Lab:
         """Run ``python -m bench ARGS`` in the repository's folder, its output shown as it comes (:func:`run_bench`)."""
         return run_bench(*args)
 
+    def wrap(self, text: str) -> str:
+        """Return ``text`` wrapped between words (:func:`wrap`): JupyterLab cuts a long printed line mid-word."""
+        return wrap(text)
+
 
 def quiet_library_noise() -> None:
     """Silence the libraries' messages that are not the learner's business (each filter says why).

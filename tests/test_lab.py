@@ -41,6 +41,20 @@ def test_setups_note_wraps_between_words(monkeypatch, capsys):
         "free cores wait for each other).".split())
 
 
+def test_a_refusal_printed_in_a_notebook_keeps_its_words_whole():
+    """Notebooks print a refused recipe through lab.wrap: lines within the width, every word whole, lines kept."""
+    from labkit.lab import TEXT_WIDTH, setup
+    from labkit.presets import PresetError, card_device, get_preset
+    from labkit.validation import validate
+
+    with pytest.raises(PresetError) as info:
+        validate(get_preset("tools-16gb", per_device_train_batch_size=24), card_device("tools-16gb"))
+    message = f"{info.value}\n- a second line"
+    printed = setup(0, mode="cpu", verbose=False).wrap(message)
+    assert printed.count("\n") >= 4 and all(len(line) <= TEXT_WIDTH for line in printed.splitlines())
+    assert printed.split() == message.split() and printed.endswith("\n- a second line")
+
+
 def test_the_version_table_lists_the_cpu_models_packages():
     from importlib import metadata
 

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
-# The installed package's Python, all lines counted (docstrings and blank lines too): 15,270 on 2026-12-04, the
-# count reached, with no room left: 13 fewer than 15,283 on 2026-12-03 (the plan joined its recipe in labkit.presets,
+# The installed package's Python, all lines counted (docstrings and blank lines too): 15,274 on 2026-12-04, the
+# count reached, with no room left: 9 fewer than 15,283 on 2026-12-03 (the plan joined its recipe in labkit.presets,
 # the measured memory is one module, the tool-round check reads the plan's estimate; the plan's TRL arguments, LoRA
 # and 4-bit configs derived from its preset, and Plan.apply, added).
 # 14,642 on 2026-11-27; the 528 since teach, about: exercise checks that compare
@@ -43,9 +43,10 @@ MAX_LINES = 600
 # rounds one property of the preset, the rule in labkit.environments (-5); the tool-round check offers preflight's
 # ranked changes until it fits instead of its own search for a batch (+9); labkit.tools and labkit.nano no longer
 # re-export the environment's and the warm-up's names, nor labkit.run the generation paths' table (-8); preflight's
-# report wraps between words as the OOM report does, one function for both (+6: JupyterLab cut its lines mid-word). Issue 53 plans 11,500
+# report wraps between words as the OOM report does, one function for both, and lab.wrap wraps what a notebook prints
+# (+10: JupyterLab cut their lines mid-word). Issue 53 plans 11,500
 # by design. A ceiling against growth, not a goal: raise it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_270
+PACKAGE_BUDGET = 15_274
 
 
 def _module_name(path: Path) -> str:
