@@ -59,7 +59,7 @@ def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | Non
     from labkit.device import choose_precision
     from labkit.preflight import estimate
     from labkit.presets import card_device, resolve_plan
-    from labkit.shapes import model_shape
+    from labkit.memory import model_shape
 
     card = card_device(card_name)
     precision = precision or preset.precision or (choose_precision(card) if card else "fp32")

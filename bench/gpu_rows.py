@@ -66,7 +66,7 @@ def doctor_spec(job: dict, rows: dict) -> dict | str:
 def doctor_verdict(row: dict, rows: dict) -> dict:
     """Return the fix row's verdict: did the first change fit, and how far the target phase's peak fell, measured
     (the base row, uncapped, against this row) and predicted (the estimator's phase memory, as the doctor reads it)."""
-    from labkit.phase_memory import phase_memory
+    from labkit.oom import phase_memory
 
     target = row["doctor"]["target"]
     base = rows[row["doctor"]["base"]]
@@ -74,7 +74,7 @@ def doctor_verdict(row: dict, rows: dict) -> dict:
     measured = (base.get(f"{target}_allocated_gib") or 0) - (row.get(f"{target}_allocated_gib") or 0)
     predicted = None if before is None or after is None else round((before - after) / GIB, 3)
     return dict(fits_after_first_change=row["status"] == "ok", measured_fall_gib=round(measured, 3),
-                predicted_fall_gib=predicted, predicted_from=f"labkit.phase_memory.phase_memory(settings, {target!r})")
+                predicted_fall_gib=predicted, predicted_from=f"labkit.oom.phase_memory(settings, {target!r})")
 
 
 def recorded_rows(results: Path) -> list[dict]:

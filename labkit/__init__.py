@@ -17,21 +17,20 @@ The data path, in the order a GRPO step runs it:
 Running it for real, on a card:
 
 - ``labkit.device``     which accelerator is here and which precision to train in
-- ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder
+- ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder, the NaN guard
 - ``labkit.presets``    named recipes that fit a card; ``validation``, ``plan`` and ``preflight`` above them
 - ``labkit.run``        a preset made concrete: prompts, rewards, trainer, checkpoints and resume
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
-- ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change;
-  ``labkit.phase_memory`` the memory each phase of a step uses, which it reads
-- ``labkit.memory``     the VRAM estimator and exact counters of weights, gradients, optimiser states;
-  ``labkit.shapes`` a model's shape, which it reads
+- ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change, weighed by
+  the memory each phase of a step fills
+- ``labkit.memory``     the VRAM estimator, from a model's shape
 - ``labkit.monitor``    live memory readings: RSS, peak RSS, the GPU through PyTorch and NVML, a sampler
 - ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
 - ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment)
 
 Around them: ``labkit.lab`` (the run context: setup, seeds, where runs and results are),
 ``labkit.workshop`` (the pre-workshop checklist), ``labkit.colab`` (the install cell's work on Colab),
-``labkit.demo`` (the main job), ``labkit.measure`` (memory measured, and the recorded figures) and ``labkit.cli``
+``labkit.demo`` (the main job), ``labkit.measure`` (memory measured, the recorded figures, the estimate drawn against a card) and ``labkit.cli``
 (every ``python -m labkit`` command; ``labkit.options`` its ``KEY=VALUE`` parser).
 
 Not in this package, by design: the measurements that write ``results/`` live in ``bench/`` beside it
@@ -71,7 +70,6 @@ _SUBMODULES = (
     "options",
     "oom",
     "presets",
-    "results",
     "rewards",
     "run",
     "scale",

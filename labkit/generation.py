@@ -149,9 +149,9 @@ def decode_limit(weight_bytes: float, kv_bytes_per_token: float, batch: int, mea
 
 def card_limit(model, card, *, batch: int, prompt_tokens: float, completion_tokens: float,
                dtype_bytes: int = 2) -> float:
-    """:func:`decode_limit` for ``model`` (a name, config or model: :func:`labkit.shapes.model_shape`) on ``card``
+    """:func:`decode_limit` for ``model`` (a name, config or model: :func:`labkit.memory.model_shape`) on ``card``
     (:class:`labkit.cards.Card`) in 16-bit weights, its context growing from the prompt through the completion."""
-    from labkit.shapes import model_shape
+    from labkit.memory import model_shape
 
     shape = model_shape(model)
     return decode_limit(shape.params * dtype_bytes, kv_bytes_per_token(shape, dtype_bytes), batch,
@@ -181,7 +181,7 @@ def continuous_footprint(model, generation_batch: int, max_prompt_length: int, m
     from transformers import AutoModelForCausalLM, ContinuousBatchingConfig
     from transformers.generation.continuous_batching import cache as cb, initialization, utils
 
-    from labkit.shapes import model_config
+    from labkit.memory import model_config
 
     config = model_config(model)[1].get_text_config()
     dtype = {2: torch.bfloat16, 4: torch.float32}[dtype_bytes]
@@ -228,7 +228,7 @@ def generation_arguments(p) -> dict:
             return dict(use_vllm=True)
         if p.card_gib is None:  # no card to share: generation_problems refuses the recipe, naming card_gib
             return dict(use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True)
-        from labkit.shapes import model_shape
+        from labkit.memory import model_shape
         from labkit.models import resolve_model
 
         shape = model_shape(resolve_model(p.model))
@@ -273,7 +273,7 @@ def prepare_generation(trainer, path: str = "generate", *, compile_limit_s: floa
     ``"static-compiled"``: TRL builds its ``GenerationConfig`` with ``disable_compile=True``; this turns compilation
     back on with a ``CompileConfig`` (static shapes; CUDA graphs on a GPU, inductor's default mode on a CPU), and
     the clock pads the prompts it generates from to ``max_prompt_length`` (one shape, one compilation). ``shape``:
-    the model's :class:`labkit.shapes.ModelShape` where it is known (a plan's), else read from the model's config.
+    the model's :class:`labkit.memory.ModelShape` where it is known (a plan's), else read from the model's config.
     """
     # where the trainer really runs (a test may plan for a card on a CPU): what compiles, and which card's bandwidth
     kind = trainer.args.device.type
@@ -348,7 +348,7 @@ class GenerationClock:
         model = trainer.model
         # Module.parameters() yields a tied weight once (remove_duplicate=True): the bytes a decode step reads
         self.weight_bytes = sum(param.numel() * param.element_size() for param in model.parameters())
-        from labkit.shapes import model_shape
+        from labkit.memory import model_shape
 
         embedding = model.get_input_embeddings().weight
         self.kv_bytes_per_token = kv_bytes_per_token(shape or model_shape(model.config), embedding.element_size())

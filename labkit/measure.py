@@ -1,17 +1,21 @@
-"""Memory measured, beside :func:`labkit.memory.estimate`: the bytes PyTorch holds and what autograd saves, counted on
-a live model, and the peaks the lab recorded in ``results/``.
+"""Memory beside :func:`labkit.memory.estimate`: the bytes PyTorch holds and what autograd saves, counted on a live
+model; the peaks the lab recorded in ``results/``; and the estimate's terms drawn against a card.
 
 :func:`state_bytes` sums weights, gradients and optimiser states of a real model; :func:`saved_activation_bytes`
 counts what autograd keeps for the backward pass of a forward. Both run on any device; the tests hold the estimator
 to them (introduced in ``05_full_vs_lora.ipynb``). :func:`memory_columns` reads what ``python -m bench`` recorded:
 the estimate beside the rehearsed and the measured peak (introduced in ``04_lora_grpo_16gb.ipynb``). The
 measurements themselves are made by the ``bench`` folder beside this package; this module only reads them.
+:func:`plot_breakdown` stacks an estimate's terms, phase by phase, under a card's memory (``05_full_vs_lora.ipynb``).
 """
 from __future__ import annotations
 
 import os
 
-__all__ = ["state_bytes", "saved_activation_bytes", "memory_columns"]
+from labkit.cards import Card, card as card_named
+from labkit.memory import GIB, MemoryEstimate
+
+__all__ = ["state_bytes", "saved_activation_bytes", "memory_columns", "plot_breakdown"]
 
 
 def state_bytes(model, optimizer=None) -> dict:
@@ -138,3 +142,54 @@ def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "uns
         "measured GiB (a real card, torch allocated)": [measured_gib(row) for _, row in rows.iterrows()],
     })
     return table.reset_index(drop=True)
+
+
+_STACK = {  # phase -> terms from bottom to top, with colours that stay the same in every plot
+    "generation": ("weights", "reference", "optimizer", "kv_cache", "transients"),
+    "training": ("weights", "reference", "optimizer", "gradients", "activations", "logits"),
+}
+_COLOURS = {"weights": "#4c72b0", "reference": "#8172b3", "optimizer": "#dd8452", "kv_cache": "#937860",
+            "gradients": "#c44e52", "transients": "#8c8c8c", "activations": "#55a868", "logits": "#da8bc3"}
+
+
+def plot_breakdown(estimates, labels=None, *, card="rtx3080-laptop-16gb", ax=None):
+    """Return a matplotlib ``Axes``: stacked bars of each estimate's two phases against a card's memory.
+
+    ``estimates`` is one :class:`MemoryEstimate` or a list; each gets a pair of bars (generation,
+    training), stacked term by term in GiB, and a dashed line marks what ``card`` (a key of
+    :data:`labkit.cards.CARDS`, or a :class:`labkit.cards.Card`) reports to PyTorch: a card sold as
+    16 GB reports about 15.7 GiB, not 14.9. Used by the interactive estimator of ``05_full_vs_lora.ipynb``.
+    """
+    import matplotlib.pyplot as plt
+
+    if isinstance(estimates, MemoryEstimate):
+        estimates = [estimates]
+
+    card = card if isinstance(card, Card) else card_named(card)
+    labels = labels or [f"{e.settings['method']} {e.settings['per_device_train_batch_size']}x"
+                        f"{e.settings['steps_per_generation']}" for e in estimates]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.6 + 2 * len(estimates), 4), layout="constrained")
+    positions, ticks, shown = [], [], set()
+    for k, est in enumerate(estimates):
+        for j, phase in enumerate(("generation", "training")):
+            x = 2.6 * k + j
+            bottom = 0.0
+            for term in _STACK[phase]:
+                height = est.bytes[term] / GIB
+                if height <= 0:
+                    continue
+                ax.bar(x, height, bottom=bottom, color=_COLOURS[term], width=0.8,
+                       label=term if term not in shown else None)
+                shown.add(term)
+                bottom += height
+            positions.append(x)
+            ticks.append(f"{labels[k]}\n{phase}" if len(estimates) > 1 else phase)
+    # the card's line is named in the legend, which sits beside the bars: a label on the plot covered a bar
+    ax.axhline(card.gib, color="black", linestyle="--", linewidth=1, label=f"{card.sold_as} card ({card.gib:g} GiB)")
+    ax.set_xticks(positions, ticks, fontsize=9)
+    ax.set_ylabel("GiB")
+    if len(estimates) == 1:
+        ax.set_xlabel(labels[0], fontsize=9)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return ax

@@ -1,46 +1,41 @@
 """The OOM doctor: a CUDA out-of-memory error during GRPO training, explained in a few lines.
 
-Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`train_with_oom_doctor` runs
-``trainer.train()`` with a :class:`PhaseTracker` attached. When the card runs out of
-memory, the raw traceback (hundreds of lines through accelerate, TRL and transformers)
-becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
+Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`train_with_oom_doctor` runs ``trainer.train()`` with a
+:class:`PhaseTracker` attached. When the card runs out of memory, the raw traceback (hundreds of lines through
+accelerate, TRL and transformers) becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
 
-- which step, and which phase of it: generation, scoring (rewards, old and reference
-  log-probs), the loss's forward pass, the backward pass, the optimiser step;
+- which step, and which phase of it: generation, scoring (rewards, old and reference log-probs), the loss's forward
+  pass, the backward pass, the optimiser step;
 - what was allocated and reserved, and what the failed allocation asked for;
 - an ordered list of settings to change, only those that cut that phase's memory;
-- the last checkpoint, which is kept (nothing is written after an OOM: the model and
-  optimiser may be half updated), so the run resumes from there.
+- the last checkpoint, which is kept (nothing is written after an OOM: the model and optimiser may be half updated),
+  so the run resumes from there.
 
-Why the phase matters. Each phase holds its own memory (:func:`labkit.phase_memory.phase_memory`, from the
-terms of :func:`labkit.memory.estimate`, in TRL 1.16's units), so each has its own cure:
+Why the phase matters. Each phase fills its own memory (:func:`phase_memory`, :data:`PHASE_MEMORY`, from the terms
+of :func:`labkit.memory.estimate`, in TRL 1.16's units), so each has its own cure:
 
-- **generation**: the KV cache of the whole generation batch, ``per_device_train_batch_size x
-  steps_per_generation`` sequences (``steps_per_generation`` defaults to
-  ``gradient_accumulation_steps``; ``num_generations`` only groups them). Halving the per-device
-  batch at double the accumulation keeps that batch, so it does nothing here.
-- **scoring** (old / reference log-probs, rewards): a ``torch.no_grad()`` forward with gradient
-  checkpointing switched off, ``per_device_train_batch_size`` sequences at a time, no saved
-  activations (:func:`labkit.phase_memory.scoring_memory`): checkpointing cannot change it.
-- the loss's **forward** and **backward** passes: the activations autograd keeps and the LM head's
-  tile of logits (TRL 1.16 computes Qwen's 151,936-entry logits in chunks of 4,096 tokens x 32,768
-  entries) for ``per_device_train_batch_size`` sequences: checkpointing, a smaller per-device batch
-  and shorter completions cut them.
-- the **optimiser step**: the activations are freed by then; weights, reference, gradients and the
-  AdamW states, allocated on the first step (:func:`labkit.phase_memory.optimizer_step_memory`).
+- **generation**: the KV cache of the whole generation batch, ``per_device_train_batch_size x steps_per_generation``
+  sequences (``steps_per_generation`` defaults to ``gradient_accumulation_steps``; ``num_generations`` only groups
+  them). Halving the per-device batch at double the accumulation keeps that batch, so it does nothing here.
+- **scoring** (old / reference log-probs, rewards): a ``torch.no_grad()`` forward with gradient checkpointing
+  switched off, ``per_device_train_batch_size`` sequences at a time, no saved activations (:func:`scoring_memory`):
+  checkpointing cannot change it.
+- the loss's **forward** and **backward** passes: the estimate's training phase, the activations autograd keeps and
+  the LM head's tile of logits (TRL 1.16 computes Qwen's 151,936-entry logits in chunks of 4,096 tokens x 32,768
+  entries) for ``per_device_train_batch_size`` sequences: checkpointing, a smaller per-device batch and shorter
+  completions cut them.
+- the **optimiser step**: the activations are freed by then; weights, reference, gradients and the AdamW states,
+  allocated on the first step (:func:`optimizer_step_memory`).
+- **setup**: what lives through every phase (weights, reference, optimiser states).
 
-:func:`ordered_changes` offers only the changes that cut the memory of the phase that ran out.
-
-NaN. The same wrapper installs :class:`NaNGuard` and turns NaN logits met by sampling into
-:class:`NonFiniteTraining`, whose message says what to change (on a T4: fp16 overflow; QLoRA with
-``prepare_model_for_kbit_training=True``, or fp32) at the step where it first happens.
+:func:`ordered_changes` offers only the changes that cut the memory of the phase that ran out. The same wrapper
+installs :class:`labkit.training.NaNGuard`: NaN or inf stops the run with what to change.
 """
 from __future__ import annotations
 
 import functools
 import gc
 import json
-import math
 import re
 import textwrap
 from dataclasses import asdict, dataclass, field
@@ -49,28 +44,16 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from labkit.memory import EIGHT_BIT_OPTIMS, GIB
-from labkit.phase_memory import flat_settings, phase_memory
-from labkit.training import last_checkpoint
+from labkit.environments import tool_rounds
+from labkit.memory import EIGHT_BIT_OPTIMS, GIB, PRECISION_BYTES, estimate, fused_head, hidden_state_bytes
+from labkit.models import DEFAULT_LORA_TARGETS, resolve_model
+from labkit.memory import model_shape
+from labkit.training import NaNGuard, args_precision, last_checkpoint, nan_in_sampling
 
-__all__ = [
-    "PHASES",
-    "Change",
-    "candidate_changes",
-    "fitting_changes",
-    "ordered_changes",
-    "OOMReport",
-    "report_text",
-    "TrainingOutOfMemory",
-    "PhaseTracker",
-    "is_oom",
-    "explain_oom",
-    "settings_from_trainer",
-    "train_with_oom_doctor",
-    "NonFiniteTraining",
-    "NaNGuard",
-    "non_finite_advice",
-]
+__all__ = ["PHASES", "PHASE_MEMORY", "flat_settings", "phase_memory", "scoring_memory", "optimizer_step_memory",
+           "Change", "candidate_changes", "fitting_changes", "ordered_changes", "OOMReport", "report_text",
+           "TrainingOutOfMemory", "PhaseTracker", "is_oom", "explain_oom", "settings_from_trainer",
+           "train_with_oom_doctor"]
 
 PHASES = {
     "setup": "setup, before the first step (loading, optimiser creation)",
@@ -81,6 +64,121 @@ PHASES = {
     "optimizer": "the optimiser step (AdamW states are allocated on the first one)",
     "between steps": "between steps (logging, saving a checkpoint)",
 }
+# Which memory each phase fills (phase_memory): an estimate's term, or scoring_memory, optimizer_step_memory, persistent
+PHASE_MEMORY = {
+    "generation": "generation_phase",
+    "scoring": "scoring",
+    "forward": "training_phase",
+    "backward": "training_phase",
+    "optimizer": "optimizer_step",
+    "setup": "persistent",
+}
+
+
+def flat_settings(settings: dict) -> dict:
+    """Return ``settings`` (a preset's ``to_dict()``, perhaps with changes at the top) with its ``config`` (GRPOConfig
+    arguments) lifted to the top, under what is already there."""
+    options = settings.get("config")
+    return {**(options if isinstance(options, dict) else {}), **{k: v for k, v in settings.items() if k != "config"}}
+
+
+def phase_memory(settings: dict, phase: str | None) -> int | None:
+    """Return the bytes ``phase`` fills (:data:`PHASE_MEMORY`) for ``settings`` (preset / GRPOConfig field names),
+    from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model). Any other
+    phase (``between steps``, unknown): the whole step's peak.
+    """
+    s = flat_settings(settings)
+    if not s.get("model") or not s.get("method"):
+        return None
+    fields = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
+              "num_processes", "max_prompt_length", "max_completion_length", "optim", "beta",
+              "precision", "lora_rank", "lora_dropout", "prepare_model_for_kbit_training")  # the last: QLoRA's upcast
+    kwargs = {k: s[k] for k in fields if s.get(k) is not None}  # estimate's names; target_modules is lora_targets
+    if s.get("activation_checkpointing") is not None:
+        kwargs["gradient_checkpointing"] = s["activation_checkpointing"]
+    kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
+    kwargs["max_tool_calling_iterations"] = tool_rounds(s)
+    try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
+        name = resolve_model(s["model"]) if str(s["model"]).startswith("tiny:") else s["model"]
+        est = estimate(name, s["method"], **kwargs)
+    except (KeyError, ValueError, TypeError, OSError):
+        return None
+    term = PHASE_MEMORY.get(phase or "", "total")
+    if term == "persistent":
+        return est.bytes["weights"] + est.bytes["reference"] + est.bytes["optimizer"]
+    if term == "scoring":
+        return scoring_memory(est, model=name, lora_targets=kwargs["lora_targets"],
+                              use_vllm=bool(s.get("use_vllm") and s.get("vllm_importance_sampling_correction", True)),
+                              num_iterations=s.get("num_iterations") or 1)
+    if term == "optimizer_step":
+        return optimizer_step_memory(est, optim=s.get("optim"))
+    return est.bytes[term]
+
+
+def optimizer_step_memory(est, optim: str | None = None) -> int:
+    """Return the bytes live during ``optimizer.step()`` for the :class:`labkit.memory.MemoryEstimate` ``est``.
+
+    ``weights + reference + gradients + optimizer`` (the AdamW states are allocated on the first step), plus, for
+    ``optim="adamw_torch"`` on CUDA, torch's foreach AdamW's one moment-sized ``exp_avg_sq_sqrt`` (the gradients'
+    size). The fused and the 8-bit optimisers update in place. No activations: the step follows the last backward
+    pass, which has freed them, so checkpointing, the per-device batch and the completion length change nothing here.
+    Sources: docs/references.md, "Scoring and the optimiser step".
+    """
+    terms = est.bytes
+    foreach_temporary = terms["gradients"] if optim == "adamw_torch" and est.settings.get("device") == "cuda" else 0
+    return terms["weights"] + terms["reference"] + terms["gradients"] + terms["optimizer"] + foreach_temporary
+
+
+def scoring_memory(est, *, model=None, lora_targets=None, num_iterations: int = 1,
+                   use_vllm: bool = False) -> int:
+    """Return the bytes of the scoring phase (old and reference log-probs) for the estimate ``est`` of ``model``.
+
+    TRL 1.16 scores the generation batch under ``torch.no_grad()`` with checkpointing switched off, ``B =
+    per_device_train_batch_size`` sequences of ``S = max_prompt_length + max_completion_length`` tokens at a time,
+    without a KV cache. It runs the policy only when the samples may be stale (``gradient_accumulation_steps %
+    (steps_per_generation x num_iterations) != 0``) or vLLM generates (with ``vllm_importance_sampling_correction``,
+    TRL's default), and the reference only when ``beta > 0``; otherwise scoring is the reward functions alone.
+    It counts:
+
+    - weights + reference + optimizer states, and the gradients of earlier micro-batches when a generation
+      starts mid-accumulation;
+    - one layer of a no-grad forward of ``B S`` tokens: the residual stream and SwiGLU's intermediates,
+      ``B S (3 i + 2 h) hb`` as at the estimate's prefill, with PEFT's fp32 casts of the widest LoRA input; or, when
+      larger, the fused LM head: the last hidden states (``B S h hb``), the ``N`` scored positions copied
+      (``N h hb``, ``N`` as in :func:`labkit.memory.fused_head`), seven fp32 statistics per position and one tile;
+      plus autocast's 16-bit copies of fp32 master weights.
+
+    Only ``B`` and ``S`` change it. Not counted: the batch's token ids and log-probs (a few MiB), the reward
+    functions' own memory. Sources, TRL's lines: docs/references.md, "Scoring and the optimiser step".
+    """
+    s, terms = est.settings, est.bytes
+    accumulation, generate_every = s["gradient_accumulation_steps"], s["steps_per_generation"] * num_iterations
+    memory = terms["weights"] + terms["reference"] + terms["optimizer"]
+    if generate_every % accumulation:
+        memory += terms["gradients"]
+    if not (s["beta"] > 0 or accumulation % generate_every or use_vllm):
+        return memory
+    method, precision, device = s["method"], s["precision"], s.get("device", "cuda")
+    shape = model_shape(s["model"] if model is None else model)  # a name, a folder or a config
+    b = PRECISION_BYTES[precision]
+    upcast = bool(s.get("prepare_model_for_kbit_training"))
+    hb = hidden_state_bytes(method, precision, prepare_model_for_kbit_training=upcast)
+    rb = 4 if s.get("fp32_master_weights") else hb  # the residual stream: fp32 under fp32 master weights
+    batch, seq = s["per_device_train_batch_size"], s["max_prompt_length"] + s["max_completion_length"]
+    tokens, h, i, V = batch * seq, shape.hidden_size, shape.intermediate_size, shape.vocab_size
+    # PEFT casts a LoRA input to its fp32 adapters' dtype (as labkit.memory.estimate); its 4-bit layers do not
+    casts = method == "lora"
+    widest = max((n for n, _ in shape.lora_targets(lora_targets or DEFAULT_LORA_TARGETS)), default=0) if casts else 0
+    layer = (tokens * ((2 if widest >= i else 3) * i * hb + 2 * h * rb)
+             + tokens * widest * (4 + (5 if s["lora_dropout"] else 0)))  # the estimate's LoRA dropout
+    if s.get("padded"):
+        layer += tokens * seq * b  # SDPA's additive mask of one layer, (B, 1, S, S)
+    scored, tile = fused_head(batch, s["max_completion_length"], seq, V, b, device)
+    head = tokens * h * rb + scored * h * rb + scored * 7 * 4 + tile
+    weight_copies = shape.linear_weight_params * b if s.get("fp32_master_weights") else 0
+    return int(round(memory + max(layer, head) + weight_copies))
+
+
 _SMALLER = {
     "Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-3B-Instruct",
     "Qwen/Qwen2.5-3B-Instruct": "Qwen/Qwen2.5-1.5B-Instruct",
@@ -411,7 +509,7 @@ def settings_from_trainer(trainer) -> dict:
         "optim": optim,
         "activation_checkpointing": bool(args.activation_checkpointing),
         "beta": args.beta,
-        "precision": _trainer_precision(args),
+        "precision": args_precision(args),
         "num_iterations": getattr(args, "num_iterations", 1),
     }
     if method == "qlora" and hasattr(model, "get_input_embeddings"):  # PEFT's upcast leaves fp32 embeddings
@@ -454,74 +552,6 @@ def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, 
     return report
 
 
-class NonFiniteTraining(RuntimeError):
-    """NaN or inf in generation or in the loss's diagnostics; the message says what to change."""
-
-
-# What torch.multinomial says when sampling meets NaN / inf probabilities (NaN logits).
-_NAN_SAMPLING = "probability tensor contains either"
-
-
-def non_finite_advice(where: str, *, precision: str | None, step: int, checkpoint=None) -> str:
-    """Return the message of :class:`NonFiniteTraining`: where NaN/inf appeared and what to change.
-
-    Under fp16 (a T4) the usual cause is overflow: Qwen2.5 in pure fp16 is known to overflow to NaN
-    or print "!!!!" (Qwen issues 761, 826, 868). The fix on a T4: QLoRA with
-    ``prepare_model_for_kbit_training=True`` (PEFT upcasts embeddings and norms, so the residual stream
-    is fp32 and cannot pass fp16's 65,504; the 4-bit matmuls still compute in fp16, bitsandbytes/nn/modules.py
-    626-637, so a layer's own output can still overflow: not yet tried on a T4; QLoRA as TRL builds it keeps
-    fp16 hidden states), or fp32 for a small model; bf16 on Ampere or newer.
-    """
-    lines = [f"NaN/inf at step {step}, in {where}."]
-    if precision == "fp16":
-        lines.append("Under fp16 (a T4) this is overflow: Qwen2.5 in pure fp16 is known to overflow (Qwen issues "
-                     "761, 826, 868). Change: method='qlora' with prepare_model_for_kbit_training=True (PEFT "
-                     "upcasts the embeddings and norms: the residual stream is fp32 and cannot pass fp16's 65,504, though each "
-                     "4-bit matmul still computes in fp16; "
-                     "--set method=qlora prepare_model_for_kbit_training=true), or precision='fp32' for a small "
-                     "model (slower); bf16 on an Ampere or newer card.")
-    else:
-        lines.append("Change: a lower learning_rate (--set learning_rate=...), or check the reward functions for "
-                     "NaN; with beta > 0, a smaller beta.")
-    if checkpoint is not None:
-        lines.append(f"The last checkpoint before it is {checkpoint}; a changed recipe needs a new output_dir.")
-    return "\n".join(lines)
-
-
-def _trainer_precision(args) -> str:
-    return "fp16" if getattr(args, "fp16", False) else "bf16" if getattr(args, "bf16", False) else "fp32"
-
-
-class NaNGuard(TrainerCallback):
-    """Stops training at the first NaN/inf in the logged loss diagnostics, with :class:`NonFiniteTraining`.
-
-    ``entropy`` and ``kl`` (TRL's logs) NaN mean NaN logits: raised at once. The loss itself is
-    filtered by transformers (``logging_nan_inf_filter``), so it is not relied on. ``grad_norm``
-    may be inf for a few steps under fp16 while the grad scaler finds its scale (those steps are
-    skipped, which is harmless): raised after ``patience`` non-finite norms in a row.
-    """
-
-    def __init__(self, patience: int = 5):
-        self.patience, self.bad_norms = patience, 0
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        where = None
-        for key in ("loss", "entropy", "kl", "reward"):
-            value = logs.get(key)
-            if isinstance(value, (int, float)) and not math.isfinite(value):
-                where = f"the logged {key}"
-                break
-        norm = logs.get("grad_norm")
-        if isinstance(norm, (int, float)):
-            self.bad_norms = 0 if math.isfinite(norm) else self.bad_norms + 1
-            if self.bad_norms >= self.patience:
-                where = f"the gradients ({self.bad_norms} steps in a row with grad_norm {norm})"
-        if where:
-            raise NonFiniteTraining(non_finite_advice(where, precision=_trainer_precision(args), step=state.global_step,
-                                                      checkpoint=last_checkpoint(args.output_dir)))
-
-
 def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dict | None = None):
     """Return ``trainer.train(...)``'s ``TrainOutput``; an OOM becomes :class:`TrainingOutOfMemory`.
 
@@ -536,12 +566,9 @@ def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dic
     try:
         return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     except BaseException as error:
-        if isinstance(error, RuntimeError) and _NAN_SAMPLING in str(error):
-            # NaN logits reached torch.multinomial: say what to change instead of a sampling traceback.
-            raise NonFiniteTraining(non_finite_advice(
-                "generation (sampling met NaN/inf probabilities: the logits were NaN)",
-                precision=_trainer_precision(trainer.args), step=tracker.step,
-                checkpoint=last_checkpoint(trainer.args.output_dir))) from None
+        non_finite = nan_in_sampling(error, trainer.args, tracker.step)
+        if non_finite is not None:  # NaN logits reached torch.multinomial: what to change, not a sampling traceback
+            raise non_finite from None
         if not is_oom(error):
             raise
         output_dir = trainer.args.output_dir

@@ -22,7 +22,7 @@ asking for one the card cannot do fails in :func:`labkit.validation.validate`.
 everything the rest of the lab needs, decided in one place:
 
 - the model: the name the preset gives, the path ``from_pretrained`` loads (:func:`labkit.models.resolve_model`),
-  its shape (:class:`labkit.shapes.ModelShape`, from the architecture catalogue or a saved config);
+  its shape (:class:`labkit.memory.ModelShape`, from the architecture catalogue or a saved config);
 - the method (full / LoRA / QLoRA), the **precision** (:func:`labkit.device.choose_precision`, called
   once here: bf16 on Ampere or newer, fp16 on a T4, fp32 on a CPU; or the preset's own) and the dtypes
   that follow from it: the weights', the autocast compute dtype, the trainable adapters';
@@ -55,7 +55,7 @@ from labkit.environments import tool_rounds
 from labkit.generation import generation_arguments
 from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config,
                            resolve_model)
-from labkit.shapes import ModelShape, model_shape
+from labkit.memory import ModelShape, model_shape
 
 __all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_CONFIG", "RECIPE_TARGETS", "get_preset", "card_device",
            "Plan", "resolve_plan", "grpo_arguments",

@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labkit.memory import GIB, MemoryEstimate, estimate
-from labkit.shapes import model_shape
+from labkit.memory import model_shape
 
 __all__ = [
     "ZERO_STAGES",

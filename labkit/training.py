@@ -3,7 +3,8 @@
 Every notebook that trains through TRL builds its configuration with :func:`grpo_config`,
 which takes the precision from :func:`labkit.device.choose_precision` (never bf16 on a CPU, never
 bf16 on a T4) and fills in what a lesson needs (logging every step, no external
-reporting). Introduced in ``00_setup.ipynb``; used from notebook 03 on.
+reporting). :class:`NaNGuard` stops a run at the first NaN or inf with what to change (:func:`non_finite_advice`).
+Introduced in ``00_setup.ipynb``; used from notebook 03 on.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import sort_checkpoints
 
 __all__ = ["grpo_config", "build_trainer", "too_few_prompts", "last_checkpoint", "checkpoint_problem",
-           "checkpoint_step", "LogRecorder"]
+           "checkpoint_step", "LogRecorder", "NonFiniteTraining", "non_finite_advice", "NaNGuard", "nan_in_sampling",
+           "args_precision"]
 
 
 def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, plan=None,
@@ -216,3 +218,82 @@ class LogRecorder(TrainerCallback):
             for key in self.keys:
                 value = logs.get(key)
                 self.values[key].append(math.nan if value is None else float(value))
+
+
+class NonFiniteTraining(RuntimeError):
+    """NaN or inf in generation or in the loss's diagnostics; the message says what to change."""
+
+
+# What torch.multinomial says when sampling meets NaN / inf probabilities (NaN logits).
+_NAN_SAMPLING = "probability tensor contains either"
+
+
+def non_finite_advice(where: str, *, precision: str | None, step: int, checkpoint=None) -> str:
+    """Return the message of :class:`NonFiniteTraining`: where NaN/inf appeared and what to change.
+
+    Under fp16 (a T4) the usual cause is overflow: Qwen2.5 in pure fp16 is known to overflow to NaN
+    or print "!!!!" (Qwen issues 761, 826, 868). The fix on a T4: QLoRA with
+    ``prepare_model_for_kbit_training=True`` (PEFT upcasts embeddings and norms, so the residual stream
+    is fp32 and cannot pass fp16's 65,504; the 4-bit matmuls still compute in fp16, bitsandbytes/nn/modules.py
+    626-637, so a layer's own output can still overflow: not yet tried on a T4; QLoRA as TRL builds it keeps
+    fp16 hidden states), or fp32 for a small model; bf16 on Ampere or newer.
+    """
+    lines = [f"NaN/inf at step {step}, in {where}."]
+    if precision == "fp16":
+        lines.append("Under fp16 (a T4) this is overflow: Qwen2.5 in pure fp16 is known to overflow (Qwen issues "
+                     "761, 826, 868). Change: method='qlora' with prepare_model_for_kbit_training=True (PEFT "
+                     "upcasts the embeddings and norms: the residual stream is fp32 and cannot pass fp16's 65,504, though each "
+                     "4-bit matmul still computes in fp16; "
+                     "--set method=qlora prepare_model_for_kbit_training=true), or precision='fp32' for a small "
+                     "model (slower); bf16 on an Ampere or newer card.")
+    else:
+        lines.append("Change: a lower learning_rate (--set learning_rate=...), or check the reward functions for "
+                     "NaN; with beta > 0, a smaller beta.")
+    if checkpoint is not None:
+        lines.append(f"The last checkpoint before it is {checkpoint}; a changed recipe needs a new output_dir.")
+    return "\n".join(lines)
+
+
+def args_precision(args) -> str:
+    """Return the precision ("fp16", "bf16" or "fp32") that a trainer's arguments train in."""
+    return "fp16" if getattr(args, "fp16", False) else "bf16" if getattr(args, "bf16", False) else "fp32"
+
+
+class NaNGuard(TrainerCallback):
+    """Stops training at the first NaN/inf in the logged loss diagnostics, with :class:`NonFiniteTraining`.
+
+    ``entropy`` and ``kl`` (TRL's logs) NaN mean NaN logits: raised at once. The loss itself is
+    filtered by transformers (``logging_nan_inf_filter``), so it is not relied on. ``grad_norm``
+    may be inf for a few steps under fp16 while the grad scaler finds its scale (those steps are
+    skipped, which is harmless): raised after ``patience`` non-finite norms in a row.
+    """
+
+    def __init__(self, patience: int = 5):
+        self.patience, self.bad_norms = patience, 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        where = None
+        for key in ("loss", "entropy", "kl", "reward"):
+            value = logs.get(key)
+            if isinstance(value, (int, float)) and not math.isfinite(value):
+                where = f"the logged {key}"
+                break
+        norm = logs.get("grad_norm")
+        if isinstance(norm, (int, float)):
+            self.bad_norms = 0 if math.isfinite(norm) else self.bad_norms + 1
+            if self.bad_norms >= self.patience:
+                where = f"the gradients ({self.bad_norms} steps in a row with grad_norm {norm})"
+        if where:
+            raise NonFiniteTraining(non_finite_advice(where, precision=args_precision(args), step=state.global_step,
+                                                      checkpoint=last_checkpoint(args.output_dir)))
+
+
+def nan_in_sampling(error: BaseException, args, step: int) -> NonFiniteTraining | None:
+    """Return the :class:`NonFiniteTraining` for ``error`` when it is torch's sampling meeting NaN/inf probabilities
+    (NaN logits in generation), else None. ``args``: the trainer's arguments (their precision and output_dir)."""
+    if not (isinstance(error, RuntimeError) and _NAN_SAMPLING in str(error)):
+        return None
+    return NonFiniteTraining(non_finite_advice("generation (sampling met NaN/inf probabilities: the logits were NaN)",
+                                               precision=args_precision(args), step=step,
+                                               checkpoint=last_checkpoint(args.output_dir)))

@@ -745,8 +745,8 @@ def test_the_doctor_part_runs_base_oom_and_fix_in_order(tmp_path, fake_device):
     assert caps["doctor-backward-oom"] == caps["doctor-backward-fix"] == pytest.approx(7.8 + 0.6 * 2.5)
     fix = rows["doctor-backward-fix"]
     assert fix["fits_after_first_change"] is True and fix["measured_fall_gib"] == pytest.approx(2.0)
-    # predicted: the doctor's own memory model of the phase that ran out (labkit.phase_memory.phase_memory), before and after
-    from labkit.phase_memory import phase_memory
+    # predicted: the doctor's own memory model of the phase that ran out (labkit.oom.phase_memory), before and after
+    from labkit.oom import phase_memory
 
     fall = (phase_memory(rows["doctor-lora-base"]["settings"], "backward")
             - phase_memory(fix["settings"], "backward")) / 1024**3

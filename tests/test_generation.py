@@ -224,7 +224,7 @@ def test_the_bandwidth_limit_gives_issue_43s_figures():
     assert 60_000 < h100 < 72_000  # issue 43: "about 66,000 tokens a second on an H100"
     assert 8_000 < laptop < 9_600  # "about 8,800 on an RTX 3080 Laptop GPU"
     # by hand: 28 layers x 2 KV heads x 128 x 2 (K and V) x 2 bytes
-    from labkit.shapes import model_shape
+    from labkit.memory import model_shape
 
     assert kv_bytes_per_token(model_shape("Qwen/Qwen2.5-1.5B-Instruct")) == 28 * 2 * 128 * 2 * 2
     # at batch 4 the weights dominate: the limit is nearly 24x lower, the lesson of notebook 04
@@ -309,7 +309,7 @@ def _paged_cache(cb_kwargs: dict, *, total_gib: float, used_gib: float):
     from transformers.generation.continuous_batching.initialization import resolve_continuous_batching_config
     from transformers.generation.continuous_batching.utils import WorkloadHints
 
-    from labkit.shapes import model_config
+    from labkit.memory import model_config
 
     p = get_preset("laptop-16gb")
     config = model_config(p.model)[1]

@@ -44,9 +44,10 @@ MAX_LINES = 600
 # ranked changes until it fits instead of its own search for a batch (+9); labkit.tools and labkit.nano no longer
 # re-export the environment's and the warm-up's names, nor labkit.run the generation paths' table (-8); preflight's
 # report wraps between words as the OOM report does, one function for both, and lab.wrap wraps what a notebook prints
-# (+10: JupyterLab cut their lines mid-word). Issue 53 plans 11,500
-# by design. A ceiling against growth, not a goal: raise it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_274
+# (+10: JupyterLab cut their lines mid-word); the memory wing in three modules, not five (labkit.phase_memory joined
+# the OOM doctor, labkit.shapes the estimate, the NaN guard moved to labkit.training; -97, of which sources moved
+# from docstrings to docs/references.md, where the rest already were). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal: raise it only in a commit that says what the lines teach.
+PACKAGE_BUDGET = 15_177
 
 
 def _module_name(path: Path) -> str:
@@ -136,10 +137,7 @@ def test_scripts_never_import_bench():
 
 @pytest.mark.parametrize("name, forbidden", [
     ("labkit.oom", {"labkit.presets", "labkit.run", "labkit.preflight"}),
-    ("labkit.phase_memory", {"labkit.presets", "labkit.run", "labkit.preflight", "labkit.oom", "labkit.nano",
-                             "labkit.warmup", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
     ("labkit.memory", {"labkit.nano", "labkit.warmup", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
-    ("labkit.shapes", {"labkit.nano", "labkit.warmup", "labkit.dashboard", "labkit.training", "labkit.monitor"}),
     ("labkit.objective", {"labkit.nano", "labkit.warmup", "labkit.training", "labkit.presets"}),
     ("labkit.rewards.parse", {"labkit.rewards.functions", "labkit.rewards.check"}),
 ])
@@ -293,7 +291,7 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 # notebooks' helpers) sit on top of all of them.
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
-                                "labkit.shapes", "labkit.phase_memory", "labkit.rewards", "labkit.data",
+                                "labkit.rewards", "labkit.data",
                                 "labkit.tasks", "labkit.environments", "labkit.generation"}),
     ("the recipe and its plan", {"labkit.presets"}),
     ("the readers of a plan", {"labkit.preflight", "labkit.oom", "labkit.training"}),
@@ -526,3 +524,11 @@ def test_the_door_count_sees_every_way_in():  # the rule above is only as good a
     source = ("import labkit.exercises\nfrom labkit.rewards.parse import extract_answer\nfrom labkit import nano\n"
               "x = labkit.objective.grpo_loss\nlab = labkit.setup()\n!pip install x\n    %time y = 1\n")
     assert notebook_doors(source) == {"labkit.exercises", "labkit.rewards", "labkit.nano", "labkit.objective"}
+
+
+def test_every_submodule_labkit_names_imports():
+    # ``labkit.NAME`` is imported on first use; a name left behind by a merged module would fail only then
+    import labkit
+
+    for name in labkit.__all__:
+        assert getattr(labkit, name) is not None, name

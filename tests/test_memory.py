@@ -11,7 +11,7 @@ from labkit.cli import estimate_cli
 from labkit.measure import saved_activation_bytes, state_bytes
 from labkit.memory import GIB, estimate
 from labkit.models import ARCHITECTURES, build_tiny_model, load_policy, lora_config
-from labkit.shapes import model_shape
+from labkit.memory import model_shape
 
 LORA_RANK = 4
 

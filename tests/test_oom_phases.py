@@ -7,11 +7,11 @@ Figures come from labkit.memory.estimate, never hard-coded, so they follow the e
 import pytest
 
 from labkit.memory import estimate
-from labkit.oom import candidate_changes, non_finite_advice, ordered_changes
-from labkit.phase_memory import optimizer_step_memory, phase_memory, scoring_memory
+from labkit.oom import candidate_changes, optimizer_step_memory, ordered_changes, phase_memory, scoring_memory
 from labkit.preflight import estimate as _estimate
 from labkit.preflight import preflight
 from labkit.presets import CARDS, PRESETS, resolve_plan
+from labkit.training import non_finite_advice
 
 PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
 # Realistic settings: the 16 GB laptop preset (with and without a KL term), full fine-tuning of the same model

@@ -85,7 +85,7 @@ def test_gpu_only_consumers_read_the_precision_from_the_plan(module, function):
 
 
 RESOLVED_ONCE = {"labkit.models": ("resolve_model", "check_method"), "labkit.device": ("choose_precision",),
-                 "labkit.shapes": ("model_shape",)}
+                 "labkit.memory": ("model_shape",)}
 
 
 @pytest.fixture
@@ -159,13 +159,13 @@ def test_build_run_resolves_the_preset_once(tmp_path, resolve_calls):
 
 def test_the_recipe_does_not_climb_back():
     # labkit.presets (the recipe and its plan) sits under its checks, preflight, run and training
-    # (tests/test_layout.py's layers): it imports only the cards, the device, the models, their shapes, the
+    # (tests/test_layout.py's layers): it imports only the cards, the device, the models, their shapes (labkit.memory), the
     # generation paths (labkit.generation: a recipe's GRPOConfig fields for its path, importing no labkit module at
     # its top) and the tool environments (labkit.environments: the tool rounds a recipe's environment takes)
     tree = ast.parse((PACKAGE / "presets.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
-    assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.shapes",
+    assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.memory",
                         "labkit.generation", "labkit.environments"}, imported
 
 

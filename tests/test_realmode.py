@@ -140,7 +140,7 @@ class _State:
 
 
 def test_nan_guard_names_the_t4_fix_on_a_nan_diagnostic(tmp_path):
-    from labkit.oom import NaNGuard, NonFiniteTraining
+    from labkit.training import NaNGuard, NonFiniteTraining
 
     guard = NaNGuard()
     guard.on_log(_Args(tmp_path, fp16=True), _State(), None, logs={"loss": 0.1, "entropy": 1.2, "grad_norm": 0.5})
@@ -151,7 +151,7 @@ def test_nan_guard_names_the_t4_fix_on_a_nan_diagnostic(tmp_path):
 
 
 def test_nan_guard_tolerates_the_fp16_scalers_first_overflows_but_not_a_run_of_them(tmp_path):
-    from labkit.oom import NaNGuard, NonFiniteTraining
+    from labkit.training import NaNGuard, NonFiniteTraining
 
     guard, args = NaNGuard(patience=3), _Args(tmp_path, fp16=True)
     for norm in (float("inf"), float("inf"), 1.0, float("inf"), float("nan")):  # the scaler finding its scale
@@ -163,7 +163,7 @@ def test_nan_guard_tolerates_the_fp16_scalers_first_overflows_but_not_a_run_of_t
 def test_nan_logits_during_generation_stop_the_first_step_with_what_to_change(tmp_path):
     """Simulated overflow: the LM head returns NaN, so sampling meets NaN probabilities at step 1."""
 
-    from labkit.oom import NonFiniteTraining
+    from labkit.training import NonFiniteTraining
     from labkit.presets import get_preset
     from labkit.run import build_run
 

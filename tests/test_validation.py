@@ -430,7 +430,7 @@ def test_full_fine_tuning_keeps_fp32_master_weights_in_every_precision():
 
     from labkit.memory import estimate
     from labkit.presets import resolve_plan
-    from labkit.shapes import model_shape
+    from labkit.memory import model_shape
 
     ampere, t4 = CARDS["rtx3080-laptop-16gb"].device(), CARDS["t4"].device()
     for card, precision in ((ampere, "bf16"), (t4, "fp16")):
