@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from labkit.memory import GIB
-from labkit.options import parse_pairs
-from labkit.presets import get_preset
+from labkit.options import UsageError, parse_pairs
+from labkit.presets import PresetError, get_preset
 from labkit.unsloth_path import (BACKENDS, COMPARISON_TARGETS, RESULTS_FILE, load_unsloth_policy, require_unsloth,
                                  unsloth_status)
 
@@ -214,10 +214,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cannot run the Unsloth backend: {status.reason}", file=sys.stderr)
             return 2
     try:
+        overrides = {"method": "qlora", **parse_pairs("--set", args.set)}
+        get_preset(args.preset, **overrides)  # a wrong name or value is refused here, before an arm starts
+    except (UsageError, PresetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         records = bench_unsloth(args.preset, backends=args.backends, steps=args.steps, eval_limit=args.eval_limit,
-                                overrides={"method": "qlora", **parse_pairs("--set", args.set)},
-                                fast_inference=args.fast_inference,
-                                results=args.results)
+                                overrides=overrides, fast_inference=args.fast_inference, results=args.results)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1

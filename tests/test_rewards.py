@@ -1,6 +1,5 @@
 """labkit.rewards: matching rules, both completion formats, None, hacks refused, safety, speed, TRL."""
 import ast
-import inspect
 import math
 import os
 import pickle
@@ -314,6 +313,7 @@ def test_code_in_an_answer_never_runs(payload, tmp_path, monkeypatch):
     marker = tmp_path / "pwned"
     ran = []
     monkeypatch.setattr(os, "system", lambda *a: ran.append(a) or 0)
+    _spy_on_python_evaluation(monkeypatch, ran)
     text = f"<think>x</think><answer>{payload.format(marker=marker)}</answer>"
     for name, (fn, columns) in REWARDS.items():
         for completions in both_formats([text]):
@@ -321,7 +321,35 @@ def test_code_in_an_answer_never_runs(payload, tmp_path, monkeypatch):
             if name in ("accuracy_reward", "expression_reward", "int_answer_reward"):
                 assert values == [0.0], name  # refused: not a number, not an expression
     assert evaluate_expression(payload.format(marker=marker), allow_power=True) is None
-    assert not marker.exists() and not ran
+    R.equation_errors(f"{payload.format(marker=marker)} = 1")
+    assert not marker.exists() and not ran, ran
+
+
+def _spy_on_python_evaluation(monkeypatch, ran: list) -> None:
+    """Record every eval, exec, and compile to code (``ast.parse`` compiles to a tree only: allowed) from here on."""
+    import builtins
+
+    real_compile = builtins.compile
+
+    def compile_(source, filename, mode, flags=0, *args, **kwargs):
+        if not flags & ast.PyCF_ONLY_AST:
+            ran.append(("compile", source))
+        return real_compile(source, filename, mode, flags, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "eval", lambda *args, **kwargs: ran.append(("eval", args)))
+    monkeypatch.setattr(builtins, "exec", lambda *args, **kwargs: ran.append(("exec", args)))
+    monkeypatch.setattr(builtins, "compile", compile_)
+
+
+def test_the_evaluation_spy_sees_eval_exec_and_compile_but_not_a_parse(monkeypatch):  # the test above is this good
+    ran = []
+    _spy_on_python_evaluation(monkeypatch, ran)
+    ast.parse("1 + 1")
+    assert ran == []
+    eval("1 + 1")  # noqa: S307  the spy, not Python, receives it
+    exec("x = 1")  # noqa: S102
+    compile("1", "<text>", "eval")
+    assert [kind for kind, _ in ran] == ["eval", "exec", "compile"]
 
 
 @pytest.mark.parametrize("payload", ["9**9**9**9", "(9**9)**(9**9)", "2**2**2**2**2**2", "10**100000",
@@ -337,12 +365,6 @@ def test_power_towers_neither_run_nor_hang(payload):
     assert not worker.is_alive(), f"{payload!r} is still being evaluated"
     assert results == [(None, [0.0])]
     assert time.perf_counter() - start < 1.0
-
-
-def test_the_module_never_calls_eval_or_exec():
-    tree = ast.parse(inspect.getsource(R))
-    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
-    assert not called & {"eval", "exec", "compile", "__import__"}
 
 
 # ----------------------------------------------------------------------------- names, weights, TRL
