@@ -96,3 +96,46 @@ exec {sys.executable} "$@"
 
     return run
 
+
+
+@pytest.fixture()
+def decided_outside_a_plan(monkeypatch):
+    """Count the calls of the functions that decide a precision or a dtype (``choose_precision``, ``torch_dtype``,
+    ``adapter_dtype``) made while no :func:`labkit.presets.resolve_plan` runs, wherever a labkit or bench module took
+    them from: a reader of a plan that decides one again shows up here."""
+    import importlib
+    import sys
+    from collections import Counter
+
+    counts, depth = Counter(), [0]
+
+    def spy(home, name, wrap):
+        original = getattr(importlib.import_module(home), name)
+        replacement = wrap(original, name)
+        for module_name, module in list(sys.modules.items()):
+            if module_name.split(".")[0] in ("labkit", "bench") and getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, replacement)
+
+    def deciding(original, name):
+        def counted(*args, **kwargs):
+            if not depth[0]:
+                counts[name] += 1
+            return original(*args, **kwargs)
+        return counted
+
+    def resolving(original, _):
+        def inside(*args, **kwargs):
+            depth[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return inside
+
+    importlib.import_module("labkit.presets")  # every module below is loaded before its names are replaced
+
+    for home, name in (("labkit.device", "choose_precision"), ("labkit.device", "torch_dtype"),
+                       ("labkit.models", "adapter_dtype")):
+        spy(home, name, deciding)
+    spy("labkit.presets", "resolve_plan", resolving)
+    return counts

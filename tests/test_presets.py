@@ -344,10 +344,13 @@ def test_train_command_dry_run_and_bad_preset(capsys):
 
 
 @pytest.mark.slow
-def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path):
+def test_bench_smoke_on_cpu_forces_full_length_completions(tmp_path, decided_outside_a_plan):
     from bench.preset import main as bench_preset_cli
 
     assert bench_preset_cli(["--preset", "cpu-tiny", "--steps", "2", "--results", str(tmp_path)]) == 0
+    # bench.preset runs on a GPU in practice, and this CPU run is the same code: it reads the precision and its dtypes
+    # from the plans it resolves (the preset's, then its stand-in model's), never decides them by itself
+    assert not decided_outside_a_plan
     import json
 
     record = json.loads((tmp_path / "preset_cpu-tiny.json").read_text())

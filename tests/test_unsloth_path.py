@@ -219,8 +219,9 @@ class _FakeFastLanguageModel:
 
 
 @pytest.mark.slow
-def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch):
-    """The Unsloth backend's code path with a stand-in loader: the preset's settings reach FastLanguageModel."""
+def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch, decided_outside_a_plan):
+    """The Unsloth backend's code path with a stand-in loader: the preset's settings reach FastLanguageModel, and the
+    precision and dtypes it loads in are the plan's (this code runs on a GPU in practice: on this CPU, the same code)."""
     import types
 
     import labkit.unsloth_path as up
@@ -252,6 +253,7 @@ def test_the_unsloth_backend_passes_the_preset_through_and_trains(monkeypatch):
     assert inference == "for_inference"
     assert record["backend"] == "unsloth" and record["unsloth"] == "0+fake" and record["steps_done"] == 2
     assert record["lora_dropout"] == 0.0 and record["eval_n"] == 4
+    assert not decided_outside_a_plan
 
 
 def test_caps_declared_under_an_extra_are_conflicts_too():
