@@ -702,8 +702,9 @@ def test_the_readme_and_docs_state_the_measured_figures():
 def test_the_doctor_cap_sits_between_the_earlier_phases_and_the_target():
     base = {"phase_peaks_gib": {"setup": 3.0, "generation": 6.5, "scoring": 3.0, "forward": 7.8, "backward": 10.3,
                                 "optimizer": 3.1}}
-    assert gpu_rows.doctor_cap(base, "generation") == pytest.approx(3.0 + 0.6 * 3.5)
-    assert gpu_rows.doctor_cap(base, "backward") == pytest.approx(7.8 + 0.6 * 2.5)
+    # a cap above every earlier phase's peak and below the target's: the target is the first phase to run out
+    assert 3.0 < gpu_rows.doctor_cap(base, "generation") < 6.5
+    assert 7.8 < gpu_rows.doctor_cap(base, "backward") < 10.3
     assert gpu_rows.doctor_cap(base, "optimizer") is None  # its peak is below the backward pass's: no cap isolates it
     assert gpu_rows.doctor_cap(base, "scoring") is None
 

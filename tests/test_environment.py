@@ -2,6 +2,7 @@
 import re
 
 import pytest
+from packaging.version import Version
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9_.\-\[\]]+)\s*((?:[<>=!~]=?[^,#\s]+,?)*)")
 
@@ -53,7 +54,7 @@ def test_stack_is_pinned_and_torch_is_a_range(repo_root):
     pins = _requirements(repo_root)
     for name in ("trl", "transformers", "peft", "accelerate", "datasets", "bitsandbytes"):
         assert pins[name].startswith("=="), f"{name} must be pinned exactly"
-    assert pins["trl"] == "==1.16.0"  # 1.15.0 crashes in GRPO on a CPU-only torch
+    assert Version(pins["trl"][2:]) >= Version("1.16")  # 1.15.0 crashes in GRPO on a CPU-only torch
     # A range keeps Colab's CUDA torch; a == pin would reinstall torch on every GPU machine.
     assert not pins["torch"].startswith("==") and "<" in pins["torch"]
 
@@ -63,9 +64,11 @@ def test_unsloth_only_in_its_own_gpu_file(repo_root):
     assert "unsloth" not in _environment_pip(repo_root)
     gpu = _requirements(repo_root, "requirements-unsloth.txt")
     assert gpu["unsloth"].startswith("==")
-    # unsloth 2026.10.x caps these below the CPU stack's pins.
-    assert gpu["trl"] == "==1.15.0" and gpu["transformers"] == "==5.17.0"
-    assert gpu["datasets"].startswith("==4.")
+    # unsloth 2026.10.x caps these below the CPU stack's pins (labkit.unsloth_path.requirement_conflicts checks the
+    # caps themselves): its own file, not the lab's environment
+    cpu = _requirements(repo_root)
+    for name in ("trl", "transformers", "datasets"):
+        assert gpu[name].startswith("==") and Version(gpu[name][2:]) < Version(cpu[name][2:]), name
 
 
 def test_installed_versions_match_the_pins(repo_root):

@@ -82,9 +82,13 @@ def test_demo_refuses_a_pass_at_k_beyond_the_held_out_pool(capsys):
 def test_cpu_smollm2_preset_rewards_the_stated_right_answer():
     from labkit.presets import get_preset
 
+    from labkit.run import reward_functions
+
     preset = get_preset("cpu-smollm2")
-    assert preset.rewards[0] == "right_answer" and preset.task == "word-problems"
-    assert preset.config["learning_rate"] > 0 and preset.config["max_steps"] >= 16
+    (reward, *_), _ = reward_functions(preset)  # the stated answer, right or wrong, is what the first reward pays
+    assert reward(["Ava has 16 coins."], answer=["16"]) == [1.0]
+    assert reward(["Ava has 61 coins."], answer=["16"]) == [0.0]
+    assert preset.config["learning_rate"] > 0  # a training run, not the learning-rate-0 control
 
 
 def test_held_out_table_shows_wilson_intervals_and_the_paired_test():

@@ -95,13 +95,6 @@ def test_the_environment_reward_can_be_hacked_by_one_call_of_each_operation_and_
     assert max(recorded["arms"]["tool"]["train_logs"]["after_grpo"]["tools/call_frequency"]) <= 1.0
 
 
-def test_trl_sees_one_tool_and_the_reward():
-    import inspect
-
-    public = [n for n, _ in inspect.getmembers(CalculatorEnv, predicate=inspect.isfunction) if not n.startswith("_")]
-    assert sorted(public) == ["calculate", "get_reward", "reset"]  # TRL: reset, get_reward, the rest are tools
-
-
 def test_tool_calls_run_as_trl_runs_them():
     env = CalculatorEnv()
     env.reset(answer="56")

@@ -46,9 +46,15 @@ def test_an_unknown_number_range_is_refused():
 
 
 def test_the_tool_preset_names_its_environment_and_its_rounds_reach_grpo_config():
+    from labkit.run import reward_functions
+
     tools = PRESETS["tools-16gb"]
-    assert ENVIRONMENTS[tools.environment] is CalculatorEnv and tools.rewards == ("right_answer",)
-    assert grpo_arguments(tools)["max_tool_calling_iterations"] == tools.config["max_tool_calling_iterations"] == 3
+    assert ENVIRONMENTS[tools.environment] is CalculatorEnv
+    (reward, *_), _ = reward_functions(tools)  # the recipe's own reward pays the answer stated last, right or not
+    assert reward(["7 * 8 = 56, so the answer is 56."], answer=["56"]) == [1.0]
+    assert reward(["7 * 8 = 54, so the answer is 54."], answer=["56"]) == [0.0]
+    for rounds in (1, 3):
+        assert grpo_arguments(tools.replace(max_tool_calling_iterations=rounds))["max_tool_calling_iterations"] == rounds
     assert "max_tool_calling_iterations" not in grpo_arguments(PRESETS["laptop-16gb"])
     assert [m.__name__ for m in environment_tools(CalculatorEnv())] == ["calculate"]
 
@@ -178,7 +184,8 @@ def test_a_tool_recipe_trains_one_step_through_build_run_with_the_tool_in_every_
                     disable_tqdm=True, report_to=[])
     trainer = run.trainer
     assert trainer.args.max_tool_calling_iterations == 1
-    assert "calculate" in [getattr(t, "__name__", "") for t in trainer.tools]
+    # the tools TRL made of the environment are labkit's list of them (which renders the schema in the prompt)
+    assert [t.__name__ for t in trainer.tools] == [t.__name__ for t in environment_tools(CountingEnv())] == ["calculate"]
     first = run.train_dataset[0]
     assert "calculate tool" in first["prompt"][0]["content"]
     rendered = run.tokenizer.apply_chat_template(first["prompt"], tools=[CalculatorEnv().calculate],
