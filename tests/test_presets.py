@@ -31,6 +31,8 @@ def test_every_preset_validates_on_its_card(name):
 
 def test_the_published_laptop_recipe_keeps_its_own_name_and_laptop_16gb_differs_only_in_its_batch():
     p = PRESETS["laptop-16gb-published"]
+    # the published recipe's own figures (docs/references.md, "The 16 GB laptop recipe"): a pin to a source outside
+    # this repository, which the preset must keep; the behaviour is in the replace(...) == p line below
     assert (p.config["per_device_train_batch_size"], p.config["gradient_accumulation_steps"], p.config["num_generations"]) == (1, 4, 4)
     assert (p.max_prompt_length, p.config["max_completion_length"]) == (256, 786)
     assert set(p.target_modules) == {"q_proj", "k_proj", "o_proj", "up_proj", "down_proj"}
