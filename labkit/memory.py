@@ -87,12 +87,9 @@ def fused_head(batch: int, completion_len: int, seq: int, vocab: int, b: int, de
     return scored, tile * (b if device == "cuda" else 4 * _CPU_TILE_COPIES)
 
 
-# --------------------------------------------------------------------------- a model's shape
-
-
 @dataclass(frozen=True)
 class ModelShape:
-    """The numbers :func:`labkit.memory.estimate` needs from an architecture (see :func:`model_shape`)."""
+    """The numbers :func:`estimate` needs from an architecture (see :func:`model_shape`)."""
 
     name: str
     model_type: str
@@ -190,9 +187,9 @@ def model_shape(model) -> ModelShape:
 class MemoryEstimate:
     """What :func:`estimate` returns: the memory of one GRPO step, term by term.
 
-    ``bytes`` holds each term in bytes (exact integers for weights, gradients and optimizer
-    states); the attributes of the same names give GiB. ``generation_phase`` and
-    ``training_phase`` are the peaks of the two phases; ``total`` is the larger of them.
+    ``bytes`` holds each term in bytes (exact integers for weights, gradients and optimizer states); the attributes of
+    the same names give GiB. ``generation_phase`` and ``training_phase`` are the peaks of the two phases; ``total`` is
+    the larger of them.
     """
 
     bytes: dict
