@@ -158,7 +158,10 @@ def reward_functions(preset: Preset) -> tuple[list, list[float]]:
 
 
 def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
-    """Write ``preset`` (plus labkit's version) to ``folder/labkit_preset.json`` and return the path."""
+    """Write ``preset`` (plus labkit's version) to ``folder/labkit_preset.json`` and return the path.
+
+    Written whole or not at all (a temporary file, then renamed): a run killed while it copies its recipe into a
+    checkpoint leaves that checkpoint without the file, resumable with the run's own copy, never with half a file."""
     from labkit import __version__
 
     path = Path(folder) / PRESET_FILE
@@ -166,7 +169,9 @@ def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
     recipe = preset.to_dict()
     # validate() refuses secrets; a preset built around it must still never write one.
     recipe["config"] = {k: v for k, v in recipe["config"].items() if k not in SECRET_FIELDS}
-    path.write_text(json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n")
+    partial = path.with_name(f".{PRESET_FILE}.{os.getpid()}.partial")  # not .json: a checkpoint's check passes it by
+    partial.write_text(json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n")
+    os.replace(partial, path)  # atomic on one file system
     return path
 
 

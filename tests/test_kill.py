@@ -4,7 +4,9 @@ A ``cpu-tiny`` run in a subprocess saves a checkpoint every step; the test kills
 ``checkpoint-N`` folder appears, the moment its adapter appears and the moment its ``trainer_state.json``
 appears, so that the kill lands before, during and at the end of the trainer writing the checkpoint. What a resumed run picks (:func:`labkit.training.last_checkpoint`)
 must be the newest checkpoint that this test, independently, finds complete: every file the trainer writes
-present and loadable, ``trainer_state.json`` (written last) included. In the end the run finishes with
+present and loadable, ``trainer_state.json`` (written last) included; labkit then copies the recipe into the checkpoint
+whole or not at all (a kill there once left half a file, and the resume skipped a complete checkpoint for it:
+``tests/test_resume_oom.py`` holds that case). In the end the run finishes with
 every step trained once and logged once, its recipe and final adapter saved, and no lock left.
 """
 import json

@@ -46,9 +46,10 @@ MAX_LINES = 600
 # report wraps between words as the OOM report does, one function for both, and lab.wrap wraps what a notebook prints
 # (+10: JupyterLab cut their lines mid-word); the memory wing in three modules, not five (labkit.phase_memory joined
 # the OOM doctor, labkit.shapes the estimate, the NaN guard moved to labkit.training: -100, the sources the docstrings
-# repeated now in docs/references.md, where the rest already were). Issue 53 plans 11,500 by design. A ceiling
+# repeated now in docs/references.md, where the rest already were); a checkpoint's recipe written whole or not at
+# all (+5: a kill mid-write made the resume skip a complete checkpoint). Issue 53 plans 11,500 by design. A ceiling
 # against growth, not a goal: raise it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_174
+PACKAGE_BUDGET = 15_179
 
 
 def _module_name(path: Path) -> str:

@@ -94,6 +94,29 @@ def test_resume_modes_and_half_written_checkpoints(tmp_path):
     assert last_checkpoint(tmp_path).name == "checkpoint-2"
 
 
+def test_a_run_killed_while_copying_its_recipe_into_a_checkpoint_resumes_from_that_checkpoint(tmp_path, monkeypatch):
+    # the trainer has written checkpoint-3 whole; the kill lands while labkit copies the recipe into it (the run's
+    # SavePresetCallback, after trainer_state.json): the checkpoint keeps no half file, and resumes with the run's copy
+    import os
+
+    save_preset(PRESET, tmp_path)
+    checkpoint = tmp_path / "checkpoint-3"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 3}')
+
+    def killed(*args):
+        raise KeyboardInterrupt  # the process dies between writing and renaming
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save_preset(PRESET, checkpoint)
+    monkeypatch.undo()
+    assert not (checkpoint / "labkit_preset.json").exists()
+    assert resume_checkpoint(tmp_path, PRESET) == checkpoint  # not skipped for a damaged recipe
+    save_preset(PRESET, checkpoint)  # and a save that finishes leaves the file whole
+    assert json.loads((checkpoint / "labkit_preset.json").read_text())["preset"]["name"] == PRESET.name
+
+
 def test_a_checkpoint_without_a_saved_recipe_is_not_resumed_blindly(tmp_path):
     (tmp_path / "checkpoint-1").mkdir()
     (tmp_path / "checkpoint-1" / "trainer_state.json").write_text('{"global_step": 1}')
