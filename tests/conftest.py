@@ -98,32 +98,39 @@ exec {sys.executable} "$@"
 
 
 
+def replace_everywhere(monkeypatch, home: str, name: str, replacement, packages=("labkit", "bench")) -> None:
+    """Replace function ``name`` of module ``home`` with ``replacement(original)`` in every loaded module of
+    ``packages`` that holds the original (its home, and each module that imported it by name)."""
+    import importlib
+    import sys
+
+    original = getattr(importlib.import_module(home), name)
+    new = replacement(original)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.split(".")[0] in packages and getattr(module, name, None) is original:
+            monkeypatch.setattr(module, name, new)
+
+
 @pytest.fixture()
 def decided_outside_a_plan(monkeypatch):
     """Count the calls of the functions that decide a precision or a dtype (``choose_precision``, ``torch_dtype``,
     ``adapter_dtype``) made while no :func:`labkit.presets.resolve_plan` runs, wherever a labkit or bench module took
     them from: a reader of a plan that decides one again shows up here."""
     import importlib
-    import sys
     from collections import Counter
 
     counts, depth = Counter(), [0]
 
-    def spy(home, name, wrap):
-        original = getattr(importlib.import_module(home), name)
-        replacement = wrap(original, name)
-        for module_name, module in list(sys.modules.items()):
-            if module_name.split(".")[0] in ("labkit", "bench") and getattr(module, name, None) is original:
-                monkeypatch.setattr(module, name, replacement)
+    def deciding(name):
+        def wrap(original):
+            def counted(*args, **kwargs):
+                if not depth[0]:
+                    counts[name] += 1
+                return original(*args, **kwargs)
+            return counted
+        return wrap
 
-    def deciding(original, name):
-        def counted(*args, **kwargs):
-            if not depth[0]:
-                counts[name] += 1
-            return original(*args, **kwargs)
-        return counted
-
-    def resolving(original, _):
+    def resolving(original):
         def inside(*args, **kwargs):
             depth[0] += 1
             try:
@@ -136,6 +143,6 @@ def decided_outside_a_plan(monkeypatch):
 
     for home, name in (("labkit.device", "choose_precision"), ("labkit.device", "torch_dtype"),
                        ("labkit.models", "adapter_dtype")):
-        spy(home, name, deciding)
-    spy("labkit.presets", "resolve_plan", resolving)
+        replace_everywhere(monkeypatch, home, name, deciding(name))
+    replace_everywhere(monkeypatch, "labkit.presets", "resolve_plan", resolving)
     return counts

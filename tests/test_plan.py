@@ -82,23 +82,23 @@ RESOLVED_ONCE = {"labkit.models": ("resolve_model", "check_method"), "labkit.dev
 def resolve_calls(monkeypatch):
     """Count the calls of the functions that decide a recipe's model path, method, precision and shape, wherever a
     labkit module imported them from."""
-    import importlib
-    import sys
     from collections import Counter
 
+    from conftest import replace_everywhere
+
     counts = Counter()
+
+    def counting(name):
+        def wrap(original):
+            def counted(*args, **kwargs):
+                counts[name] += 1
+                return original(*args, **kwargs)
+            return counted
+        return wrap
+
     for home, names in RESOLVED_ONCE.items():
-        module = importlib.import_module(home)
         for name in names:
-            original = getattr(module, name)
-
-            def counted(*args, _name=name, _original=original, **kwargs):
-                counts[_name] += 1
-                return _original(*args, **kwargs)
-
-            for modname, mod in list(sys.modules.items()):
-                if modname.startswith("labkit") and getattr(mod, name, None) is original:
-                    monkeypatch.setattr(mod, name, counted)
+            replace_everywhere(monkeypatch, home, name, counting(name), packages=("labkit",))
     return counts
 
 
