@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 from bench.gpu_measure import COLUMNS, PHASE_ORDER
 from labkit.memory import GIB
+from labkit.models import write_whole
 
 __all__ = ["CAP_POSITION", "rehearsed_presets", "doctor_cap", "doctor_spec", "doctor_verdict", "recorded_rows",
            "write_rows", "show_row"]
@@ -89,15 +89,16 @@ def write_rows(results: Path, rows: list[dict], *, replace: bool = False) -> Non
     whole, so a kill leaves the old one or the new one, never half of one."""
     json_path, csv_path = results / "measurements.json", results / "measurements.csv"
     every = rows if replace else recorded_rows(results) + rows
-    tmp = json_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(every, indent=1) + "\n")
-    os.replace(tmp, json_path)
-    tmp = csv_path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows({k: r.get(k) for k in COLUMNS} for r in every)
-    os.replace(tmp, csv_path)
+    text = json.dumps(every, indent=1) + "\n"
+    write_whole(json_path, lambda tmp: tmp.write_text(text))
+
+    def write_csv(tmp: Path):
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows({k: r.get(k) for k in COLUMNS} for r in every)
+
+    write_whole(csv_path, write_csv)
 
 
 def show_row(row: dict) -> str:

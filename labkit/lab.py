@@ -249,11 +249,12 @@ def share_cpu() -> int:
 
 
 def write_json(path: str | Path, record: dict) -> Path:
-    """Write ``record`` as indented JSON to ``path`` and return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    return path
+    """Write ``record`` as indented JSON to ``path``, whole or not at all (:func:`labkit.models.write_whole`), and
+    return the path."""
+    from labkit.models import write_whole
+
+    text = json.dumps(record, indent=2, sort_keys=False) + "\n"
+    return write_whole(path, lambda tmp: tmp.write_text(text))
 
 
 # --------------------------------------------------------------------------- where the lab's files are

@@ -33,6 +33,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "ARCHITECTURES",
     "cache_dir",
+    "write_whole",
     "LOCAL_MODELS",
     "resolve_model",
     "local_model_path",
@@ -94,6 +95,25 @@ def cache_dir() -> Path:
     root = os.environ.get("LABKIT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "labkit")
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_whole(path: str | os.PathLike, write) -> Path:
+    """Write ``path`` (a file or a folder) whole or not at all: ``write(tmp)`` fills a hidden sibling ``tmp``, which is
+    then renamed to ``path`` (atomic on one file system). A reader, or a run killed mid-write, sees the old ``path`` or
+    the new one, never half of one. Return ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # not .json: a checkpoint's check passes it by
+    shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)  # what a failed write of this process left
+    write(tmp)
+    if not path.is_dir():
+        os.replace(tmp, path)
+        return path
+    aside = tmp.with_name(tmp.name + ".old")  # a folder cannot be renamed onto: the old one steps aside first
+    os.replace(path, aside)
+    os.replace(tmp, path)
+    shutil.rmtree(aside)
     return path
 
 
@@ -258,7 +278,7 @@ def local_model_path(name: str, *, rebuild: bool = False) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    return _save_model_folder(path, model, tokenizer)
+    return write_whole(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 
 def resolve_model(name: str | os.PathLike) -> str:
@@ -300,17 +320,7 @@ def build_tiny_model(arch: str = "qwen2", *, seed: int = 0, rebuild: bool = Fals
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = None
-    return _save_model_folder(path, model, tokenizer)
-
-
-def _save_model_folder(path: Path, model, tokenizer) -> Path:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if path.exists():  # rebuild=True, or a half-written folder from an interrupted build
-        shutil.rmtree(path)
-    os.replace(tmp, path)  # atomic: a concurrent reader never sees half a model
-    return path
+    return write_whole(path, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
 
 
 # --------------------------------------------------------------------------- catalogue

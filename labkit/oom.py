@@ -46,7 +46,7 @@ from transformers import TrainerCallback
 
 from labkit.environments import tool_rounds
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, PRECISION_BYTES, estimate, fused_head, hidden_state_bytes
-from labkit.models import DEFAULT_LORA_TARGETS, resolve_model
+from labkit.models import DEFAULT_LORA_TARGETS, resolve_model, write_whole
 from labkit.memory import model_shape
 from labkit.training import NaNGuard, args_precision, last_checkpoint, nan_in_sampling
 
@@ -585,7 +585,6 @@ def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dic
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     if trainer.args.should_save:
-        path = Path(report.output_dir) / "oom_report.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        text = json.dumps(report.as_dict(), indent=2) + "\n"
+        write_whole(Path(report.output_dir) / "oom_report.json", lambda tmp: tmp.write_text(text))
     raise TrainingOutOfMemory(report)

@@ -34,7 +34,7 @@ from transformers import TrainerCallback
 
 from labkit.device import detect_device
 from labkit.generation import dropped_settings_problem, prepare_generation
-from labkit.models import load_tokenizer, match_adapter_dtype, quantization_config
+from labkit.models import load_tokenizer, match_adapter_dtype, quantization_config, write_whole
 from labkit.oom import explain_oom
 from labkit.preflight import preflight
 from labkit.presets import Plan, Preset, PresetError, get_preset
@@ -164,15 +164,11 @@ def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
     checkpoint leaves that checkpoint without the file, resumable with the run's own copy, never with half a file."""
     from labkit import __version__
 
-    path = Path(folder) / PRESET_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     recipe = preset.to_dict()
     # validate() refuses secrets; a preset built around it must still never write one.
     recipe["config"] = {k: v for k, v in recipe["config"].items() if k not in SECRET_FIELDS}
-    partial = path.with_name(f".{PRESET_FILE}.{os.getpid()}.partial")  # not .json: a checkpoint's check passes it by
-    partial.write_text(json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n")
-    os.replace(partial, path)  # atomic on one file system
-    return path
+    text = json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n"
+    return write_whole(Path(folder) / PRESET_FILE, lambda tmp: tmp.write_text(text))
 
 
 def load_saved_preset(folder: str | os.PathLike) -> Preset | None:

@@ -19,11 +19,11 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from labkit.models import build_tiny_model, cache_dir, load_tokenizer, write_whole
 from labkit.tasks import AdditionTask
 
 # ``config`` below is a labkit.nano.NanoConfig (its seed, model shape and warm-up fields); not imported here, so
@@ -49,8 +49,6 @@ def _load(path, device: str):
     # fp32 whatever the device: the model is tiny, and its warm-up is its whole training.
     from transformers import AutoModelForCausalLM
 
-    from labkit.models import load_tokenizer
-
     with _quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device)
     return model, load_tokenizer(path)
@@ -58,8 +56,6 @@ def _load(path, device: str):
 
 def build_policy(config):
     """Return ``(model, tokenizer)``: the tiny model of ``config``'s shape, random weights from its seed."""
-    from labkit.models import build_tiny_model
-
     with _quiet_transformers():
         path = build_tiny_model(config.arch, seed=config.seed, **config.model_shape())
     return _load(path, config.device)
@@ -111,8 +107,6 @@ def warm_up(model, tokenizer, task: AdditionTask, *, steps: int, batch_size: int
 
 
 def _warm_up_folder(config) -> Path:
-    from labkit.models import cache_dir
-
     fields = ("seed", "arch", "forget_carry", "sft_steps", "sft_batch_size", "sft_learning_rate", "device")
     key = json.dumps({**{f: getattr(config, f) for f in fields}, **config.model_shape(), "v": 1}, sort_keys=True)
     return cache_dir() / "nano-warm-ups" / f"addition-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
@@ -135,16 +129,13 @@ def warmed_up_policy(config, *, reuse: bool = True, progress: bool = True):
     losses = warm_up(model, tokenizer, config.task(), steps=config.sft_steps, batch_size=config.sft_batch_size,
                      learning_rate=config.sft_learning_rate, seed=config.seed, progress=progress)
     if reuse:
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        with _quiet_transformers():
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        (tmp / "warm_up_losses.json").write_text(json.dumps(losses))
-        if path.exists():
-            import shutil
+        def save(tmp):
+            with _quiet_transformers():
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            (tmp / "warm_up_losses.json").write_text(json.dumps(losses))
 
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        write_whole(path, save)
         model.config._name_or_path = str(path)
     return model, tokenizer, losses
 

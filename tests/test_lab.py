@@ -163,3 +163,27 @@ def test_run_bench_streams_a_benchmark_from_the_repository_and_refuses_without_o
     monkeypatch.setattr(labkit.lab, "repo_root", lambda: None)  # an installed copy: no bench/ beside it
     with pytest.raises(FileNotFoundError, match="clone of the lab"):
         labkit.lab.run_bench("gpu")
+
+
+def test_results_and_folders_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A kill between writing and renaming leaves the old file or folder, never half of one (lab.write_json: the
+    demo's and the benchmarks' results; labkit.models.write_whole: model folders, warm-ups, recipes, the OOM report)."""
+    from labkit.lab import write_json
+    from labkit.models import write_whole
+
+    path = write_json(tmp_path / "results" / "summary.json", {"rise": 1})
+    folder = write_whole(tmp_path / "model", lambda tmp: (tmp.mkdir(), (tmp / "config.json").write_text("old")))
+
+    def killed(*args):
+        raise KeyboardInterrupt  # the process dies after writing, before renaming
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        write_json(path, {"rise": 2})
+    with pytest.raises(KeyboardInterrupt):
+        write_whole(folder, lambda tmp: (tmp.mkdir(), (tmp / "config.json").write_text("new")))
+    monkeypatch.undo()
+    assert path.read_text() == '{\n  "rise": 1\n}\n' and (folder / "config.json").read_text() == "old"
+    assert [p.name for p in (tmp_path / "results").iterdir() if p.suffix == ".json"] == ["summary.json"]
+    write_whole(folder, lambda tmp: (tmp.mkdir(), (tmp / "config.json").write_text("new")))  # an existing folder
+    assert (folder / "config.json").read_text() == "new" and write_json(path, {"rise": 2}).read_text().count("2") == 1
