@@ -87,7 +87,7 @@ class Preflight:
             lines.append(f"{self.card}: no GPU memory to compare with.")
         else:
             verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(f"{self.card} has {self.card_gib:.1f} GiB: {verdict} with a {self.margin_gib:.1f} GiB margin "
+            lines.append(f"{self.card}: {verdict} with a {self.margin_gib:.1f} GiB margin "  # the card names its GiB
                          f"({self.card_gib - self.estimate_gib:+.1f} GiB left).")
         if self.plan and not self.fits:
             fits = self.plan[-1][1] + self.margin_gib <= self.card_gib
