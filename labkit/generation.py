@@ -63,8 +63,9 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
     cuda = getattr(device, "kind", "cpu") == "cuda"
     vllm_options = sorted(k for k in p.config if k.startswith("vllm_"))
     if vllm_options and path != "vllm":
-        errors.append(f"{', '.join(vllm_options)} act only with generation='vllm' (this recipe's is "
-                      f"{path!r}): set generation='vllm', or drop them.")
+        verb, them = ("acts", "it") if len(vllm_options) == 1 else ("act", "them")
+        errors.append(f"{', '.join(vllm_options)} {verb} only with generation='vllm' (this recipe's is "
+                      f"{path!r}): set generation='vllm', or drop {them}.")
     if path == "static-compiled":
         if p.method == "qlora":
             errors.append("generation='static-compiled' cannot compile a 4-bit (QLoRA) model: transformers compiles "

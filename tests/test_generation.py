@@ -488,5 +488,8 @@ def test_vllm_server_mode_is_a_recipe_choice_and_vllm_options_need_the_vllm_path
     assert fields == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://localhost:8000"}
     colocate = {k: v for k, v in grpo_arguments(get_preset("laptop-16gb", generation="vllm")).items() if "vllm" in k}
     assert colocate["vllm_mode"] == "colocate" and 0.1 <= colocate["vllm_gpu_memory_utilization"] <= 0.9
-    with pytest.raises(PresetError, match="vllm_mode act only with generation='vllm'"):
+    with pytest.raises(PresetError, match="vllm_mode acts only with generation='vllm'.*or drop it"):
         validate(get_preset("laptop-16gb", **{"vllm_mode": "server"}), card_device("laptop-16gb"))
+    with pytest.raises(PresetError, match="vllm_mode, vllm_server_base_url act only with generation='vllm'.*drop them"):
+        validate(get_preset("laptop-16gb", vllm_mode="server", vllm_server_base_url="http://localhost:8000"),
+                 card_device("laptop-16gb"))

@@ -850,6 +850,9 @@ def _exact(completions, answer, **kwargs):
     (lambda completions, **kwargs: 1 / 0, ["raised ZeroDivisionError", "columns: answer"]),
     (lambda completions, **kwargs: ["1"] * len(completions), ["returned '1' (str)"]),
     (lambda completions, **kwargs: [True] * len(completions), ["returned True (bool)"]),
+    # inf gives its group NaN advantages; nan, the result of a 0 / 0, is what check_reward_function calls a bug too
+    (lambda completions, **kwargs: [float("inf")] * len(completions), ["returned inf (float)", "finite number"]),
+    (lambda completions, **kwargs: [0.0, float("nan")] * (len(completions) // 2), ["returned nan (float)"]),
     (lambda completions, gold, **kwargs: gold, ["raised TypeError", "gold"]),  # a column the dataset lacks
 ])
 def test_a_reward_that_would_fail_in_trl_is_named_before_any_model_loads(reward, words):

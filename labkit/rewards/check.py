@@ -297,7 +297,8 @@ def task_errors(dataset, rewards) -> list[str]:
         if len(values) != len(rows):
             errors.append(f"reward {name} returned {len(values)} rewards for {len(rows)} completions: return one "
                           "number (or None) per completion, in order.")
-        elif bad := [v for v in values if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]:
+        elif bad := [v for v in values if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                             or not math.isfinite(v))]:  # as check_reward_function
             errors.append(f"reward {name} returned {bad[0]!r} ({type(bad[0]).__name__}): each reward must be a "
-                          "number, or None to abstain.")
+                          "finite number, or None to abstain.")
     return errors
