@@ -19,9 +19,10 @@ A run whose last checkpoint reached ``max_steps`` is finished: training it again
 (:func:`finished_run`). While a run trains, ``OUTPUT_DIR/labkit.lock`` holds its process id, so a
 second process started into the same folder is refused (:class:`RunLock`).
 
-Notebooks 04, 06 and 08 import from here what a learner meets on this road: the checks a run makes before any model
-loads (:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`) and the OOM doctor :meth:`Run.train`
-wraps the trainer in (:func:`labkit.oom.explain_oom`). They live in those modules; ``__all__`` lists them here.
+Notebooks 04, 06 and 08 import from here the checks a run makes before any model loads
+(:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`). They live in those modules; ``__all__`` lists
+them here. :meth:`Run.explain_oom` shows the report of the OOM doctor (:mod:`labkit.oom`) that :meth:`Run.train` wraps
+the trainer in.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ from labkit.validation import SECRET_FIELDS, checked_plan, process_count, valida
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
            "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters", "question_prompt",
-           # where they live: labkit.validation, labkit.preflight, labkit.oom (notebooks 04, 06, 08)
-           "validate", "preflight", "explain_oom"]
+           # where they live: labkit.validation, labkit.preflight (notebooks 04, 06, 08)
+           "validate", "preflight"]
 
 
 PRESET_FILE = "labkit_preset.json"
@@ -395,6 +396,14 @@ class Run:
                 print(f"resuming from {checkpoint} (step {checkpoint.name.removeprefix('checkpoint-')})")
             return train_with_oom_doctor(self.trainer, resume_from_checkpoint=str(checkpoint) if checkpoint else None,
                                          settings=self.preset.to_dict())
+
+    def explain_oom(self, error: BaseException, phase: str = "unknown"):
+        """Return the OOM doctor's report (:func:`labkit.oom.explain_oom`) had ``error`` struck ``phase`` of this run's
+        latest step (``trainer.state.global_step``): for its recipe, with its last checkpoint, as :meth:`train` reports."""
+        state = self.trainer.state
+        return explain_oom(error, phase=phase, step=state.global_step, max_steps=state.max_steps,
+                           settings=self.preset.to_dict(), checkpoint=last_checkpoint(self.output_dir),
+                           output_dir=self.output_dir)
 
     def save(self, folder: str | os.PathLike | None = None) -> Path:
         """Save the trained adapter (or model) and the tokenizer to ``folder`` (``OUTPUT_DIR/final``)."""

@@ -172,6 +172,9 @@ def test_oom_in_the_loss_forward_becomes_a_report_and_keeps_the_checkpoint(tmp_p
     assert caught.value.__context__ is None and caught.value.__cause__ is None  # no chained raw traceback
     saved = json.loads((tmp_path / "oom_report.json").read_text())
     assert saved["phase"] == "forward" and saved["changes"][0].startswith("per_device_train_batch_size 4 -> 2")
+    # Run.explain_oom (notebook 04, section 8): the same report for the run's latest step, 2, the one it kept
+    shown = run.explain_oom(torch.OutOfMemoryError(OOM_MESSAGE), phase="forward").as_dict()
+    assert shown == {**saved, "step": 2, "output_dir": str(tmp_path)}, (shown, saved)
     # the patched trainer methods are gone again: the same trainer trains normally once the fault is cleared
     assert "compute_loss" not in run.trainer.__dict__ and "_generate" not in run.trainer.__dict__
 
