@@ -420,9 +420,8 @@ class Run:
             if self.trainer.args.should_save:
                 self.tokenizer.save_pretrained(str(partial))
                 save_preset(self.preset, partial)
-                if folder.exists():
-                    shutil.rmtree(folder)
-                os.replace(partial, folder)
+                # into place as write_whole does: the old final/ steps aside first, so a kill never leaves neither
+                write_whole(folder, lambda tmp: os.replace(partial, tmp))
         return folder
 
 
