@@ -49,7 +49,7 @@ from functools import cached_property
 
 import torch
 
-from labkit.cards import CARDS, SIZING_TARGET, card
+from labkit.cards import CARDS, card
 from labkit.device import DeviceInfo, choose_precision, torch_dtype
 from labkit.environments import tool_rounds
 from labkit.generation import generation_arguments
@@ -58,9 +58,7 @@ from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_polic
 from labkit.memory import ModelShape, model_shape
 
 __all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_CONFIG", "RECIPE_TARGETS", "get_preset", "card_device",
-           "Plan", "resolve_plan", "grpo_arguments",
-           # the cards a recipe is made for and the device it is checked against (labkit.cards, labkit.device)
-           "CARDS", "SIZING_TARGET", "DeviceInfo"]
+           "Plan", "resolve_plan", "grpo_arguments"]
 
 # The published 16 GB recipe's LoRA targets (attention q/k/o and MLP up/down).
 RECIPE_TARGETS = ("q_proj", "k_proj", "o_proj", "up_proj", "down_proj")

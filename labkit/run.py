@@ -19,9 +19,7 @@ A run whose last checkpoint reached ``max_steps`` is finished: training it again
 (:func:`finished_run`). While a run trains, ``OUTPUT_DIR/labkit.lock`` holds its process id, so a
 second process started into the same folder is refused (:class:`RunLock`).
 
-Notebooks 04, 06 and 08 import from here the checks a run makes before any model loads
-(:func:`labkit.validation.validate`, :func:`labkit.preflight.preflight`). They live in those modules; ``__all__`` lists
-them here. :meth:`Run.explain_oom` shows the report of the OOM doctor (:mod:`labkit.oom`) that :meth:`Run.train` wraps
+:meth:`Run.explain_oom` shows the report of the OOM doctor (:mod:`labkit.oom`) that :meth:`Run.train` wraps
 the trainer in.
 """
 from __future__ import annotations
@@ -37,17 +35,14 @@ from labkit.device import detect_device
 from labkit.generation import dropped_settings_problem, prepare_generation
 from labkit.models import load_tokenizer, match_adapter_dtype, quantization_config, write_whole
 from labkit.oom import explain_oom
-from labkit.preflight import preflight
 from labkit.presets import Plan, Preset, PresetError, get_preset
 from labkit.rewards import named_rewards
 from labkit.training import build_trainer, checkpoint_problem, checkpoint_step, grpo_config, last_checkpoint
-from labkit.validation import SECRET_FIELDS, checked_plan, process_count, validate
+from labkit.validation import SECRET_FIELDS, checked_plan, process_count
 
 __all__ = ["Run", "build_run", "training_prompts", "reward_functions", "resume_checkpoint", "save_preset",
            "load_saved_preset", "task_dataset", "eval_prompts", "ResumeMismatchError", "RESUMABLE_CHANGES", "PRESET_FILE", "is_main_process",
-           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters", "question_prompt",
-           # where they live: labkit.validation, labkit.preflight (notebooks 04, 06, 08)
-           "validate", "preflight"]
+           "finished_run", "RunLock", "RunLockedError", "LOCK_FILE", "merge_adapters", "question_prompt"]
 
 
 PRESET_FILE = "labkit_preset.json"

@@ -7,11 +7,12 @@ Figures come from labkit.memory.estimate, never hard-coded, so they follow the e
 import pytest
 import torch
 
+from labkit.cards import CARDS
 from labkit.memory import estimate
 from labkit.oom import candidate_changes, optimizer_step_memory, ordered_changes, phase_memory, scoring_memory
 from labkit.preflight import estimate as _estimate
 from labkit.preflight import preflight
-from labkit.presets import CARDS, PRESETS, resolve_plan
+from labkit.presets import PRESETS, resolve_plan
 from labkit.training import non_finite_advice
 
 PHASES = ("generation", "scoring", "forward", "backward", "optimizer")
