@@ -138,13 +138,49 @@ def test_readers_of_a_plan_decide_nothing_again(resolve_calls, capsys):
     assert "fp16" in capsys.readouterr().out
 
 
+# README, "Follow a preset to GRPOTrainer": the labkit functions on the stack when each step runs, outermost first.
+ROAD = {
+    "Plan": ["run.py:build_run", "validation.py:checked_plan", "presets.py:resolve_plan"],
+    "GRPOConfig": ["run.py:build_run", "training.py:grpo_config"],
+    "GRPOTrainer": ["run.py:build_run", "training.py:build_trainer"],
+}
+
+
+def _labkit_stack() -> list[str]:
+    import traceback
+
+    return [f"{Path(f.filename).name}:{f.name}" for f in traceback.extract_stack()
+            if Path(f.filename).parent == PACKAGE]
+
+
+@pytest.fixture
+def road(monkeypatch):
+    """Record where a preset becomes its plan, TRL's GRPOConfig and TRL's GRPOTrainer: the labkit frames above each."""
+    import trl
+
+    seen = {name: [] for name in ROAD}
+
+    def recording(name, original):
+        def recorded(*args, **kwargs):
+            seen[name].append(_labkit_stack())
+            return original(*args, **kwargs)
+        return recorded
+
+    monkeypatch.setattr(Plan, "__init__", recording("Plan", Plan.__init__))
+    monkeypatch.setattr(trl.GRPOConfig, "__post_init__", recording("GRPOConfig", trl.GRPOConfig.__post_init__))
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", recording("GRPOTrainer", trl.GRPOTrainer.__init__))
+    return seen
+
+
 @pytest.mark.slow
-def test_build_run_resolves_the_preset_once(tmp_path, resolve_calls):
+def test_build_run_resolves_the_preset_once(tmp_path, resolve_calls, road):
     from labkit.run import build_run
 
     build_run(get_preset("cpu-tiny", train_limit=8), tmp_path, device=CPU, disable_tqdm=True)
     # 9643c8d's build_run ran resolve_model 4 times, choose_precision 3 and model_shape 2
     assert dict(resolve_calls) == dict(resolve_model=1, choose_precision=1, check_method=1, model_shape=1)
+    # the road a newcomer reads: four files, each step once
+    assert road == {name: [frames] for name, frames in ROAD.items()}, road
 
 
 def test_the_recipe_does_not_climb_back():
