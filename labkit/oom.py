@@ -37,7 +37,6 @@ import functools
 import gc
 import json
 import re
-import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,11 +46,12 @@ from transformers import TrainerCallback
 from labkit.environments import tool_rounds
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, PRECISION_BYTES, estimate, fused_head, hidden_state_bytes
 from labkit.models import DEFAULT_LORA_TARGETS, resolve_model, write_whole
+from labkit.text import wrap
 from labkit.memory import model_shape
 from labkit.training import NaNGuard, args_precision, last_checkpoint, nan_in_sampling
 
 __all__ = ["PHASES", "PHASE_MEMORY", "flat_settings", "phase_memory", "scoring_memory", "optimizer_step_memory",
-           "Change", "candidate_changes", "fitting_changes", "ordered_changes", "OOMReport", "report_text",
+           "Change", "candidate_changes", "fitting_changes", "ordered_changes", "OOMReport",
            "TrainingOutOfMemory", "PhaseTracker", "is_oom", "explain_oom", "settings_from_trainer",
            "train_with_oom_doctor"]
 
@@ -393,15 +393,7 @@ class OOMReport:
         else:
             lines.append("No checkpoint was written before the error: the run starts again from step 0.")
         lines.append("Restart the Python process (the kernel) before retrying: memory is fragmented after an OOM.")
-        return report_text(lines)
-
-
-def report_text(lines: list[str]) -> str:
-    """Return a report's ``lines`` wrapped between words at 100 characters, a numbered change's lines under its text:
-    JupyterLab cuts a long printed line mid-word (this report, and :class:`labkit.preflight.Preflight`'s)."""
-    return "\n".join(textwrap.fill(line, 100, break_long_words=False, break_on_hyphens=False,
-                                    subsequent_indent=" " * len(re.match(r"\s*(\d+\. )?", line).group(0)))
-                     for line in lines)
+        return wrap("\n".join(lines))
 
 
 class TrainingOutOfMemory(RuntimeError):
@@ -444,7 +436,7 @@ class PhaseTracker:
     def install(self, trainer) -> "PhaseTracker":
         tracker = self
 
-        def wrap(original, start, end):
+        def in_phase(original, start, end):
             @functools.wraps(original)
             def wrapped(*args, **kwargs):
                 tracker.phase = start
@@ -457,7 +449,7 @@ class PhaseTracker:
         for name, start, end in (("_generate", "generation", "scoring"), ("compute_loss", "forward", "backward")):
             original = getattr(trainer, name, None)
             if original is not None:
-                setattr(trainer, name, wrap(original, start, end))
+                setattr(trainer, name, in_phase(original, start, end))
 
         class _Callback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):

@@ -15,8 +15,9 @@ from labkit.device import detect_device
 from labkit.generation import continuous_footprint
 from labkit.memory import GIB, MemoryEstimate, estimate as _estimate_memory
 from labkit.models import architecture_config
-from labkit.oom import fitting_changes, report_text
+from labkit.oom import fitting_changes
 from labkit.presets import Plan, resolve_plan
+from labkit.text import wrap
 
 __all__ = ["estimate", "Preflight", "preflight", "changes_until_fit"]
 
@@ -94,7 +95,7 @@ class Preflight:
             lines.append("Change, in this order" + (" until it fits" if fits else " (still not enough: a bigger card)")
                          + " (estimated total after each step):")
             lines += [f"  {i}. {change} -> about {after:.1f} GiB" for i, (change, after) in enumerate(self.plan, 1)]
-        return report_text(lines)
+        return wrap("\n".join(lines))
 
 
 _TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")

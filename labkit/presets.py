@@ -56,6 +56,7 @@ from labkit.generation import generation_arguments
 from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config,
                            resolve_model)
 from labkit.memory import ModelShape, model_shape
+from labkit.text import wrap
 
 __all__ = ["Preset", "PRESETS", "PresetError", "RECIPE_CONFIG", "RECIPE_TARGETS", "get_preset", "card_device",
            "Plan", "resolve_plan", "grpo_arguments"]
@@ -69,12 +70,8 @@ class PresetError(ValueError):
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a traceback: the message, which says what to change (a notebook's setting),
-        where a stack into labkit would bury it; wrapped between words at 100 characters (``labkit.lab.TEXT_WIDTH``: the
-        recipe may not import the layer above it)."""
-        import textwrap
-
-        return [part for line in f"{type(self).__name__}: {self}".splitlines()
-                for part in textwrap.wrap(line, 100, break_long_words=False, break_on_hyphens=False) or [line]]
+        where a stack into labkit would bury it; wrapped between words (:func:`labkit.text.wrap`)."""
+        return wrap(f"{type(self).__name__}: {self}").splitlines()
 
 
 # The published 16 GB laptop recipe's GRPOConfig arguments, in TRL's names and units (REFERENCES.md): every preset's

@@ -26,7 +26,8 @@ def test_the_busy_note_says_it_cannot_forecast_and_names_no_factor(monkeypatch, 
 def test_setups_note_wraps_between_words(monkeypatch, capsys):
     """JupyterLab breaks a long output line at any character ("expect up to a" / "bout 1.4x"): labkit wraps its own."""
     import labkit.lab
-    from labkit.lab import TEXT_WIDTH, setup
+    from labkit.lab import setup
+    from labkit.text import TEXT_WIDTH
 
     monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 7.0, 7.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
@@ -43,7 +44,8 @@ def test_setups_note_wraps_between_words(monkeypatch, capsys):
 
 def test_a_refusal_printed_in_a_notebook_keeps_its_words_whole():
     """Notebooks print a refused recipe through lab.wrap: lines within the width, every word whole, lines kept."""
-    from labkit.lab import TEXT_WIDTH, setup
+    from labkit.lab import setup
+    from labkit.text import TEXT_WIDTH
     from labkit.presets import PresetError, card_device, get_preset
     from labkit.validation import validate
 
@@ -53,6 +55,19 @@ def test_a_refusal_printed_in_a_notebook_keeps_its_words_whole():
     printed = setup(0, mode="cpu", verbose=False).wrap(message)
     assert printed.count("\n") >= 4 and all(len(line) <= TEXT_WIDTH for line in printed.splitlines())
     assert printed.split() == message.split() and printed.endswith("\n- a second line")
+
+
+def test_a_wrapped_list_item_continues_under_its_text():
+    """labkit.text.wrap, which the refusals, the preflight and the OOM doctor print through."""
+    from labkit.text import TEXT_WIDTH, wrap
+
+    words = " ".join(f"word{i}" for i in range(40))
+    for marker in ("- ", "12. ", "  3. ", ""):
+        first, *rest = wrap(marker + words).splitlines()
+        assert rest and first.startswith(marker) and all(len(line) <= TEXT_WIDTH for line in [first, *rest])
+        assert all(line.startswith(" " * len(marker)) and line[len(marker)] != " " for line in rest), (marker, rest)
+    long_word = "x" * (TEXT_WIDTH + 20)
+    assert wrap(f"a {long_word} b\n\nnext") == f"a\n{long_word}\nb\n\nnext"  # a word stays whole, a blank line stays
 
 
 def test_the_version_table_lists_the_cpu_models_packages():

@@ -29,10 +29,10 @@ PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
 # The installed package's Python, all lines counted (docstrings and blank lines too): the count reached, with no room
-# left. 15,179 on 2026-12-04 (14,642 on 2026-11-27); each commit that moved it says what the lines teach (git log -G
+# left. 15,187 on 2026-12-04 (14,642 on 2026-11-27); each commit that moved it says what the lines teach (git log -G
 # "^PACKAGE_BUDGET =" -- tests/test_layout.py). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal:
 # raise it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_179
+PACKAGE_BUDGET = 15_187
 
 
 def _module_name(path: Path) -> str:
@@ -306,7 +306,7 @@ def test_no_except_import_error_hides_a_real_import_error(name):
 LAYERS = [
     ("cards and device facts", {"labkit.device", "labkit.cards", "labkit.models", "labkit.memory", "labkit.measure",
                                 "labkit.rewards", "labkit.data",
-                                "labkit.tasks", "labkit.environments", "labkit.generation"}),
+                                "labkit.tasks", "labkit.environments", "labkit.generation", "labkit.text"}),
     ("the recipe and its plan", {"labkit.presets"}),
     ("the readers of a plan", {"labkit.preflight", "labkit.oom", "labkit.training"}),
     ("its checks, which read the plan and its estimate", {"labkit.validation"}),

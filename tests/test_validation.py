@@ -511,7 +511,7 @@ def test_a_bad_notebook_setting_is_one_line_naming_its_variable_without_a_traceb
                                 f"validate(preset, names={NOTEBOOK_04_NAMES!r})")
     finally:
         InteractiveShell.clear_instance()
-    from labkit.lab import TEXT_WIDTH
+    from labkit.text import TEXT_WIDTH
 
     assert isinstance(result.error_in_exec, PresetError)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
