@@ -111,9 +111,9 @@ def speed_columns(clock, spec: dict, model_config, states: list[str] | None = No
     """Return a speed row's columns from its run's :class:`labkit.generation.GenerationClock`: steady state (every
     generation after the first; unmerged ones only for the PEFT row, whose merged ones give
     ``merged_tokens_per_s``), the first generation's extra seconds, the share of the measuring card's bandwidth
-    limit (a card of :data:`labkit.cards.CARDS` only) and the laptop's limit at the same shapes (an estimate) for
+    limit (a card of :data:`labkit.device.CARDS` only) and the laptop's limit at the same shapes (an estimate) for
     the model of ``model_config`` (its architecture, in 16-bit weights)."""
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
     from labkit.generation import card_limit
 
     calls = clock.calls
@@ -132,7 +132,7 @@ def speed_columns(clock, spec: dict, model_config, states: list[str] | None = No
     # graphs torch.compile made after the first generation: 0 when the steady figures are steady; more means the
     # compiled path recompiled (after a training step, say) and its seconds include compilation
     out["graphs_after_first"] = sum(c.get("compiled", 0) for c in calls[1:])  # dynamo's; CUDA graphs: bench.gpu_measure
-    out["bandwidth_share"] = None  # on a card of labkit.cards only
+    out["bandwidth_share"] = None  # on a card of labkit.device.CARDS only
     if clock.bandwidth_gb_s:  # the measuring card's limit at each steady call's batch and context
         shares = [clock.figures(c)["bandwidth_share"] for c in steady]
         out["bandwidth_share"] = round(sum(shares) / len(shares), 4)
@@ -147,7 +147,7 @@ def speed_columns(clock, spec: dict, model_config, states: list[str] | None = No
 def speed_label(row: dict, device_name: str, *, cuda: bool) -> str:
     """Return a speed row's label: where it was measured and how, that its timings are the measuring card's (bound
     by the host unless its bandwidth share says otherwise), and that the laptop's figure is an estimate."""
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
 
     laptop = CARDS[LAPTOP_CARD]
     head = (f"measured on {device_name}, random weights" if cuda

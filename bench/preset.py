@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.memory import GIB
 from labkit.models import resolve_model
 from labkit.presets import PRESETS, Preset, get_preset
@@ -91,7 +91,7 @@ def fixed_length_prompts(tokenizer, n: int, length: int):
 def card_cap_fraction(cap_gib: float, total_bytes: int) -> float:
     """Return the fraction of a card's memory that ``cap_gib`` is (for ``set_per_process_memory_fraction``).
 
-    GiB as PyTorch reports them (:data:`labkit.cards.CARDS`: a "16 GB" card reports less than 16 GiB),
+    GiB as PyTorch reports them (:data:`labkit.device.CARDS`: a "16 GB" card reports less than 16 GiB),
     so a cap above what the card reports is refused with the card's own figure (presets' ``card_gib``
     is already given that way).
     """
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--cap-gib", type=float, default=None,
                         help="per-process GPU memory cap in GiB as PyTorch reports them (CUDA only; default: the "
-                             "preset's card_gib, from labkit.cards: "
+                             "preset's card_gib, from labkit.device.CARDS: "
                              + ", ".join(f"{c.gib:g} for {c.name}" for c in CARDS.values()) + ")")
     parser.add_argument("--min-spare-gib", type=float, default=1.0)
     parser.add_argument("--results", default="results", help="results folder")

@@ -6,7 +6,7 @@ laptop-16gb recipe (the precision decides the card: bf16 an Ampere 16 GB card, f
 Unsloth's "GRPO in 5 GB" setting: Qwen2.5-1.5B LoRA, G = 8 completions of 512 tokens in one
 micro-batch; and the sizing rows: each preset sized to its card (laptop-16gb, colab-t4, qlora-3b) one
 step up (``per_device_train_batch_size + num_generations``), the size that no longer fits
-(:func:`labkit.cards.sizing_fits`). A tool recipe's rows (``tools-16gb``) rehearse each of its tool rounds, a new
+(:func:`labkit.device.sizing_fits`). A tool recipe's rows (``tools-16gb``) rehearse each of its tool rounds, a new
 ``generate`` call over prompt + completion (:func:`bench.fake_tensors.generate`). Writes results/rehearsal.csv (one
 row per configuration, with provenance); ``--name`` re-rehearses only the rows named. Every peak is
 **rehearsed (fake tensors)**: no GPU ran it; ``bench memory`` measures on a real card.
@@ -18,7 +18,7 @@ import os
 import time
 import traceback
 
-from labkit.cards import card_gib, sized_gib
+from labkit.device import card_gib, sized_gib
 from bench import append_csv, results_dir
 from labkit.lab import provenance
 from labkit.memory import GIB
@@ -71,7 +71,7 @@ def configurations(which: str = "all") -> list[tuple[str, str, object]]:
 
 
 def _sizing(row: dict) -> dict:
-    """The allowance columns: rehearsed peak x 1.1 + 1 GiB (labkit.cards.sized_gib) and its share of the card."""
+    """The allowance columns: rehearsed peak x 1.1 + 1 GiB (labkit.device.sized_gib) and its share of the card."""
     sized = sized_gib(float(row["rehearsed_peak_gib"]))
     return dict(sized_gib=round(sized, 3), sized_fraction_of_card=round(sized / float(row["card_gib"]), 3))
 

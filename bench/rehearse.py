@@ -38,7 +38,7 @@ import torch
 
 from bench.fake_tensors import (EMULATED, LABEL, NOT_COUNTED, LiveBytes, cuda_behaviours, fake_policy, generate,
                                 loss_context, optimizer_for)
-from labkit.cards import card_gib
+from labkit.device import card_gib
 from labkit.memory import GIB
 
 __all__ = ["Rehearsal", "rehearse", "main", "LABEL"]

@@ -16,7 +16,7 @@ The data path, in the order a GRPO step runs it:
 
 Running it for real, on a card:
 
-- ``labkit.device``     which accelerator is here and which precision to train in
+- ``labkit.device``     which accelerator is here, which precision to train in, and the cards the lab plans for
 - ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder, the NaN guard
 - ``labkit.presets``    named recipes that fit a card; ``validation``, ``plan`` and ``preflight`` above them
 - ``labkit.run``        a preset made concrete: prompts, rewards, trainer, checkpoints and resume

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def estimate_cli(argv: list[str] | None = None) -> int:
     """``python -m labkit estimate``: print the memory breakdown of a GRPO run as a table or JSON."""
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
     from labkit.memory import PRECISION_BYTES, estimate
 
     parser = argparse.ArgumentParser(
@@ -88,7 +88,7 @@ def estimate_cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--padded", action="store_true", help="prompts of different lengths (a padding mask)")
     parser.add_argument("--logits", default="fused", choices=("fused", "full"))
     parser.add_argument("--card", default="rtx3080-laptop-16gb", choices=tuple(CARDS),
-                        help="the card to compare with (labkit.cards.CARDS)")
+                        help="the card to compare with (labkit.device.CARDS)")
     parser.add_argument("--json", action="store_true", help="print JSON (with total_gib) instead of a table")
     args = parser.parse_args(argv)
     try:

@@ -23,7 +23,7 @@ and the card waits. A recipe chooses how TRL 1.16 generates with :attr:`labkit.p
 :func:`generation_problems` refuses, before any model loads, what a path cannot do. :class:`GenerationClock`
 times every generation of a run and logs, through TRL's own metrics (so the dashboard and ``LogRecorder`` see
 them): ``generation/seconds``, ``generation/tokens_per_second`` (completion tokens), ``generation/ms_per_decode_step``
-and, on a card of :data:`labkit.cards.CARDS`, ``generation/bandwidth_share``: the tokens a second against
+and, on a card of :data:`labkit.device.CARDS`, ``generation/bandwidth_share``: the tokens a second against
 :func:`decode_limit`, what the card's memory bandwidth allows. docs/references.md#generation-paths cites each fact.
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
             errors.append(dropped)
         card = getattr(device, "total_memory_gib", None)
         if cuda and card and not errors:  # the pages, mask and buffers beside the weights and optimizer
-            from labkit.cards import SIZING_CONTEXT_GIB
+            from labkit.device import SIZING_CONTEXT_GIB
             from labkit.memory import estimate
 
             b = 4 if p.precision == "fp32" else 2
@@ -151,7 +151,7 @@ def decode_limit(weight_bytes: float, kv_bytes_per_token: float, batch: int, mea
 def card_limit(model, card, *, batch: int, prompt_tokens: float, completion_tokens: float,
                dtype_bytes: int = 2) -> float:
     """:func:`decode_limit` for ``model`` (a name, config or model: :func:`labkit.memory.model_shape`) on ``card``
-    (:class:`labkit.cards.Card`) in 16-bit weights, its context growing from the prompt through the completion."""
+    (:class:`labkit.device.Card`) in 16-bit weights, its context growing from the prompt through the completion."""
     from labkit.memory import model_shape
 
     shape = model_shape(model)
@@ -290,7 +290,7 @@ def prepare_generation(trainer, path: str = "generate", *, compile_limit_s: floa
     if kind == "cuda":
         import torch
 
-        from labkit.cards import CARDS
+        from labkit.device import CARDS
 
         name = torch.cuda.get_device_name()
         bandwidth = next((c.bandwidth_gb_s for c in CARDS.values() if c.name == name), None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from labkit.cards import Card, card as card_named
+from labkit.device import Card, card as card_named
 from labkit.memory import GIB, MemoryEstimate
 
 __all__ = ["state_bytes", "saved_activation_bytes", "memory_columns", "plot_breakdown"]
@@ -157,7 +157,7 @@ def plot_breakdown(estimates, labels=None, *, card="rtx3080-laptop-16gb", ax=Non
 
     ``estimates`` is one :class:`MemoryEstimate` or a list; each gets a pair of bars (generation,
     training), stacked term by term in GiB, and a dashed line marks what ``card`` (a key of
-    :data:`labkit.cards.CARDS`, or a :class:`labkit.cards.Card`) reports to PyTorch: a card sold as
+    :data:`labkit.device.CARDS`, or a :class:`labkit.device.Card`) reports to PyTorch: a card sold as
     16 GB reports about 15.7 GiB, not 14.9. Used by the interactive estimator of ``05_full_vs_lora.ipynb``.
     """
     import matplotlib.pyplot as plt

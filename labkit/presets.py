@@ -16,7 +16,7 @@ asking for one the card cannot do fails in :func:`labkit.validation.validate`.
 :class:`Preset`'s defaults; it uses a fifth of the card (rehearsed). ``laptop-16gb``, ``colab-t4``, ``qlora-3b`` and
 ``tools-16gb`` (notebook 08: GSM8K with a calculator environment) take the largest ``per_device_train_batch_size``
 (in multiples of ``num_generations``: whole prompt groups) whose rehearsed peak plus
-:func:`labkit.cards.sized_gib`'s allowance is within 80 % of the card.
+:func:`labkit.device.sized_gib`'s allowance is within 80 % of the card.
 
 :func:`resolve_plan` turns a preset (a name or a :class:`Preset`), for one card, into a :class:`Plan` that says
 everything the rest of the lab needs, decided in one place:
@@ -49,8 +49,7 @@ from functools import cached_property
 
 import torch
 
-from labkit.cards import CARDS, card
-from labkit.device import DeviceInfo, choose_precision, torch_dtype
+from labkit.device import CARDS, DeviceInfo, card, choose_precision, torch_dtype
 from labkit.environments import tool_rounds
 from labkit.generation import generation_arguments
 from labkit.models import (LOCAL_MODELS, LORA_DROPOUT, adapter_dtype, load_policy, lora_config, quantization_config,
@@ -141,7 +140,7 @@ class Preset:
     # KV cache and a compiled decode step), "continuous" (transformers' continuous batching) or "vllm" (colocated).
     generation: str = "generate"
     # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.mem_get_info()'s total),
-    # None for no GPU: read from the one table of cards (labkit.cards; _PRESET_CARDS says which card each
+    # None for no GPU: read from the one table of cards (labkit.device.CARDS; _PRESET_CARDS says which card each
     # GPU preset is made for). Caps and preflight use these figures.
     card_gib: float | None = CARDS["rtx3080-laptop-16gb"].gib
     # The GRPOConfig arguments, in TRL's names: RECIPE_CONFIG with what this preset changes (__post_init__).
@@ -411,7 +410,7 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# The card each GPU preset is made for: a key of labkit.cards.CARDS (name, memory, compute capability).
+# The card each GPU preset is made for: a key of labkit.device.CARDS (name, memory, compute capability).
 _PRESET_CARDS = {
     "colab-t4": "t4",  # Turing: fp16 only
     "workshop": "t4",  # notebook 04's default on a GPU: a free Colab T4
@@ -427,7 +426,7 @@ def card_device(preset: Preset | str):
 
     What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
     card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
-    The card comes from :data:`labkit.cards.CARDS` (``_PRESET_CARDS``), with the preset's own
+    The card comes from :data:`labkit.device.CARDS` (``_PRESET_CARDS``), with the preset's own
     ``card_gib``; presets without a named card get an Ampere (bf16) card of ``card_gib``. A ``card_gib``
     that :func:`labkit.validation.validate` refuses (``"abc"``) gives None: validate then says what to set.
     """
@@ -444,7 +443,7 @@ def card_device(preset: Preset | str):
         name, capability = named.name, named.compute_capability
     else:
         name, capability = f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)
-    return DeviceInfo("cuda", name, preset.card_gib, capability, bf16=capability >= (8, 0), fp16=True)
+    return DeviceInfo.cuda(name, preset.card_gib, capability)
 
 
 def get_preset(name: str | Preset, **overrides) -> Preset:

@@ -355,10 +355,10 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
     max_completion_length`` (:func:`labkit.memory.estimate`, ``max_tool_calling_iterations``). Each row gives the
     generation phase's **estimate** for the first turn and for a tool round, and the step's peak
     (:func:`labkit.preflight.estimate` of the plan on the preset's card), sized like the presets
-    (:func:`labkit.cards.sized_gib`: x 1.1 + 1 GiB) against 80 % of the card; the preset's own batch was chosen by
+    (:func:`labkit.device.sized_gib`: x 1.1 + 1 GiB) against 80 % of the card; the preset's own batch was chosen by
     the rehearsal on fake tensors, which runs every round (``python -m bench rehearsal``, results/rehearsal.csv).
     """
-    from labkit.cards import SIZING_TARGET, sized_gib
+    from labkit.device import SIZING_TARGET, sized_gib
     from labkit.memory import GIB
     from labkit.preflight import estimate
     from labkit.presets import card_device, resolve_plan

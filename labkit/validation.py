@@ -168,7 +168,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     up to ``max_prompt_length + max_completion_length`` tokens prefilled from scratch, and ``max_completion_length``
     new tokens asked again, for every row of the generation batch (:func:`labkit.memory.estimate` with
     ``max_tool_calling_iterations``). Refused when that **estimated** generation phase plus the CUDA context
-    (:data:`labkit.cards.SIZING_CONTEXT_GIB`) is more than the card holds, with the changes that make it fit, ranked
+    (:data:`labkit.device.SIZING_CONTEXT_GIB`) is more than the card holds, with the changes that make it fit, ranked
     as preflight ranks them (:func:`labkit.preflight.changes_until_fit`, by the generation phase); a model the
     estimator cannot read passes here (the preflight says so).
     """
@@ -194,7 +194,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     device = plan.card if plan else None
     if device is None or device.kind != "cuda" or not device.total_memory_gib:
         return []
-    from labkit.cards import SIZING_CONTEXT_GIB
+    from labkit.device import SIZING_CONTEXT_GIB
     from labkit.memory import GIB
     from labkit.preflight import changes_until_fit, estimate
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 
 from bench import gpu, gpu_cost, gpu_measure, gpu_plan, gpu_rows, gpu_run
 
@@ -883,7 +883,7 @@ def test_tiny_runs_the_speed_rows_with_their_figures(tmp_path):
         for key in ("generation_tokens_per_s", "ms_per_decode_step", "first_extra_s", "laptop_limit_tokens_per_s",
                     "completion_mean_length"):
             assert row[key] is not None and row[key] >= 0, (name, key)
-        assert row["bandwidth_share"] is None  # a CPU is no card of labkit.cards: no bandwidth to share
+        assert row["bandwidth_share"] is None  # a CPU is no card of labkit.device.CARDS: no bandwidth to share
         assert row["generation_calls"] == (3 if name == "speed-peft-merged" else 2)
         assert row["label"].startswith("CPU rehearsal") and "random weights" in row["label"]
         assert "timings: bound by the host; a laptop's differ" in row["label"]

@@ -1,4 +1,4 @@
-"""labkit.cards is the one table of card sizes: every card size in the repository reads it.
+"""labkit.device.CARDS is the one table of card sizes: every card size in the repository reads it.
 
 A card's memory is what ``torch.cuda.mem_get_info()`` reports (binary GiB), never "16 GB" converted as
 10^9 bytes (14.9 GiB). The scan below fails on any other literal card size: in code (labkit, tests, the
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.cards import CARDS, card, card_gib
+from labkit.device import CARDS, card, card_gib
 from labkit.presets import PRESETS, _PRESET_CARDS, card_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ _PROSE = re.compile(r"(T4|card|RTX|A100|3080|4080|4090|reports?|PyTorch)[^.\n|]{
 def _sources():
     """Yield ``(path, kind, text)`` for every file that could state a card size (results/ records are data)."""
     for path in sorted((ROOT / "labkit").rglob("*.py")):
-        if path.name != "cards.py":
+        if path.name != "device.py":  # the table itself
             yield path, "code", path.read_text()
     for path in sorted((ROOT / "tests").glob("*.py")):
         if path.name != "test_cards.py":
@@ -64,7 +64,7 @@ def find_literal_card_sizes() -> list[str]:
                 found += [f"{where}: {m.group(0)!r}" for m in pattern.finditer(text)]
         for m in _PROSE.finditer(text) if kind != "test" else ():
             if m.group(2) not in figures:
-                found.append(f"{where}: {m.group(0)!r} (not a figure of labkit.cards.CARDS)")
+                found.append(f"{where}: {m.group(0)!r} (not a figure of labkit.device.CARDS)")
     return found
 
 
@@ -88,7 +88,7 @@ def test_the_table_holds_binary_figures_with_sources():
         sold = float(c.sold_as.split()[0])
         # a card reports at most its binary size, and more than its size in 10^9 bytes unless ECC keeps a share
         assert c.gib <= sold and (c.gib > sold * 10**9 / 2**30 or "ECC" in c.sold_as), c
-    assert card_gib("t4") == CARDS["t4"].gib and card("t4").bf16 is False and card("a100-80gb").bf16 is True
+    assert card_gib("t4") == CARDS["t4"].gib and card("t4").device().bf16 is False and card("a100-80gb").device().bf16 is True
     with pytest.raises(KeyError, match="unknown card 'h100'.*t4"):
         card("h100")
 
@@ -110,7 +110,7 @@ def test_the_workshop_preset_plans_for_a_t4_in_fp16():
 
 
 def test_the_sizing_allowance_is_stated_once_and_applied_as_stated():
-    from labkit.cards import sized_gib, sizing_fits
+    from labkit.device import sized_gib, sizing_fits
 
     # worked examples of the allowance the README and notebook 04 state: rehearsed x 1.10 + 1 GiB, within 80 %
     assert sized_gib(0.0) == pytest.approx(1.0) and sized_gib(10.0) == pytest.approx(12.0)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit import device as dev
 from labkit.data import GSM8K_SIZES, gold_answer, load_gsm8k
 from labkit.models import (ARCHITECTURES, build_architecture, build_tiny_model, count_parameters, load_policy,

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.generation import (PATHS, GenerationClock, GenerationTooSlow, card_limit, decode_limit,
                                generation_arguments, kv_bytes_per_token)
 from labkit.presets import PresetError, get_preset
@@ -326,7 +326,7 @@ def _paged_cache(cb_kwargs: dict, *, total_gib: float, used_gib: float):
 def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
     from labkit.preflight import estimate
     from labkit.presets import resolve_plan
-    from labkit.cards import SIZING_CONTEXT_GIB
+    from labkit.device import SIZING_CONTEXT_GIB
     from labkit.generation import continuous_footprint
 
     p = get_preset("laptop-16gb").replace(generation="continuous")

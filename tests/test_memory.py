@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.cli import estimate_cli
 from labkit.measure import saved_activation_bytes, state_bytes
 from labkit.memory import GIB, estimate

@@ -21,7 +21,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 
 CONFIGS = {
     "multi_gpu.yaml": "MULTI_GPU",

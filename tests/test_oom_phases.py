@@ -7,7 +7,7 @@ Figures come from labkit.memory.estimate, never hard-coded, so they follow the e
 import pytest
 import torch
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.memory import estimate
 from labkit.oom import candidate_changes, optimizer_step_memory, ordered_changes, phase_memory, scoring_memory
 from labkit.preflight import estimate as _estimate

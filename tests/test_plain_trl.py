@@ -143,7 +143,7 @@ def test_04_plain_trl_cell_builds_the_same_qlora_model_as_build_run(tmp_path, mo
     from datasets import Dataset
 
     import labkit.run
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
     from labkit.models import load_tokenizer
     from labkit.presets import get_preset
 

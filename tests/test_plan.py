@@ -52,7 +52,7 @@ def test_preflight_dry_run_estimator_and_rehearsal_read_the_same_plan():
     plan = resolve_plan("colab-t4")
     report = preflight(plan)
     assert report.estimate_gib == pytest.approx(estimate(plan).total)
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
 
     assert report.card_gib == pytest.approx(CARDS["t4"].gib)
     # planning from a CPU gives the same figures as the plan of the preset's card (fp16 on a T4, not bf16)
@@ -185,14 +185,15 @@ def test_build_run_resolves_the_preset_once(tmp_path, resolve_calls, road):
 
 def test_the_recipe_does_not_climb_back():
     # labkit.presets (the recipe and its plan) sits under its checks, preflight, run and training
-    # (tests/test_layout.py's layers): it imports only the cards, the device, the models, their shapes (labkit.memory), the
-    # generation paths (labkit.generation: a recipe's GRPOConfig fields for its path, importing no labkit module at
-    # its top) and the tool environments (labkit.environments: the tool rounds a recipe's environment takes)
+    # (tests/test_layout.py's layers): it imports only the device and the cards, the models, their shapes (labkit.memory),
+    # the generation paths (labkit.generation: a recipe's GRPOConfig fields for its path, importing no labkit module at
+    # its top), the tool environments (labkit.environments: the tool rounds a recipe's environment takes) and how a
+    # sentence is printed (labkit.text: a refusal's message in a notebook)
     tree = ast.parse((PACKAGE / "presets.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                 and n.module.startswith("labkit")}
-    assert imported <= {"labkit.cards", "labkit.device", "labkit.models", "labkit.memory",
-                        "labkit.generation", "labkit.environments"}, imported
+    assert imported <= {"labkit.device", "labkit.models", "labkit.memory",
+                        "labkit.generation", "labkit.environments", "labkit.text"}, imported
 
 
 def test_the_presets_lora_dropout_reaches_the_estimate():

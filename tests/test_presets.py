@@ -5,7 +5,7 @@ import math
 import pytest
 
 from labkit import device as dev
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.preflight import preflight
 from labkit.presets import PRESETS, Preset, PresetError, get_preset
 from labkit.validation import validate
@@ -14,7 +14,7 @@ from labkit.run import build_run, reward_functions, training_prompts
 LAPTOP = CARDS["rtx3080-laptop-16gb"].device()
 T4 = CARDS["t4"].device()
 CPU = dev.DeviceInfo("cpu", "x86_64 CPU (2 cores)", None, None, bf16=False, fp16=False)
-SMALL_CAP = 4.0  # GiB: a cap below every card of labkit.cards, so that preflight has to plan
+SMALL_CAP = 4.0  # GiB: a cap below every card of labkit.device.CARDS, so that preflight has to plan
 MPS = dev.DeviceInfo("mps", "Apple arm64", None, None, bf16=False, fp16=False)
 CARDS = {"laptop-16gb": LAPTOP, "laptop-16gb-published": LAPTOP, "colab-t4": T4, "qlora-3b": LAPTOP, "cpu-tiny": CPU, "cpu-smollm2": CPU, "cpu-tools": CPU, "workshop": T4,
          "tools-16gb": LAPTOP}
@@ -45,12 +45,12 @@ def test_the_published_laptop_recipe_keeps_its_own_name_and_laptop_16gb_differs_
 
 def test_sized_presets_are_the_largest_batch_their_recorded_rehearsal_fits_in_80_percent_of_the_card():
     """results/rehearsal.csv (python -m bench rehearsal) holds each sized preset at its current size,
-    fitting with the allowance of labkit.cards.sized_gib, and one step up (sizing rows) not fitting."""
+    fitting with the allowance of labkit.device.sized_gib, and one step up (sizing rows) not fitting."""
     import csv
     from pathlib import Path
 
     from bench.rehearsal import SIZED
-    from labkit.cards import SIZING_TARGET, sizing_fits
+    from labkit.device import SIZING_TARGET, sizing_fits
 
     path = Path(__file__).resolve().parents[1] / "results" / "rehearsal.csv"
     rows = {r["name"]: r for r in csv.DictReader(path.open()) if r["status"] == "ok"}

@@ -115,7 +115,7 @@ def _offered_changes(message: str) -> dict:
 
 @pytest.mark.parametrize("changes", [{"per_device_train_batch_size": 32}, {"max_completion_length": 16384}])
 def test_a_tool_recipe_whose_rounds_cannot_fit_its_card_is_refused_with_the_figure_and_the_changes_that_fit(changes):
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
     from labkit.presets import card_device
 
     card = card_device("tools-16gb")
@@ -138,7 +138,7 @@ def test_a_tool_recipe_whose_rounds_cannot_fit_its_card_is_refused_with_the_figu
 
 
 def test_a_tool_recipe_no_change_can_fit_says_so():
-    from labkit.cards import CARDS
+    from labkit.device import CARDS
     from labkit.presets import card_device
 
     tiny_card = get_preset("tools-16gb", card_gib=CARDS["t4"].gib / 10)  # under 0.5 GiB beside the CUDA context

@@ -12,8 +12,7 @@ from importlib.machinery import ModuleSpec
 
 import pytest
 
-from labkit.cards import CARDS
-from labkit.device import DeviceInfo
+from labkit.device import CARDS, DeviceInfo
 
 # unsloth 2026.10.9's Requires-Dist (its wheel's METADATA), the packages the lab's path uses.
 UNSLOTH_2026_10_9 = [

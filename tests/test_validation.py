@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from labkit import device as dev
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.cli import demo_cli, estimate_cli, train_cli
 from labkit.models import resolve_model
 from labkit.presets import PresetError, get_preset

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.cards import CARDS
+from labkit.device import CARDS
 from labkit.lab import repo_root, results_dir
 from labkit.models import CPU_MODEL_INSTALL
 from labkit.workshop import (CheckItem, hf_cache_has_weights, workshop_checklist,
