@@ -321,8 +321,6 @@ def busy_note() -> str | None:
             "A training cell's dashboard says the time left at the pace of its latest steps.")
 
 
-
-
 def data_dir() -> Path:
     """Return the package's bundled data folder (GSM8K, ``architectures.json``): it travels with ``labkit``."""
     return Path(__file__).resolve().parent / "data"

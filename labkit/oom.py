@@ -46,8 +46,8 @@ from transformers import TrainerCallback
 from labkit.environments import tool_rounds
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, PRECISION_BYTES, estimate, fused_head, hidden_state_bytes
 from labkit.models import DEFAULT_LORA_TARGETS, resolve_model, write_whole
-from labkit.text import wrap
 from labkit.memory import model_shape
+from labkit.text import wrap
 from labkit.training import NaNGuard, args_precision, last_checkpoint, nan_in_sampling
 
 __all__ = ["PHASES", "PHASE_MEMORY", "flat_settings", "phase_memory", "scoring_memory", "optimizer_step_memory",
