@@ -18,9 +18,9 @@ import os
 import re
 from pathlib import Path
 
-from labkit.device import detect_device
+from labkit.device import SIZING_CONTEXT_GIB, detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
-from labkit.memory import EIGHT_BIT_OPTIMS, OPTIMS
+from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.presets import RECIPE_CONFIG, RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
@@ -194,8 +194,6 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     device = plan.card if plan else None
     if device is None or device.kind != "cuda" or not device.total_memory_gib:
         return []
-    from labkit.device import SIZING_CONTEXT_GIB
-    from labkit.memory import GIB
     from labkit.preflight import changes_until_fit, estimate
 
     def generation_gib(changed: Plan) -> float:  # the plan's own estimate of the generation phase

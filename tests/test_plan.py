@@ -138,7 +138,8 @@ def test_readers_of_a_plan_decide_nothing_again(resolve_calls, capsys):
     assert "fp16" in capsys.readouterr().out
 
 
-# README, "Follow a preset to GRPOTrainer": the labkit functions on the stack when each step runs, outermost first.
+# README, "From a settings cell to GRPOTrainer, in four files": the labkit functions on the stack when each step
+# runs, outermost first.
 ROAD = {
     "Plan": ["run.py:build_run", "validation.py:checked_plan", "presets.py:resolve_plan"],
     "GRPOConfig": ["run.py:build_run", "training.py:grpo_config"],
