@@ -1,7 +1,7 @@
 """``python -m bench gpu``: the GPU half of the lab, measured on a real CUDA card, in one borrowed run.
 
 One command records, in ``results/gpu/`` (``measurements.csv`` and ``measurements.json``, a row each as
-it ends), what the estimator (:func:`labkit.preflight.estimate`) and the rehearsal (:mod:`bench.rehearse`)
+it ends), what the estimator (:func:`labkit.oom.estimate`) and the rehearsal (:mod:`bench.rehearse`)
 only predict:
 
 - **presets**: each GPU preset for 2 real optimiser steps through :func:`labkit.run.build_run` (the

@@ -57,7 +57,7 @@ def job_shape(job: dict) -> dict:
 def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | None = None) -> dict:
     """Return :func:`job_shape` of ``preset`` measured on the card of preset ``card_name`` for ``steps`` steps."""
     from labkit.device import choose_precision
-    from labkit.preflight import estimate
+    from labkit.oom import estimate
     from labkit.presets import card_device, resolve_plan
     from labkit.memory import model_shape
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from bench.gpu_speed import SPEED_COLUMNS
 from labkit.memory import GIB
-from labkit.oom import PhaseTracker
+from labkit.training import PhaseTracker
 
 __all__ = ["measure", "PhasePeaks", "bench_preset", "row_precision", "model_folder_name", "folder_gb", "shared_model",
            "card_reader", "watch_generations", "generation_columns", "percent_error", "loader_of", "process_gpu_bytes", "LABEL",
@@ -53,7 +53,7 @@ SECONDS_COLUMNS = [*(f"{p}_s" for p in PHASE_ORDER), "generation_tokens_per_s", 
 class PhasePeaks(PhaseTracker):
     """Peak CUDA memory and seconds of each phase of a TRL GRPO step, phase by phase.
 
-    The OOM doctor's :class:`labkit.oom.PhaseTracker` (``_generate`` -> generation, its return ->
+    The OOM doctor's :class:`labkit.training.PhaseTracker` (``_generate`` -> generation, its return ->
     scoring, ``compute_loss`` -> forward, its return -> backward, the optimiser callbacks -> optimizer),
     with one addition: at each change of phase it reads ``max_memory_allocated`` and
     ``max_memory_reserved`` for the phase that ends and resets them, so each phase's figure is its own
@@ -264,8 +264,7 @@ def measure(spec: dict) -> dict:
     from labkit.device import detect_device
     from labkit.lab import provenance
     from labkit.models import load_tokenizer
-    from labkit.oom import TrainingOutOfMemory
-    from labkit.preflight import estimate
+    from labkit.oom import TrainingOutOfMemory, estimate
     from labkit.presets import card_device, resolve_plan
     from labkit.run import build_run
     from labkit.training import LogRecorder

@@ -89,8 +89,7 @@ def write_rows(results: Path, rows: list[dict], *, replace: bool = False) -> Non
     whole, so a kill leaves the old one or the new one, never half of one."""
     json_path, csv_path = results / "measurements.json", results / "measurements.csv"
     every = rows if replace else recorded_rows(results) + rows
-    text = json.dumps(every, indent=1) + "\n"
-    write_whole(json_path, lambda tmp: tmp.write_text(text))
+    write_whole(json_path, json.dumps(every, indent=1) + "\n")
 
     def write_csv(tmp: Path):
         with tmp.open("w", newline="") as fh:

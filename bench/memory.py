@@ -10,7 +10,7 @@ import sys
 
 from bench import worker
 from labkit.options import add_setting_arguments, batch_settings
-from labkit.measure import state_bytes
+from labkit.monitor import state_bytes
 from labkit.memory import GIB, estimate
 from labkit.models import METHODS
 from labkit.monitor import peak_rss_bytes, reset_peak_rss

@@ -79,7 +79,7 @@ def _sizing(row: dict) -> dict:
 def rehearse_row(kind: str, name: str, preset) -> dict:
     """Rehearse one configuration and return its CSV row (status "error" with the message when it fails)."""
     from labkit.lab import package_versions
-    from labkit.preflight import estimate
+    from labkit.oom import estimate
     from labkit.presets import card_device, resolve_plan
     from bench.rehearse import LABEL, rehearse
 
@@ -168,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _reestimate(path: str) -> int:
-    """Rewrite the estimate and ratio columns of ``path`` from :func:`labkit.preflight.estimate`; rehearsed ones stay."""
+    """Rewrite the estimate and ratio columns of ``path`` from :func:`labkit.oom.estimate`; rehearsed ones stay."""
     import csv
 
     from labkit.presets import resolve_plan
-    from labkit.preflight import estimate
+    from labkit.oom import estimate
 
     presets = {name: preset for _, name, preset in configurations("all")}
     with open(path) as fh:

@@ -25,7 +25,7 @@ records the peak of each phase with a breakdown. What it does not count and whic
 reproduces on CPU fake tensors (fake ``"cuda"`` tensors cannot run a backward pass without a driver)
 are listed in :data:`NOT_COUNTED` and :data:`EMULATED`, each with the library line it mirrors.
 Every figure is **rehearsed (fake tensors)**, never measured. Notebooks 04 and 05 read what it recorded
-(:func:`labkit.measure.memory_columns`). The tools it runs with are :mod:`bench.fake_tensors`.
+(:func:`labkit.charts.memory_columns`). The tools it runs with are :mod:`bench.fake_tensors`.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     Returns a :class:`Rehearsal`: phases ``generation`` (prefill + decode with the KV cache), ``training``
     (forward and backward of the micro-batches) and ``optimizer`` (clipping and the optimiser step),
     each with its peak live bytes and the breakdown by category at that peak. ``num_layers`` rehearses a
-    shallower model of the same width (compare it with ``labkit.preflight.estimate(plan, num_layers=...)``).
+    shallower model of the same width (compare it with ``labkit.oom.estimate(plan, num_layers=...)``).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         from labkit.presets import resolve_plan
-        from labkit.preflight import estimate
+        from labkit.oom import estimate
 
         preset = get_preset(args.preset, **parse_pairs("--set", args.set))
         plan = resolve_plan(preset)

@@ -12,27 +12,29 @@ The data path, in the order a GRPO step runs it:
 - ``labkit.rewards``    verifiable rewards: ``parse`` (answers, numbers), ``functions`` (the rewards), ``check``
 - ``labkit.objective``  group advantages, KL estimators, the clipped GRPO loss, chunked log-probs
 - ``labkit.nano``       a transparent GRPO loop built on those; ``labkit.warmup`` its supervised warm-up
-- ``labkit.dashboard``  the live dashboard (a TRL callback); ``labkit.charts`` draws its SVG panels
+- ``labkit.dashboard``  the live dashboard (a TRL callback); ``labkit.charts`` draws its SVG panels and the memory
+  figures (an estimate against a card, the recorded peaks beside it)
 
 Running it for real, on a card:
 
 - ``labkit.device``     which accelerator is here, which precision to train in, and the cards the lab plans for
-- ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder, the NaN guard
-- ``labkit.presets``    named recipes that fit a card; ``validation``, ``plan`` and ``preflight`` above them
+- ``labkit.training``   ``GRPOConfig`` for this device, ``GRPOTrainer``, checkpoint folders, a log recorder, the NaN
+  guard, training with the OOM doctor
+- ``labkit.presets``    named recipes that fit a card, each resolved once into a plan; ``validation`` checks it
 - ``labkit.run``        a preset made concrete: prompts, rewards, trainer, checkpoints and resume
 - ``labkit.evaluate``   GSM8K strict / lenient accuracy and format rate, before/after tables
-- ``labkit.oom``        the OOM doctor: an out-of-memory error becomes a short report of what to change, weighed by
-  the memory each phase of a step fills
+- ``labkit.oom``        a plan's memory against its card: the preflight before the run, the OOM doctor after (an
+  out-of-memory error becomes a short report of what to change, weighed by the memory each phase of a step fills)
 - ``labkit.memory``     the VRAM estimator, from a model's shape
-- ``labkit.monitor``    live memory readings: RSS, peak RSS, the GPU through PyTorch and NVML, a sampler
+- ``labkit.monitor``    memory measured: RSS, peak RSS, the GPU through PyTorch and NVML, a sampler, a live model's
+  bytes
 - ``labkit.scale``      memory per GPU under DDP / ZeRO / offload; accelerate configs and launch commands
 - ``labkit.unsloth_path`` the Unsloth fast path (GPU, its own environment)
 
 Around them: ``labkit.lab`` (the run context: setup, seeds, where runs and results are),
 ``labkit.workshop`` (the pre-workshop checklist), ``labkit.colab`` (the install cell's work on Colab),
-``labkit.demo`` (the main job), ``labkit.measure`` (memory measured, the recorded figures, the estimate drawn against a card),
-``labkit.text`` (every printed sentence wrapped between words at one width) and ``labkit.cli``
-(every ``python -m labkit`` command; ``labkit.options`` its ``KEY=VALUE`` parser).
+``labkit.demo`` (the main job), ``labkit.text`` (every printed sentence wrapped between words at one width) and
+``labkit.cli`` (every ``python -m labkit`` command; ``labkit.options`` its ``KEY=VALUE`` parser).
 
 Not in this package, by design: the measurements that write ``results/`` live in ``bench/`` beside it
 (``python -m bench NAME``), and the maintainer's tools in ``scripts/`` (``python -m scripts.nbcheck``,

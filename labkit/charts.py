@@ -1,4 +1,6 @@
-"""The live dashboard's drawings: small SVG line charts, the card of numbers and the memory gauge, as HTML.
+"""The lab's drawings: the live dashboard's SVG line charts, card of numbers and memory gauge, as HTML; and the memory
+figures, an estimate's terms against a card (:func:`plot_breakdown`) and the peaks the lab recorded beside the
+estimate (:func:`memory_columns`).
 
 Why SVG text and not matplotlib for the live view: measured by ``python -m bench dashboard``
 (``results/dashboard_bench.json``), eight matplotlib panels take about 240 ms a redraw and the same charts as SVG
@@ -7,16 +9,23 @@ The saved picture, drawn once, is matplotlib's (:mod:`labkit.dashboard.picture`)
 :func:`svg_chart` draws one panel; the helpers thin long series and choose round tick values.
 :func:`card_html` and :func:`gauge_html` draw the card above the charts; :func:`mark_nonfinite` and
 :func:`reward_band` are pieces of the matplotlib figure; :func:`band_points` and :func:`zone_bounds` serve both.
+:func:`plot_breakdown` stacks an estimate's terms, phase by phase, under a card's memory (``05_full_vs_lora.ipynb``).
+:func:`memory_columns` reads what ``python -m bench`` recorded in ``results/``: the estimate beside the rehearsed and
+the measured peak (``04_lora_grpo_16gb.ipynb``); the measurements themselves are made by the ``bench`` folder beside
+this package.
 """
 from __future__ import annotations
 
 import html
 import math
+import os
 
-from labkit.memory import GIB, gib
+from labkit.device import Card, card as card_named
+from labkit.memory import GIB, MemoryEstimate, gib
 
 __all__ = ["svg_chart", "card_html", "gauge_html", "mark_nonfinite", "reward_band", "band_points", "budget_zones",
-           "zone_bounds", "thin", "short_label", "as_float", "describe_number", "PALETTE", "LIVE_POINTS", "MAIN_SERIES"]
+           "zone_bounds", "thin", "short_label", "as_float", "describe_number", "PALETTE", "LIVE_POINTS", "MAIN_SERIES",
+           "plot_breakdown", "memory_columns"]
 
 
 # TRL 1.16's tool metrics (trl/trainer/grpo_trainer.py lines 2312-2320): tool calls per rollout, and the share of calls
@@ -351,3 +360,115 @@ def budget_zones(ax, budget: float, thresholds: tuple[float, float], colours: di
     artists = [ax.axhspan(low, high, color=colour, alpha=0.08, lw=0)
                for low, high, colour in zone_bounds(budget, thresholds, colours)]
     return artists + [ax.axhline(budget, color=colours["red"], lw=1, ls=":")]
+
+
+_STACK = {  # phase -> terms from bottom to top, with colours that stay the same in every plot
+    "generation": ("weights", "reference", "optimizer", "kv_cache", "transients"),
+    "training": ("weights", "reference", "optimizer", "gradients", "activations", "logits"),
+}
+_COLOURS = {"weights": "#4c72b0", "reference": "#8172b3", "optimizer": "#dd8452", "kv_cache": "#937860",
+            "gradients": "#c44e52", "transients": "#8c8c8c", "activations": "#55a868", "logits": "#da8bc3"}
+
+
+def plot_breakdown(estimates, labels=None, *, card="rtx3080-laptop-16gb", ax=None):
+    """Return a matplotlib ``Axes``: stacked bars of each estimate's two phases against a card's memory.
+
+    ``estimates`` is one :class:`MemoryEstimate` or a list; each gets a pair of bars (generation,
+    training), stacked term by term in GiB, and a dashed line marks what ``card`` (a key of
+    :data:`labkit.device.CARDS`, or a :class:`labkit.device.Card`) reports to PyTorch: a card sold as
+    16 GB reports about 15.7 GiB, not 14.9. Used by the interactive estimator of ``05_full_vs_lora.ipynb``.
+    """
+    import matplotlib.pyplot as plt
+
+    if isinstance(estimates, MemoryEstimate):
+        estimates = [estimates]
+
+    card = card if isinstance(card, Card) else card_named(card)
+    labels = labels or [f"{e.settings['method']} {e.settings['per_device_train_batch_size']}x"
+                        f"{e.settings['steps_per_generation']}" for e in estimates]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.6 + 2 * len(estimates), 4), layout="constrained")
+    positions, ticks, shown = [], [], set()
+    for k, est in enumerate(estimates):
+        for j, phase in enumerate(("generation", "training")):
+            x = 2.6 * k + j
+            bottom = 0.0
+            for term in _STACK[phase]:
+                height = est.bytes[term] / GIB
+                if height <= 0:
+                    continue
+                ax.bar(x, height, bottom=bottom, color=_COLOURS[term], width=0.8,
+                       label=term if term not in shown else None)
+                shown.add(term)
+                bottom += height
+            positions.append(x)
+            ticks.append(f"{labels[k]}\n{phase}" if len(estimates) > 1 else phase)
+    # the card's line is named in the legend, which sits beside the bars: a label on the plot covered a bar
+    ax.axhline(card.gib, color="black", linestyle="--", linewidth=1, label=f"{card.sold_as} card ({card.gib:g} GiB)")
+    ax.set_xticks(positions, ticks, fontsize=9)
+    ax.set_ylabel("GiB")
+    if len(estimates) == 1:
+        ax.set_xlabel(labels[0], fontsize=9)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
+    return ax
+
+
+def memory_columns(rehearsal_csv, memory_csv=None, kinds=("preset", "grid", "unsloth"), gpu_csv=None):
+    """Return a table of peak memory in three columns: estimated, rehearsed (fake tensors), measured.
+
+    ``rehearsal_csv`` is what ``python -m bench rehearsal`` writes. Measured peaks come from
+    ``gpu_csv`` (default: ``gpu/measurements.csv`` beside ``rehearsal_csv``, written by
+    ``python -m bench gpu``: the same preset or grid row at the same settings, on a real card) and
+    from ``memory_csv`` (``python -m bench memory``: the same model, method, precision, G and
+    completion length). The measured column is torch's ``max_memory_allocated``, the tensors the other two
+    columns count; where nothing was measured it says a GPU is needed.
+    """
+    import pandas as pd
+
+    if not os.path.exists(rehearsal_csv):
+        return pd.DataFrame({"missing": [f"{rehearsal_csv}: run python -m bench rehearsal"]})
+    rows = pd.read_csv(rehearsal_csv)
+    rows = rows[(rows.status == "ok") & rows.kind.isin(kinds)]
+    measured = {}
+    if memory_csv is not None and os.path.exists(memory_csv):
+        gpu = pd.read_csv(memory_csv)
+        for _, m in gpu[(gpu.get("device_kind") == "cuda") & (gpu.get("status") == "ok")].iterrows():
+            key = (m.model, m.method, m.precision, int(m.num_generations), int(m.completion_len))
+            measured[key] = round(float(m.measured_peak_gib), 2)
+    settings = ["model", "method", "precision", "per_device_train_batch_size", "gradient_accumulation_steps",
+                "num_generations", "max_completion_length"]
+    def same(value) -> str:  # 24 and 24.0 (a column with a blank reads as floats) are the same setting
+        try:
+            number = float(value)
+            return str(int(number)) if number.is_integer() else str(number)
+        except (TypeError, ValueError):
+            return str(value)
+
+    gpu_csv = gpu_csv or os.path.join(os.path.dirname(str(rehearsal_csv)), "gpu", "measurements.csv")
+    by_name = {}
+    if os.path.exists(gpu_csv):
+        gpu = pd.read_csv(gpu_csv)
+        for _, m in gpu[gpu.status == "ok"].dropna(subset=["peak_allocated_gib"]).iterrows():
+            # a QLoRA row loaded by labkit ran PEFT's fp32 upcast (before 2026-11-26 the only QLoRA loader)
+            upcast = str(m.get("loader")) in ("labkit", "labkit-prepare-kbit")
+            by_name[m["name"]] = ((*(same(m[k]) for k in settings), upcast), round(float(m.peak_allocated_gib), 2))
+
+    def measured_gib(row):
+        found = by_name.get(row["name"])
+        upcast = str(row.get("prepare_model_for_kbit_training", False)) == "True"
+        if found and found[0] == (*(same(row[k]) for k in settings), upcast):
+            return found[1]
+        key = (row.model, row.method, row.precision, int(row.num_generations), int(row.max_completion_length))
+        return measured.get(key, "needs a GPU")
+
+    table = pd.DataFrame({
+        "row": rows.name,
+        "model": rows.model.str.split("/").str[-1],
+        "method": rows.method,
+        "precision": rows.precision,
+        "G x len": [f"{g} x {c}" for g, c in zip(rows.num_generations, rows.max_completion_length)],
+        "estimated GiB": rows.estimated_total_gib.round(2),
+        "rehearsed GiB (fake tensors, full scale)": rows.rehearsed_peak_gib.round(2),
+        "measured GiB (a real card, torch allocated)": [measured_gib(row) for _, row in rows.iterrows()],
+    })
+    return table.reset_index(drop=True)

@@ -180,8 +180,7 @@ def train_cli(argv: list[str] | None = None) -> int:
     the run resumes from).
     """
     from labkit.device import detect_device
-    from labkit.oom import TrainingOutOfMemory
-    from labkit.preflight import preflight
+    from labkit.oom import TrainingOutOfMemory, preflight
     from labkit.presets import PRESETS, PresetError, card_device, get_preset
     from labkit.run import (ResumeMismatchError, RunLock, RunLockedError, build_run, finished_run, is_main_process,
                             resume_checkpoint)

@@ -250,8 +250,7 @@ def write_json(path: str | Path, record: dict) -> Path:
     return the path."""
     from labkit.models import write_whole
 
-    text = json.dumps(record, indent=2, sort_keys=False) + "\n"
-    return write_whole(path, lambda tmp: tmp.write_text(text))
+    return write_whole(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
 
 
 # --------------------------------------------------------------------------- where the lab's files are

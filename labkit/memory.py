@@ -15,9 +15,9 @@ Weights, the reference model and the optimizer states live through both, so
 :func:`model_shape` builds an architecture on PyTorch's ``meta`` device (any entry of
 :data:`labkit.models.ARCHITECTURES`, a transformers config, a saved model folder or a loaded model) and returns its
 :class:`ModelShape`: layers, widths, heads, vocabulary, parameter counts, every ``nn.Linear`` a LoRA could adapt.
-:func:`estimate` computes every term from it. :func:`labkit.measure.state_bytes` and
-:func:`labkit.measure.saved_activation_bytes` measure the same quantities on a real model, exactly (the tests hold
-the estimator to them), and :func:`labkit.measure.plot_breakdown` draws the terms against a card. Measured peaks of
+:func:`estimate` computes every term from it. :func:`labkit.monitor.state_bytes` and
+:func:`labkit.monitor.saved_activation_bytes` measure the same quantities on a real model, exactly (the tests hold
+the estimator to them), and :func:`labkit.charts.plot_breakdown` draws the terms against a card. Measured peaks of
 real TRL GRPO steps come from ``python -m bench memory``, the live readings of a running step from
 :mod:`labkit.monitor`, and the memory of each phase, by which the OOM doctor weighs a change, from
 :mod:`labkit.oom`.
@@ -257,7 +257,7 @@ def _layer_activation_bytes(shape: ModelShape, *, method: str, act_bytes: int, a
     """Return ``(bytes per token, bytes per layer)`` that autograd keeps for one decoder layer.
 
     Counted from what each operation saves for its backward (checked against
-    :func:`labkit.measure.saved_activation_bytes` on CPU in the tests). ``b`` is the activation dtype's size.
+    :func:`labkit.monitor.saved_activation_bytes` on CPU in the tests). ``b`` is the activation dtype's size.
     ``masters``: full fine-tuning with fp32 master weights under 16-bit autocast, whose residual stream is fp32 (fp32
     embeddings and norms; autocast only lowers the matmuls).
     """
@@ -344,6 +344,7 @@ def generation_batch(per_device_train_batch_size: int = 8, gradient_accumulation
         raise ValueError(f"num_generations must be at least 2 (the advantage compares completions of one prompt), "
                          f"not {num_generations}")
     per_step = per_device_train_batch_size * num_processes
+    default = steps_per_generation is None and generation_batch_size is None  # TRL's: gradient_accumulation_steps
     if generation_batch_size is not None and steps_per_generation is not None:
         raise ValueError("generation_batch_size and steps_per_generation cannot both be set (TRL refuses it): "
                          "set one of them")
@@ -358,9 +359,10 @@ def generation_batch(per_device_train_batch_size: int = 8, gradient_accumulation
     total = per_step * steps_per_generation
     if total % num_generations:
         raise ValueError(f"the generation batch, per_device_train_batch_size ({per_device_train_batch_size}) x "
-                         f"num_processes ({num_processes}) x steps_per_generation ({steps_per_generation}) = {total} "
-                         f"completions, must be a multiple of num_generations ({num_generations}): TRL generates each "
-                         f"prompt's {num_generations} completions in one generation batch")
+                         f"num_processes ({num_processes}) x steps_per_generation ({steps_per_generation}"
+                         f"{', = gradient_accumulation_steps by default' if default else ''}) = {total} completions, "
+                         f"must be a multiple of num_generations ({num_generations}): TRL generates each prompt's "
+                         f"{num_generations} completions in one generation batch")
     return steps_per_generation, per_device_train_batch_size * steps_per_generation
 
 

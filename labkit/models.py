@@ -99,14 +99,14 @@ def cache_dir() -> Path:
 
 
 def write_whole(path: str | os.PathLike, write) -> Path:
-    """Write ``path`` (a file or a folder) whole or not at all: ``write(tmp)`` fills a hidden sibling ``tmp``, which is
-    then renamed to ``path`` (atomic on one file system). A reader, or a run killed mid-write, sees the old ``path`` or
-    the new one, never half of one. Return ``path``."""
+    """Write ``path`` (a file or a folder) whole or not at all: ``write``, a file's text or ``write(tmp)``, fills a hidden
+    sibling ``tmp``, which is then renamed to ``path`` (atomic on one file system). A reader, or a run killed
+    mid-write, sees the old ``path`` or the new one, never half of one. Return ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # not .json: a checkpoint's check passes it by
     shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)  # what a failed write of this process left
-    write(tmp)
+    tmp.write_text(write) if isinstance(write, str) else write(tmp)
     if not path.is_dir():
         os.replace(tmp, path)
         return path

@@ -1,8 +1,15 @@
-"""The OOM doctor: a CUDA out-of-memory error during GRPO training, explained in a few lines.
+"""A plan's memory against its card: before the run (:func:`preflight`), and when the run runs out (the OOM doctor).
 
-Introduced in ``04_lora_grpo_16gb.ipynb``. :func:`train_with_oom_doctor` runs ``trainer.train()`` with a
-:class:`PhaseTracker` attached. When the card runs out of memory, the raw traceback (hundreds of lines through
-accelerate, TRL and transformers) becomes :class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport`:
+Introduced in ``04_lora_grpo_16gb.ipynb``. Both weigh a change by the estimate (:func:`labkit.memory.estimate`, in TRL
+1.16's units) and rank the changes that make a recipe fit with one function, :func:`fitting_changes`.
+
+**Preflight**, before anything loads: :func:`estimate` of a :class:`labkit.presets.Plan` against its card, and when it
+does not fit, the biggest cut applied, re-estimated and repeated until it fits (:func:`changes_until_fit`, which
+validation's tool-round check calls too). ``python -m labkit train --dry-run`` prints it.
+
+**The OOM doctor**, after: :func:`labkit.training.train_with_oom_doctor` runs ``trainer.train()`` and records the
+phase; a CUDA out-of-memory error (hundreds of lines through accelerate, TRL and transformers) becomes
+:class:`TrainingOutOfMemory`, whose message is an :class:`OOMReport` (:func:`explain_oom`):
 
 - which step, and which phase of it: generation, scoring (rewards, old and reference log-probs), the loss's forward
   pass, the backward pass, the optimiser step;
@@ -12,7 +19,7 @@ accelerate, TRL and transformers) becomes :class:`TrainingOutOfMemory`, whose me
   so the run resumes from there.
 
 Why the phase matters. Each phase fills its own memory (:func:`phase_memory`, :data:`PHASE_MEMORY`, from the terms
-of :func:`labkit.memory.estimate`, in TRL 1.16's units), so each has its own cure:
+of the estimate), so each has its own cure:
 
 - **generation**: the KV cache of the whole generation batch, ``per_device_train_batch_size x steps_per_generation``
   sequences (``steps_per_generation`` defaults to ``gradient_accumulation_steps``; ``num_generations`` only groups
@@ -28,32 +35,28 @@ of :func:`labkit.memory.estimate`, in TRL 1.16's units), so each has its own cur
   allocated on the first step (:func:`optimizer_step_memory`).
 - **setup**: what lives through every phase (weights, reference, optimiser states).
 
-:func:`ordered_changes` offers only the changes that cut the memory of the phase that ran out. The same wrapper
-installs :class:`labkit.training.NaNGuard`: NaN or inf stops the run with what to change.
+:func:`ordered_changes` offers only the changes that cut the memory of the phase that ran out.
 """
 from __future__ import annotations
 
-import functools
-import gc
-import json
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
 
+from labkit.device import detect_device
 from labkit.environments import tool_rounds
-from labkit.memory import EIGHT_BIT_OPTIMS, GIB, PRECISION_BYTES, estimate, fused_head, hidden_state_bytes
-from labkit.models import DEFAULT_LORA_TARGETS, resolve_model, write_whole
-from labkit.memory import model_shape
+from labkit.generation import continuous_footprint
+from labkit.memory import (EIGHT_BIT_OPTIMS, GIB, PRECISION_BYTES, MemoryEstimate, fused_head, hidden_state_bytes,
+                           model_shape)
+from labkit.memory import estimate as estimate_memory
+from labkit.models import DEFAULT_LORA_TARGETS, architecture_config, resolve_model
+from labkit.presets import Plan, resolve_plan
 from labkit.text import wrap
-from labkit.training import NaNGuard, args_precision, last_checkpoint, nan_in_sampling
 
-__all__ = ["PHASES", "PHASE_MEMORY", "flat_settings", "phase_memory", "scoring_memory", "optimizer_step_memory",
-           "Change", "candidate_changes", "fitting_changes", "ordered_changes", "OOMReport",
-           "TrainingOutOfMemory", "PhaseTracker", "is_oom", "explain_oom", "settings_from_trainer",
-           "train_with_oom_doctor"]
+__all__ = ["PHASES", "PHASE_MEMORY", "flat_settings", "estimate", "phase_memory", "scoring_memory",
+           "optimizer_step_memory", "Change", "candidate_changes", "fitting_changes", "ordered_changes",
+           "changes_until_fit", "Preflight", "preflight", "OOMReport", "TrainingOutOfMemory", "is_oom", "explain_oom"]
 
 PHASES = {
     "setup": "setup, before the first step (loading, optimiser creation)",
@@ -82,6 +85,51 @@ def flat_settings(settings: dict) -> dict:
     return {**(options if isinstance(options, dict) else {}), **{k: v for k, v in settings.items() if k != "config"}}
 
 
+# The estimator's arguments a recipe sets, under the same names (preset / GRPOConfig fields)
+_ESTIMATE_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                    "num_generations", "num_processes", "max_prompt_length", "max_completion_length", "optim", "beta",
+                    "precision", "lora_rank", "lora_dropout", "prepare_model_for_kbit_training")
+
+
+def _estimate_arguments(s: dict) -> dict:
+    """Return :func:`labkit.memory.estimate`'s keyword arguments for flat settings ``s`` (:func:`flat_settings`): the
+    one mapping from a recipe to the estimator, for a plan (:func:`estimate`) and for a run's settings
+    (:func:`phase_memory`)."""
+    kwargs = {k: s[k] for k in _ESTIMATE_FIELDS if s.get(k) is not None}
+    if s.get("activation_checkpointing") is not None:
+        kwargs["gradient_checkpointing"] = s["activation_checkpointing"]
+    kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
+    return dict(kwargs, max_tool_calling_iterations=tool_rounds(s))  # a tool recipe's rounds (notebook 08)
+
+
+def estimate(plan: Plan, *, device: str = "cuda", num_layers: int | None = None, num_processes: int = 1):
+    """Return :func:`labkit.memory.estimate` for ``plan`` (``num_layers``: a shallower model of the same width;
+    ``num_processes``: the processes whose completions one generation batch holds); with ``generation="continuous"``,
+    its ``kv_cache`` is :func:`labkit.generation.continuous_footprint`."""
+    s = {**flat_settings(plan.preset.to_dict()), **plan.config, "precision": plan.precision,
+         "num_processes": num_processes}
+    model = plan.shape_name  # by name for continuous batching's sizing below
+    if num_layers:
+        model = architecture_config(plan.shape_name, num_hidden_layers=num_layers)
+        model._name_or_path = f"{plan.shape_name} ({num_layers} layers)"
+    # the plan's shape, read once with it (validation checked its context)
+    est = estimate_memory(model if num_layers else plan.shape, plan.method, device=device, padded=True,
+                          **_estimate_arguments(s))
+    if not s.get("use_transformers_continuous_batching"):
+        return est
+    # continuous batching: transformers' paged cache, mask and read buffers instead of generate's cache, and the
+    # 16-bit copies TRL's cast makes of fp32 weights (grpo_trainer.py 1796-1800; the clock keeps the fp32 ones)
+    terms, s = dict(est.bytes), est.settings
+    fp32 = est.trainable_params if plan.adapter_dtype == torch.float32 else 0
+    fp32 += plan.shape.params - plan.shape.quantisable_params if plan.preset.prepare_model_for_kbit_training else 0
+    new = dict(kv_cache=continuous_footprint(model, s["generation_batch"], s["max_prompt_length"],
+                                             s["max_completion_length"], 4 if plan.precision == "fp32" else 2)["total"],
+               transients=2 * fp32 if plan.precision != "fp32" else 0)
+    terms["generation_phase"] += sum(new.values()) - terms["kv_cache"] - terms["transients"]
+    terms.update(new, total=max(terms["generation_phase"], terms["training_phase"]))
+    return MemoryEstimate(terms, dict(s, generation="continuous"), est.trainable_params, est.total_params)
+
+
 def phase_memory(settings: dict, phase: str | None) -> int | None:
     """Return the bytes ``phase`` fills (:data:`PHASE_MEMORY`) for ``settings`` (preset / GRPOConfig field names),
     from :func:`labkit.memory.estimate`, or None when it cannot estimate them (an unknown model). Any other
@@ -90,17 +138,10 @@ def phase_memory(settings: dict, phase: str | None) -> int | None:
     s = flat_settings(settings)
     if not s.get("model") or not s.get("method"):
         return None
-    fields = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
-              "num_processes", "max_prompt_length", "max_completion_length", "optim", "beta",
-              "precision", "lora_rank", "lora_dropout", "prepare_model_for_kbit_training")  # the last: QLoRA's upcast
-    kwargs = {k: s[k] for k in fields if s.get(k) is not None}  # estimate's names; target_modules is lora_targets
-    if s.get("activation_checkpointing") is not None:
-        kwargs["gradient_checkpointing"] = s["activation_checkpointing"]
-    kwargs["lora_targets"] = list(s["target_modules"]) if s.get("target_modules") is not None else None
-    kwargs["max_tool_calling_iterations"] = tool_rounds(s)
+    kwargs = _estimate_arguments(s)
     try:  # the offline tiny models live in a folder; other names (hub ids, smollm2-135m) are in the catalogue
         name = resolve_model(s["model"]) if str(s["model"]).startswith("tiny:") else s["model"]
-        est = estimate(name, s["method"], **kwargs)
+        est = estimate_memory(name, s["method"], **kwargs)
     except (KeyError, ValueError, TypeError, OSError):
         return None
     term = PHASE_MEMORY.get(phase or "", "total")
@@ -311,7 +352,7 @@ def candidate_changes(settings: dict) -> list[Change]:
 def fitting_changes(settings: dict, memory, *, order: list[str] | None = None,
                     min_cut: float = 0.0) -> list[tuple[Change, float | None]]:
     """The one ranking of the changes that make a recipe fit, for preflight (by the step's estimate), the tool-round
-    check (by the generation phase's: both :func:`labkit.preflight.changes_until_fit`) and the OOM doctor (by the
+    check (by the generation phase's: both :func:`changes_until_fit`) and the OOM doctor (by the
     failed phase's, :func:`ordered_changes`): ``[(change, memory(change))]`` of :func:`candidate_changes` (the
     kinds in ``order``) that cut ``memory(None)`` by more than ``min_cut``, all when it is None; in ``order``'s order,
     else the biggest cut first and another model last."""
@@ -343,6 +384,109 @@ def ordered_changes(settings: dict, phase: str | None = None) -> list[Change]:
     flat = flat_settings(settings)
     memory = lambda change: phase_memory({**flat, **change.updates} if change else settings, phase)  # noqa: E731
     return [change for change, _ in fitting_changes(settings, memory, order=_ORDER.get(phase or "", _DEFAULT_ORDER))]
+
+
+@dataclass
+class Preflight:
+    """What :func:`preflight` found: the estimate against the card, and what to change first."""
+
+    preset: str
+    model: str
+    method: str
+    card: str
+    card_gib: float | None
+    estimate_gib: float
+    breakdown: dict
+    margin_gib: float
+    changes: list = field(default_factory=list)  # [(Change, GiB after it alone)], biggest cut first
+    plan: list = field(default_factory=list)  # [(Change, GiB after it and those above)] until it fits
+
+    @property
+    def fits(self) -> bool | None:
+        """True when the estimate plus the margin fits the card; None without a card to compare."""
+        if self.card_gib is None:
+            return None
+        return self.estimate_gib + self.margin_gib <= self.card_gib
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.breakdown.items() if isinstance(v, (int, float)))
+        lines = [f"preflight {self.preset}: {self.model} ({self.method}) needs about {self.estimate_gib:.1f} GiB "
+                 f"(estimate: {parts})"]
+        if self.card_gib is None:
+            lines.append(f"{self.card}: no GPU memory to compare with.")
+        else:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(f"{self.card}: {verdict} with a {self.margin_gib:.1f} GiB margin "  # the card names its GiB
+                         f"({self.card_gib - self.estimate_gib:+.1f} GiB left).")
+        if self.plan and not self.fits:
+            fits = self.plan[-1][1] + self.margin_gib <= self.card_gib
+            lines.append("Change, in this order" + (" until it fits" if fits else " (still not enough: a bigger card)")
+                         + " (estimated total after each step):")
+            lines += [f"  {i}. {change} -> about {after:.1f} GiB" for i, (change, after) in enumerate(self.plan, 1)]
+        return wrap("\n".join(lines))
+
+
+_TERMS = ("weights", "reference", "optimizer", "gradients", "activations", "logits", "kv_cache", "transients")
+
+
+def _ranked_changes(plan, gib, before: float, num_processes: int = 1) -> list:
+    """Return ``[(change, gib(plan with it))]`` for every candidate change that cuts ``before``, ``gib(plan)``, biggest
+    cut first: the one ranking (:func:`fitting_changes`, the OOM doctor's too, by its failed phase)."""
+    def after(change):
+        try:
+            return before if change is None else gib(plan.apply(change.updates))
+        except (ValueError, KeyError):  # a change the estimator cannot model
+            return None
+
+    return fitting_changes({**plan.preset.to_dict(), "num_processes": num_processes}, after, min_cut=0.01)
+
+
+def _step_gib(plan) -> float:
+    return estimate(plan).total
+
+
+def changes_until_fit(plan, limit: float, gib=_step_gib, before: float | None = None, *, num_processes: int = 1):
+    """Return ``[(change, gib after it and those above)]``: the biggest cut of ``gib`` (the whole step's estimate
+    unless it says otherwise), re-estimated, repeated until ``gib`` is at most ``limit`` or nothing cuts it; another
+    model last (it changes what you train, not how). :func:`preflight` and the tool-round check offer these."""
+    steps, before = [], gib(plan) if before is None else before
+    while before > limit and (ranked := _ranked_changes(plan, gib, before, num_processes)):
+        change, before = ranked[0]
+        plan = plan.apply(change.updates)
+        steps.append((change, before))
+    return steps
+
+
+def preflight(preset, device=None, *, card_gib: float | None = None, margin_gib: float = 1.0) -> Preflight:
+    """Return a :class:`Preflight`: :func:`labkit.memory.estimate` for the preset's plan against the card.
+
+    ``preset`` is a name, a :class:`Preset` or a :class:`labkit.presets.Plan`. On a GPU the plan is for
+    ``device``; elsewhere for the card the preset is made for (:func:`labkit.presets.card_device`: a T4 preset in fp16).
+    ``card_gib`` overrides the card's memory (plan for a 16 GB laptop from anywhere:
+    ``preflight("laptop-16gb", card_gib=CARDS["rtx3080-laptop-16gb"].gib)``). When it does not fit, every
+    candidate change is estimated alone and ranked by :func:`fitting_changes`
+    (``changes``, the biggest cut first, another model last), and ``plan`` applies the
+    biggest cut, re-estimates and repeats until the run fits: the settings to change first.
+    """
+    if isinstance(preset, Plan):
+        plan = preset
+        device = plan.card
+    else:
+        device = device or detect_device()
+        plan = resolve_plan(preset, device if device.kind == "cuda" else None)
+    preset = plan.preset
+    if card_gib is None:
+        card_gib = device.total_memory_gib if device is not None and device.kind == "cuda" else None
+        card = str(device)
+    else:
+        card = f"a {card_gib:g} GiB card"
+    result = estimate(plan)
+    total, breakdown = result.total, {k: result.bytes[k] / GIB for k in _TERMS if result.bytes.get(k)}
+    report = Preflight(preset.name, preset.model, preset.method, card, card_gib, total, breakdown, margin_gib)
+    if card_gib is not None and not report.fits:
+        report.changes = _ranked_changes(plan, _step_gib, total)
+        report.plan = changes_until_fit(plan, card_gib - margin_gib, before=total)
+    return report
 
 
 @dataclass
@@ -419,104 +563,6 @@ def _tried_gib(message: str) -> float | None:
     return float(match.group(1)) * scale / GIB
 
 
-class PhaseTracker:
-    """Records which phase of which step is running, by wrapping the trainer's phase methods.
-
-    ``_generate`` (TRL: sampling) marks generation, its return marks scoring; ``compute_loss``
-    marks the forward pass, its return the backward pass; the optimiser callbacks mark the
-    optimiser step. A trainer without one of these methods just reports a coarser phase.
-    """
-
-    def __init__(self):
-        self.phase = "setup"
-        self.step = 0
-        self._trainer = None
-        self._callback = None
-
-    def install(self, trainer) -> "PhaseTracker":
-        tracker = self
-
-        def in_phase(original, start, end):
-            @functools.wraps(original)
-            def wrapped(*args, **kwargs):
-                tracker.phase = start
-                result = original(*args, **kwargs)
-                tracker.phase = end
-                return result
-
-            return wrapped
-
-        for name, start, end in (("_generate", "generation", "scoring"), ("compute_loss", "forward", "backward")):
-            original = getattr(trainer, name, None)
-            if original is not None:
-                setattr(trainer, name, in_phase(original, start, end))
-
-        class _Callback(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):
-                tracker.step = state.global_step + 1
-
-            def on_pre_optimizer_step(self, args, state, control, **kwargs):
-                tracker.phase = "optimizer"
-
-            def on_optimizer_step(self, args, state, control, **kwargs):
-                tracker.phase = "between steps"
-
-            def on_step_end(self, args, state, control, **kwargs):
-                tracker.phase = "between steps"
-
-        self._trainer, self._callback = trainer, _Callback()
-        trainer.add_callback(self._callback)
-        return self
-
-    def uninstall(self) -> None:
-        if self._trainer is None:
-            return
-        for name in ("_generate", "compute_loss"):
-            self._trainer.__dict__.pop(name, None)  # back to the class's method
-        self._trainer.remove_callback(self._callback)
-        self._trainer = None
-
-
-def settings_from_trainer(trainer) -> dict:
-    """Return the memory-relevant settings of a ``GRPOTrainer`` under preset field names."""
-    args, model = trainer.args, trainer.model
-    if getattr(model, "is_loaded_in_4bit", False) or getattr(getattr(model, "base_model", None), "is_loaded_in_4bit", False):
-        method = "qlora"
-    elif hasattr(model, "peft_config"):
-        method = "lora"
-    else:
-        method = "full"
-    optim = getattr(args.optim, "value", args.optim)
-    settings = {
-        "model": getattr(getattr(model, "config", None), "_name_or_path", None),
-        "method": method,
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        # TRL resolves the default (= gradient_accumulation_steps); only a value set on purpose is kept
-        "steps_per_generation": (args.steps_per_generation
-                                 if args.steps_per_generation != args.gradient_accumulation_steps else None),
-        "num_generations": args.num_generations,
-        "num_processes": getattr(args, "world_size", 1) or 1,
-        "max_completion_length": args.max_completion_length,
-        "optim": optim,
-        "activation_checkpointing": bool(args.activation_checkpointing),
-        "beta": args.beta,
-        "precision": args_precision(args),
-        "num_iterations": getattr(args, "num_iterations", 1),
-    }
-    if method == "qlora" and hasattr(model, "get_input_embeddings"):  # PEFT's upcast leaves fp32 embeddings
-        dtype = getattr(getattr(model.get_input_embeddings(), "weight", None), "dtype", None)
-        settings["prepare_model_for_kbit_training"] = dtype == torch.float32 and settings["precision"] != "fp32"
-    peft_config = getattr(model, "peft_config", None)
-    if isinstance(peft_config, dict) and peft_config:
-        adapter = next(iter(peft_config.values()))
-        settings["lora_rank"] = getattr(adapter, "r", None)
-        targets = getattr(adapter, "target_modules", None)
-        if targets and not isinstance(targets, str):
-            settings["target_modules"] = sorted(targets)
-    return settings
-
-
 def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, max_steps: int | None = None,
                 settings: dict | None = None, checkpoint=None, output_dir=None) -> OOMReport:
     """Return the :class:`OOMReport` for an out-of-memory ``error`` raised during ``phase`` of ``step``.
@@ -544,39 +590,3 @@ def explain_oom(error: BaseException, *, phase: str = "unknown", step: int = 0, 
     return report
 
 
-def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dict | None = None):
-    """Return ``trainer.train(...)``'s ``TrainOutput``; an OOM becomes :class:`TrainingOutOfMemory`.
-
-    The report is also written to ``OUTPUT_DIR/oom_report.json``. The exception is raised
-    after the failed step's frames are released and the CUDA cache is emptied, so the
-    notebook's kernel gets its memory back; its message is the report, not a traceback.
-    """
-    tracker = PhaseTracker().install(trainer)
-    if not any(isinstance(c, NaNGuard) for c in trainer.callback_handler.callbacks):
-        trainer.add_callback(NaNGuard())
-    report = None
-    try:
-        return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-    except BaseException as error:
-        non_finite = nan_in_sampling(error, trainer.args, tracker.step)
-        if non_finite is not None:  # NaN logits reached torch.multinomial: what to change, not a sampling traceback
-            raise non_finite from None
-        if not is_oom(error):
-            raise
-        output_dir = trainer.args.output_dir
-        # What the trainer runs with (precision, steps_per_generation), then the recipe's own fields on top.
-        known = {**settings_from_trainer(trainer),
-                 **{k: v for k, v in flat_settings(settings or {}).items() if v is not None}}
-        report = explain_oom(error, phase=tracker.phase, step=tracker.step, max_steps=trainer.state.max_steps,
-                             settings=known,
-                             checkpoint=last_checkpoint(output_dir), output_dir=output_dir)
-    finally:
-        tracker.uninstall()
-    # Out of the except block: the traceback (and the failed step's tensors) is gone.
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    if trainer.args.should_save:
-        text = json.dumps(report.as_dict(), indent=2) + "\n"
-        write_whole(Path(report.output_dir) / "oom_report.json", lambda tmp: tmp.write_text(text))
-    raise TrainingOutOfMemory(report)

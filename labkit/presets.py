@@ -5,7 +5,7 @@ Introduced in ``04_lora_grpo_16gb.ipynb``; ``python -m labkit train --preset NAM
 the same code from a shell (and under ``accelerate launch``).
 
 The bottom of the recipe core, which reads only the cards, the device facts, the models and their shapes; above it:
-:mod:`labkit.validation` (what a preset may hold, on a card), :mod:`labkit.preflight` (its memory estimate) and
+:mod:`labkit.validation` (what a preset may hold, on a card), :mod:`labkit.oom` (its memory estimate and preflight) and
 :func:`labkit.run.build_run` (the run). A :class:`Preset` holds what TRL does not know (the model, full / LoRA / QLoRA
 and the adapter, the task, the rewards, the card) and ``config``, the ``GRPOConfig`` arguments in TRL's names
 (:data:`RECIPE_CONFIG` with the preset's changes; ``--set KEY=VALUE`` sets either kind). The precision is never part of
@@ -35,7 +35,7 @@ everything the rest of the lab needs, decided in one place:
   ``TrainingArguments`` on a machine without a bf16 GPU, so a plan for another card cannot hold one;
 - the card: a :class:`labkit.device.DeviceInfo` (the machine's, or the one the preset is made for).
 
-``build_run``, ``preflight``, ``train --dry-run``, the estimator (:func:`labkit.preflight.estimate`) and
+``build_run``, ``preflight``, ``train --dry-run``, the estimator (:func:`labkit.oom.estimate`) and
 the rehearsal (:mod:`bench.rehearse`) all read a plan, so what the rehearsal rehearses is what
 ``build_run`` would run, by construction.
 """

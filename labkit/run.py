@@ -164,7 +164,7 @@ def save_preset(preset: Preset, folder: str | os.PathLike) -> Path:
     # validate() refuses secrets; a preset built around it must still never write one.
     recipe["config"] = {k: v for k, v in recipe["config"].items() if k not in SECRET_FIELDS}
     text = json.dumps({"labkit": __version__, "preset": recipe}, indent=2) + "\n"
-    return write_whole(Path(folder) / PRESET_FILE, lambda tmp: tmp.write_text(text))
+    return write_whole(Path(folder) / PRESET_FILE, text)
 
 
 def load_saved_preset(folder: str | os.PathLike) -> Preset | None:
@@ -376,7 +376,7 @@ class Run:
         """
         from transformers.trainer_utils import TrainOutput
 
-        from labkit.oom import train_with_oom_doctor
+        from labkit.training import train_with_oom_doctor
 
         with RunLock(self.output_dir):
             checkpoint = resume_checkpoint(self.output_dir, self.preset, resume)

@@ -354,13 +354,13 @@ def size_tools_recipe(preset=None, *, batches=(8, 16, 24, 32, 40)) -> list[dict]
     so the cache of every row of the generation batch grows toward ``max_prompt_length + 2 x
     max_completion_length`` (:func:`labkit.memory.estimate`, ``max_tool_calling_iterations``). Each row gives the
     generation phase's **estimate** for the first turn and for a tool round, and the step's peak
-    (:func:`labkit.preflight.estimate` of the plan on the preset's card), sized like the presets
+    (:func:`labkit.oom.estimate` of the plan on the preset's card), sized like the presets
     (:func:`labkit.device.sized_gib`: x 1.1 + 1 GiB) against 80 % of the card; the preset's own batch was chosen by
     the rehearsal on fake tensors, which runs every round (``python -m bench rehearsal``, results/rehearsal.csv).
     """
     from labkit.device import SIZING_TARGET, sized_gib
     from labkit.memory import GIB
-    from labkit.preflight import estimate
+    from labkit.oom import estimate
     from labkit.presets import card_device, resolve_plan
 
     preset = preset or tools_recipe()

@@ -3,12 +3,16 @@
 Every notebook that trains through TRL builds its configuration with :func:`grpo_config`,
 which takes the precision from :func:`labkit.device.choose_precision` (never bf16 on a CPU, never
 bf16 on a T4) and fills in what a lesson needs (logging every step, no external
-reporting). :class:`NaNGuard` stops a run at the first NaN or inf with what to change (:func:`non_finite_advice`).
+reporting). :class:`NaNGuard` stops a run at the first NaN or inf with what to change (:func:`non_finite_advice`);
+:func:`train_with_oom_doctor` runs ``trainer.train()`` with both guards: a :class:`PhaseTracker` records which phase
+of which step runs, so that an out-of-memory error becomes the OOM doctor's report (:mod:`labkit.oom`).
 Introduced in ``00_setup.ipynb``; used from notebook 03 on.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
 import json
 import math
 import os
@@ -16,12 +20,16 @@ import struct
 import zipfile
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import sort_checkpoints
 
+from labkit.models import write_whole
+from labkit.oom import TrainingOutOfMemory, explain_oom, flat_settings, is_oom
+
 __all__ = ["grpo_config", "build_trainer", "too_few_prompts", "last_checkpoint", "checkpoint_problem",
            "checkpoint_step", "LogRecorder", "NonFiniteTraining", "non_finite_advice", "NaNGuard", "nan_in_sampling",
-           "args_precision"]
+           "args_precision", "PhaseTracker", "settings_from_trainer", "train_with_oom_doctor"]
 
 
 def grpo_config(output_dir: str | os.PathLike, *, device=None, precision: str | None = None, plan=None,
@@ -297,3 +305,138 @@ def nan_in_sampling(error: BaseException, args, step: int) -> NonFiniteTraining 
     return NonFiniteTraining(non_finite_advice("generation (sampling met NaN/inf probabilities: the logits were NaN)",
                                                precision=args_precision(args), step=step,
                                                checkpoint=last_checkpoint(args.output_dir)))
+
+
+class PhaseTracker:
+    """Records which phase of which step is running, by wrapping the trainer's phase methods.
+
+    ``_generate`` (TRL: sampling) marks generation, its return marks scoring; ``compute_loss``
+    marks the forward pass, its return the backward pass; the optimiser callbacks mark the
+    optimiser step. A trainer without one of these methods just reports a coarser phase.
+    """
+
+    def __init__(self):
+        self.phase = "setup"
+        self.step = 0
+        self._trainer = None
+        self._callback = None
+
+    def install(self, trainer) -> "PhaseTracker":
+        tracker = self
+
+        def in_phase(original, start, end):
+            @functools.wraps(original)
+            def wrapped(*args, **kwargs):
+                tracker.phase = start
+                result = original(*args, **kwargs)
+                tracker.phase = end
+                return result
+
+            return wrapped
+
+        for name, start, end in (("_generate", "generation", "scoring"), ("compute_loss", "forward", "backward")):
+            original = getattr(trainer, name, None)
+            if original is not None:
+                setattr(trainer, name, in_phase(original, start, end))
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                tracker.step = state.global_step + 1
+
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                tracker.phase = "optimizer"
+
+            def on_optimizer_step(self, args, state, control, **kwargs):
+                tracker.phase = "between steps"
+
+            def on_step_end(self, args, state, control, **kwargs):
+                tracker.phase = "between steps"
+
+        self._trainer, self._callback = trainer, _Callback()
+        trainer.add_callback(self._callback)
+        return self
+
+    def uninstall(self) -> None:
+        if self._trainer is None:
+            return
+        for name in ("_generate", "compute_loss"):
+            self._trainer.__dict__.pop(name, None)  # back to the class's method
+        self._trainer.remove_callback(self._callback)
+        self._trainer = None
+
+
+def settings_from_trainer(trainer) -> dict:
+    """Return the memory-relevant settings of a ``GRPOTrainer`` under preset field names."""
+    args, model = trainer.args, trainer.model
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(getattr(model, "base_model", None), "is_loaded_in_4bit", False):
+        method = "qlora"
+    elif hasattr(model, "peft_config"):
+        method = "lora"
+    else:
+        method = "full"
+    optim = getattr(args.optim, "value", args.optim)
+    settings = {
+        "model": getattr(getattr(model, "config", None), "_name_or_path", None),
+        "method": method,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        # TRL resolves the default (= gradient_accumulation_steps); only a value set on purpose is kept
+        "steps_per_generation": (args.steps_per_generation
+                                 if args.steps_per_generation != args.gradient_accumulation_steps else None),
+        "num_generations": args.num_generations,
+        "num_processes": getattr(args, "world_size", 1) or 1,
+        "max_completion_length": args.max_completion_length,
+        "optim": optim,
+        "activation_checkpointing": bool(args.activation_checkpointing),
+        "beta": args.beta,
+        "precision": args_precision(args),
+        "num_iterations": getattr(args, "num_iterations", 1),
+    }
+    if method == "qlora" and hasattr(model, "get_input_embeddings"):  # PEFT's upcast leaves fp32 embeddings
+        dtype = getattr(getattr(model.get_input_embeddings(), "weight", None), "dtype", None)
+        settings["prepare_model_for_kbit_training"] = dtype == torch.float32 and settings["precision"] != "fp32"
+    peft_config = getattr(model, "peft_config", None)
+    if isinstance(peft_config, dict) and peft_config:
+        adapter = next(iter(peft_config.values()))
+        settings["lora_rank"] = getattr(adapter, "r", None)
+        targets = getattr(adapter, "target_modules", None)
+        if targets and not isinstance(targets, str):
+            settings["target_modules"] = sorted(targets)
+    return settings
+
+
+def train_with_oom_doctor(trainer, *, resume_from_checkpoint=None, settings: dict | None = None):
+    """Return ``trainer.train(...)``'s ``TrainOutput``; an OOM becomes :class:`TrainingOutOfMemory`.
+
+    The report is also written to ``OUTPUT_DIR/oom_report.json``. The exception is raised
+    after the failed step's frames are released and the CUDA cache is emptied, so the
+    notebook's kernel gets its memory back; its message is the report, not a traceback.
+    """
+    tracker = PhaseTracker().install(trainer)
+    if not any(isinstance(c, NaNGuard) for c in trainer.callback_handler.callbacks):
+        trainer.add_callback(NaNGuard())
+    report = None
+    try:
+        return trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    except BaseException as error:
+        non_finite = nan_in_sampling(error, trainer.args, tracker.step)
+        if non_finite is not None:  # NaN logits reached torch.multinomial: what to change, not a sampling traceback
+            raise non_finite from None
+        if not is_oom(error):
+            raise
+        output_dir = trainer.args.output_dir
+        # What the trainer runs with (precision, steps_per_generation), then the recipe's own fields on top.
+        known = {**settings_from_trainer(trainer),
+                 **{k: v for k, v in flat_settings(settings or {}).items() if v is not None}}
+        report = explain_oom(error, phase=tracker.phase, step=tracker.step, max_steps=trainer.state.max_steps,
+                             settings=known,
+                             checkpoint=last_checkpoint(output_dir), output_dir=output_dir)
+    finally:
+        tracker.uninstall()
+    # Out of the except block: the traceback (and the failed step's tensors) is gone.
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if trainer.args.should_save:
+        write_whole(Path(report.output_dir) / "oom_report.json", json.dumps(report.as_dict(), indent=2) + "\n")
+    raise TrainingOutOfMemory(report)

@@ -1,7 +1,7 @@
 """What a recipe may hold, on a card: :func:`validate` and the type and range of every field, before any model loads.
 
 The layer above :mod:`labkit.presets` (the recipe and its plan) and the readers of a plan (the tool rounds' fit on the
-card reads the plan's own :func:`labkit.preflight.estimate`): pure functions of a preset's plan and a card, importing
+card reads the plan's own :func:`labkit.oom.estimate`): pure functions of a preset's plan and a card, importing
 nothing above. Each check returns one-line messages that name the field and say what to write instead: the preset's
 own fields (:data:`_NUMBER_FIELDS`: whole numbers, numbers, their ranges; texts, lists, booleans), the model name (an
 offline tiny model, an existing folder with a ``config.json``, or a well-formed hub id), and its ``config``
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from labkit.device import SIZING_CONTEXT_GIB, detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
-from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS
+from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS, generation_batch
 from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
 from labkit.presets import RECIPE_CONFIG, RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
@@ -169,7 +169,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     new tokens asked again, for every row of the generation batch (:func:`labkit.memory.estimate` with
     ``max_tool_calling_iterations``). Refused when that **estimated** generation phase plus the CUDA context
     (:data:`labkit.device.SIZING_CONTEXT_GIB`) is more than the card holds, with the changes that make it fit, ranked
-    as preflight ranks them (:func:`labkit.preflight.changes_until_fit`, by the generation phase); a model the
+    as preflight ranks them (:func:`labkit.oom.changes_until_fit`, by the generation phase); a model the
     estimator cannot read passes here (the preflight says so).
     """
     from labkit.environments import ENVIRONMENTS
@@ -194,7 +194,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
     device = plan.card if plan else None
     if device is None or device.kind != "cuda" or not device.total_memory_gib:
         return []
-    from labkit.preflight import changes_until_fit, estimate
+    from labkit.oom import changes_until_fit, estimate
 
     def generation_gib(changed: Plan) -> float:  # the plan's own estimate of the generation phase
         return estimate(changed, num_processes=procs).bytes["generation_phase"] / GIB
@@ -468,22 +468,21 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
     from labkit.training import too_few_prompts  # build_trainer's check; here: training loads transformers
 
     c = p.config
-    batch, g, accumulation = c["per_device_train_batch_size"], c["num_generations"], c["gradient_accumulation_steps"]
+    batch, g = c["per_device_train_batch_size"], c["num_generations"]
     per_step = batch * procs
-    generation_batch = per_step * p.steps_per_generation
-    if "steps_per_generation" not in c and generation_batch % g:
+    completions = per_step * p.steps_per_generation  # the generation batch, all processes
+    try:  # TRL's batch rule, written once: labkit.memory.generation_batch
+        generation_batch(batch, c["gradient_accumulation_steps"], c.get("steps_per_generation"), None, g, procs)
+    except ValueError as exc:  # the change that mends it: the steps a generation spans, or the batch, or G
+        knob = "steps_per_generation" if "steps_per_generation" in c else "gradient_accumulation_steps"
         fix = g // math.gcd(per_step, g)
-        fix *= math.ceil(accumulation / fix)
-        errors.append(
-            f"per_device_train_batch_size ({batch}) x processes ({procs}) x gradient_accumulation_steps "
-            f"({accumulation}) = {generation_batch} completions per generation batch, which must be a multiple of "
-            f"num_generations ({g}): TRL generates each prompt's {g} completions in one batch. Set "
-            f"gradient_accumulation_steps={fix}, or per_device_train_batch_size={g}, or num_generations to a divisor "
-            f"of {generation_batch}."
-        )
-    elif p.train_limit and (problem := too_few_prompts(p.train_limit, generation_batch, g)):
-        errors.append(f"train_limit: {problem} Set train_limit to at least {generation_batch // g}, or lower the "
-                      "batch (per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
+        fix *= math.ceil(c[knob] / fix)
+        errors.append(f"{exc}. Set --set {knob}={fix}, or --set per_device_train_batch_size={g}, or num_generations "
+                      f"to a divisor of {completions}.")
+    else:
+        if p.train_limit and (problem := too_few_prompts(p.train_limit, completions, g)):
+            errors.append(f"train_limit: {problem} Set train_limit to at least {completions // g}, or lower the "
+                          "batch (per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation).")
     errors.extend(_target_module_errors(plan, warnings))
     if c["optim"] not in OPTIMS:
         errors.append(f"optim must be one of {', '.join(OPTIMS)}, not {c['optim']!r}.")

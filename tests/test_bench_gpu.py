@@ -667,7 +667,7 @@ def test_every_measured_preset_row_fits_its_card_and_says_how_it_was_measured():
 def test_the_memory_table_shows_a_measured_row_only_at_its_settings(tmp_path):
     import shutil
 
-    from labkit.measure import memory_columns
+    from labkit.charts import memory_columns
 
     repo = Path(__file__).resolve().parents[1] / "results"
     table = memory_columns(repo / "rehearsal.csv", None, kinds=("preset",)).set_index("row")

@@ -324,7 +324,7 @@ def _paged_cache(cb_kwargs: dict, *, total_gib: float, used_gib: float):
 
 
 def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
-    from labkit.preflight import estimate
+    from labkit.oom import estimate
     from labkit.presets import resolve_plan
     from labkit.device import SIZING_CONTEXT_GIB
     from labkit.generation import continuous_footprint
@@ -343,7 +343,7 @@ def test_continuous_batching_fits_a_16gb_card_by_transformers_own_check():
     assert footprint["cache"] == cache.cache_tensor.numel() - 2 * cache.bytes_per_sector
     assert footprint["attention_mask"] == 2 * cache.max_batch_tokens * (cache.max_tokens_read + cache.max_batch_tokens)
     assert est.bytes["kv_cache"] == footprint["total"]
-    from labkit.preflight import preflight
+    from labkit.oom import preflight
 
     report = preflight(p, card_gib=CARDS["rtx3080-laptop-16gb"].gib)  # generation 7.1 GiB, training 10.2
     assert report.fits and report.breakdown["kv_cache"] == pytest.approx(footprint["total"] / GIB)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from labkit.device import CARDS
 from labkit.cli import estimate_cli
-from labkit.measure import saved_activation_bytes, state_bytes
+from labkit.monitor import saved_activation_bytes, state_bytes
 from labkit.memory import GIB, estimate
 from labkit.models import ARCHITECTURES, build_tiny_model, load_policy, lora_config
 from labkit.memory import model_shape

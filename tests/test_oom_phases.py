@@ -9,9 +9,8 @@ import torch
 
 from labkit.device import CARDS
 from labkit.memory import estimate
-from labkit.oom import candidate_changes, optimizer_step_memory, ordered_changes, phase_memory, scoring_memory
-from labkit.preflight import estimate as _estimate
-from labkit.preflight import preflight
+from labkit.oom import candidate_changes, optimizer_step_memory, ordered_changes, phase_memory, preflight, scoring_memory
+from labkit.oom import estimate as _estimate
 from labkit.presets import PRESETS, resolve_plan
 from labkit.training import non_finite_advice
 
@@ -175,7 +174,7 @@ def test_settings_from_trainer_reads_peft_upcast_and_num_iterations():
 
     import torch
 
-    from labkit.oom import settings_from_trainer
+    from labkit.training import settings_from_trainer
 
     args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=2,
                            num_generations=4, world_size=1, max_completion_length=256, optim="paged_adamw_8bit",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import labkit.device as dev
-from labkit.preflight import estimate, preflight
+from labkit.oom import estimate, preflight
 from labkit.presets import Plan, card_device, get_preset, resolve_plan
 
 PACKAGE = Path(__file__).resolve().parents[1] / "labkit"

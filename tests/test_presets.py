@@ -6,7 +6,7 @@ import pytest
 
 from labkit import device as dev
 from labkit.device import CARDS
-from labkit.preflight import preflight
+from labkit.oom import preflight
 from labkit.presets import PRESETS, Preset, PresetError, get_preset
 from labkit.validation import validate
 from labkit.run import build_run, reward_functions, training_prompts

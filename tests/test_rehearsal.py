@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from labkit.preflight import estimate
+from labkit.oom import estimate
 from labkit.presets import PRESETS
 from labkit.presets import resolve_plan as resolve
 from bench.fake_tensors import EMULATED, LiveBytes

@@ -239,9 +239,8 @@ def test_changes_depend_on_the_phase_and_skip_what_is_already_done():
 
 def _phase_bytes(preset, precision, phase):
     """The memory ``phase`` fills for ``preset``, by labkit.memory.estimate (through preflight's own call)."""
-    from labkit.oom import scoring_memory
+    from labkit.oom import estimate as _estimate, scoring_memory
     from labkit.presets import resolve_plan
-    from labkit.preflight import estimate as _estimate
 
     result = _estimate(resolve_plan(preset.replace(precision=precision)))
     est = result.bytes

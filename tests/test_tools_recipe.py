@@ -88,7 +88,7 @@ def test_the_estimate_of_a_tool_recipe_counts_its_rounds():
     passes the recipe's max_tool_calling_iterations: its generation phase is a round's, larger than the first turn's."""
     from labkit.memory import estimate as memory_estimate
     from labkit.presets import resolve_plan
-    from labkit.preflight import estimate
+    from labkit.oom import estimate
 
     tools = PRESETS["tools-16gb"]
     with_rounds = estimate(resolve_plan(tools))

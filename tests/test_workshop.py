@@ -12,7 +12,7 @@ from labkit.lab import repo_root, results_dir
 from labkit.models import CPU_MODEL_INSTALL
 from labkit.workshop import (CheckItem, hf_cache_has_weights, workshop_checklist,
                              workshop_estimate)
-from labkit.preflight import preflight
+from labkit.oom import preflight
 from labkit.presets import get_preset
 from labkit.validation import validate
 

@@ -5,7 +5,7 @@
   architectures built on the meta device;
 - ``training_state_bytes`` (05): the bytes of weights, gradients and AdamW states a model holds after
   one optimiser step, predicted from its parameters, checked against what PyTorch allocates
-  (:func:`labkit.measure.state_bytes` after a real ``torch.optim.AdamW`` step), full and LoRA, fp32 and bf16;
+  (:func:`labkit.monitor.state_bytes` after a real ``torch.optim.AdamW`` step), full and LoRA, fp32 and bf16;
 - ``kv_cache_bytes`` (05): the KV cache of a batch, checked against the keys and values transformers'
   ``DynamicCache`` holds after a forward pass of the architecture (on the meta device: shapes, no memory);
 - ``decode_limit`` (04b): the completion tokens a second a card's memory bandwidth allows, checked against
@@ -108,7 +108,7 @@ LORA_PARAM_COUNT = register(Exercise(
 
 
 def _measured_state_bytes(model):
-    from labkit.measure import state_bytes
+    from labkit.monitor import state_bytes
 
     model = copy.deepcopy(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -159,7 +159,7 @@ def _by_hand(model, *, moment_bytes=None, frozen_grads=False, step_counter=True)
 TRAINING_STATE_BYTES = register(Exercise(
     name="training_state_bytes",
     reference=_measured_state_bytes,
-    reference_name="the bytes PyTorch holds after one torch.optim.AdamW step, measured by labkit.measure.state_bytes",
+    reference_name="the bytes PyTorch holds after one torch.optim.AdamW step, measured by labkit.monitor.state_bytes",
     cases=_state_cases,
     mistakes={
         "the AdamW moments are counted at 4 bytes (fp32) each: torch's AdamW keeps them in the parameter's "
