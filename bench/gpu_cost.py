@@ -77,8 +77,8 @@ def preset_shape(preset, card_name: str, *, steps: int = 2, precision: str | Non
                 path=preset.generation, generation_only=False, generations=steps,
                 # forced tool rounds fill the budget, then the last round writes max_completion_length more
                 decode_steps=completion * (2 if rounds else 1), tool_rounds=rounds,
-                generation_batch=plan.generation_batch_size, micro_batches=plan.config["gradient_accumulation_steps"],
-                tokens=plan.generation_batch_size * (preset.max_prompt_length + completion),
+                generation_batch=plan.preset.generation_batch_size, micro_batches=plan.config["gradient_accumulation_steps"],
+                tokens=plan.preset.generation_batch_size * (preset.max_prompt_length + completion),
                 steps=steps, estimate_gib=est.total, generation_gib=est.generation_phase,
                 training_gib=est.training_phase, card_gib=card.total_memory_gib if card else None)
 

@@ -281,7 +281,7 @@ def measure(spec: dict) -> dict:
                card=card.name if card else None, generation=preset.generation,
                loader=loader_of(preset),
                **{k: plan.config[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps")},
-               generation_batch_size=plan.generation_batch_size, num_generations=plan.config["num_generations"],
+               generation_batch_size=plan.preset.generation_batch_size, num_generations=plan.config["num_generations"],
                max_prompt_length=preset.max_prompt_length,
                **{k: plan.config[k] for k in ("max_completion_length", "optim")},
                gradient_checkpointing=plan.config["activation_checkpointing"])  # the CSV's column name

@@ -18,11 +18,11 @@ import os
 import time
 import traceback
 
-from labkit.device import card_gib, sized_gib
+from labkit.device import sized_gib
 from bench import append_csv, results_dir
 from labkit.lab import provenance
 from labkit.memory import GIB
-from labkit.presets import PRESETS, Preset, get_preset
+from labkit.presets import PRESETS, Preset
 
 __all__ = ["main", "configurations", "rehearse_row", "FIELDS", "SIZED"]
 
@@ -57,9 +57,9 @@ def configurations(which: str = "all") -> list[tuple[str, str, object]]:
                     name = f"grid-{short}-{method}-{precision}"
                     # the published laptop recipe (Preset's defaults: batch 1 x 4, G = 4, 256 + 786 tokens,
                     # 8-bit AdamW, checkpointing); an fp16 row plans for a T4, a bf16 row for a 16 GB Ampere card
+                    card = "t4" if precision == "fp16" else "rtx3080-laptop-16gb"
                     rows.append(("grid", name, Preset(name=name, model=model, method=method, precision=precision,
-                                                      card_gib=card_gib("t4" if precision == "fp16"
-                                                                        else "rtx3080-laptop-16gb"))))
+                                                      card=card)))
     if which in ("all", "unsloth"):
         rows.append(("unsloth", "unsloth-headline", Preset(name="unsloth-headline", **UNSLOTH)))
     if which in ("all", "sizing"):  # one step past each sized preset: the evidence that it is the largest that fits
@@ -84,8 +84,8 @@ def rehearse_row(kind: str, name: str, preset) -> dict:
     from bench.rehearse import LABEL, rehearse
 
     versions = package_versions()
-    plan = resolve_plan(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset))
-    g = dict(plan.config, generation_batch_size=plan.generation_batch_size, max_prompt_length=preset.max_prompt_length)
+    plan = resolve_plan(preset, card_device(preset))
+    g = dict(plan.config, generation_batch_size=plan.preset.generation_batch_size, max_prompt_length=preset.max_prompt_length)
     row = dict(kind=kind, name=name, figure=LABEL, model=plan.model, method=plan.method, precision=plan.precision,
                card=plan.card.name, card_gib=plan.card.total_memory_gib,
                **{k: g[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
@@ -126,15 +126,6 @@ def rehearse_row(kind: str, name: str, preset) -> dict:
     )
     row.update(_sizing(row))
     return row
-
-
-def _card_for(preset):
-    """The card a grid row plans for: a T4 for fp16 rows, the preset's own card otherwise."""
-    from labkit.presets import card_device
-
-    if preset.precision == "fp16":
-        return card_device("colab-t4")
-    return card_device(get_preset("laptop-16gb"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +174,7 @@ def _reestimate(path: str) -> int:
         preset = presets[row["name"]]
         from labkit.presets import card_device
 
-        est = estimate(resolve_plan(preset, card_device(preset) if preset.name in PRESETS else _card_for(preset)))
+        est = estimate(resolve_plan(preset, card_device(preset)))
         peak, gen = float(row["rehearsed_peak_gib"]), float(row["rehearsed_generation_gib"])
         train = max(float(row["rehearsed_training_gib"]), float(row["rehearsed_optimizer_gib"]))
         row.update(estimated_total_gib=round(est.total, 4),

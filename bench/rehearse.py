@@ -38,7 +38,6 @@ import torch
 
 from bench.fake_tensors import (EMULATED, LABEL, NOT_COUNTED, LiveBytes, cuda_behaviours, fake_policy, generate,
                                 loss_context, optimizer_for)
-from labkit.device import card_gib
 from labkit.memory import GIB
 
 __all__ = ["Rehearsal", "rehearse", "main", "LABEL"]
@@ -107,9 +106,9 @@ def rehearse(plan, *, generation: bool = True, optimizer_steps: int = 2, num_lay
     plan = resolve_plan(plan)
     if plan.card is None or plan.card.kind != "cuda":
         raise ValueError(f"{plan.preset.name} is a CPU preset: the rehearsal rehearses a GPU run "
-                         f"(set card_gib, e.g. --set card_gib={card_gib('rtx3080-laptop-16gb')})")
+                         "(give it a card: --set card=rtx3080-laptop-16gb, a key of labkit.device.CARDS)")
     g = plan.config
-    micro, gen_batch = g["per_device_train_batch_size"], plan.generation_batch_size
+    micro, gen_batch = g["per_device_train_batch_size"], plan.preset.generation_batch_size
     prompt_len, completion_len = plan.preset.max_prompt_length, g["max_completion_length"]
     tool_rounds = plan.preset.tool_rounds  # the estimate's rule, once
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -208,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         preset = get_preset(args.preset, **parse_pairs("--set", args.set))
         plan = resolve_plan(preset)
         if plan.card is None or plan.card.kind != "cuda":
-            raise PresetError(f"{preset.name} is a CPU preset (card_gib=None): the rehearsal rehearses a GPU run; "
-                              f"give it a card with --set card_gib={card_gib('rtx3080-laptop-16gb')}")
+            raise PresetError(f"{preset.name} is a CPU preset (card=None): the rehearsal rehearses a GPU run; "
+                              "give it a card with --set card=rtx3080-laptop-16gb (a key of labkit.device.CARDS)")
         for warning in validate(preset, plan.card):
             print(f"warning: {warning}")
     except (PresetError, UsageError, KeyError, ValueError) as exc:

@@ -128,7 +128,8 @@ def generation_problems(p, device) -> tuple[list[str], list[str]]:
                               "those, or set "
                               "generation='static-compiled'.")
         if p.card_gib is None and not errors and p.config.get("vllm_mode", "colocate") != "server":
-            errors.append("generation='vllm' sizes vLLM's share of the card from card_gib: set card_gib.")
+            errors.append("generation='vllm' sizes vLLM's share of the card from its memory: set card (a key of "
+                          "labkit.device.CARDS) or card_gib.")
     return errors, warnings
 
 

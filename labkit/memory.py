@@ -107,6 +107,7 @@ class ModelShape:
     quantisable_params: int  # weights of nn.Linear layers other than the LM head: what QLoRA stores in 4 bits
     linear_weight_params: int  # same layers; what fp16 autocast casts to half precision in each forward
     lora_modules: tuple[tuple[str, int, int], ...] = field(repr=False)  # (name suffix, in, out) per Linear
+    context: int | None = None  # max_position_embeddings: what prompt + completion must fit in
 
     def lora_targets(self, targets) -> list[tuple[int, int]]:
         """Return ``[(in_features, out_features), ...]`` of the Linear layers a LoRA with ``targets`` adapts."""
@@ -164,6 +165,7 @@ def _shape_from_json(name: str, config_json: str) -> ModelShape:
         quantisable_params=linear,
         linear_weight_params=linear,
         lora_modules=tuple(modules),
+        context=getattr(text, "max_position_embeddings", None),
     )
 
 
@@ -445,14 +447,13 @@ def estimate(model, method: str = "lora", *, per_device_train_batch_size: int = 
         per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation, generation_batch_size,
         num_generations, num_processes)
     prompt_len, completion_len = max_prompt_length, max_completion_length
-    if not isinstance(model, ModelShape):  # a plan's shape is read once, its context checked by labkit.validation
-        context = getattr(model_config(model)[1].get_text_config(), "max_position_embeddings", None)
-        if context and prompt_len + completion_len > context:
-            raise ValueError(f"max_prompt_length ({prompt_len}) + max_completion_length ({completion_len}) = "
-                             f"{prompt_len + completion_len} tokens, more than {model}'s context of {context}; "
-                             f"set max_completion_length to at most {max(1, context - prompt_len)}")
-    micro_batch = per_device_train_batch_size
     shape = model if isinstance(model, ModelShape) else model_shape(model)
+    context = shape.context if shape is not model else None  # a plan's shape: its context checked by labkit.validation
+    if context and prompt_len + completion_len > context:
+        raise ValueError(f"max_prompt_length ({prompt_len}) + max_completion_length ({completion_len}) = "
+                         f"{prompt_len + completion_len} tokens, more than {model}'s context of {context}; "
+                         f"set max_completion_length to at most {max(1, context - prompt_len)}")
+    micro_batch = per_device_train_batch_size
     targets = list(lora_targets or DEFAULT_LORA_TARGETS)
     b = PRECISION_BYTES[precision]
     if prepare_model_for_kbit_training and method != "qlora":

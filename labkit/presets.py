@@ -29,10 +29,10 @@ everything the rest of the lab needs, decided in one place:
 - the libraries' own objects: PEFT's ``LoraConfig`` (``peft_config``: LoRA, QLoRA), transformers'
   ``BitsAndBytesConfig`` (``quantization_config``: QLoRA) and how ``from_pretrained`` loads the model
   (``model_init_kwargs``), exactly what ``GRPOTrainer`` is handed;
-- the ``GRPOConfig`` arguments: the preset's ``config`` with its generation path's (:func:`grpo_arguments`), with
-  TRL's derived ``steps_per_generation`` and ``generation_batch_size`` as properties. The ``GRPOConfig`` itself is
-  built from them on the machine that trains (:func:`labkit.training.grpo_config`): transformers refuses a bf16
-  ``TrainingArguments`` on a machine without a bf16 GPU, so a plan for another card cannot hold one;
+- the ``GRPOConfig`` arguments: the preset's ``config`` with its generation path's (:func:`grpo_arguments`); TRL's
+  derived ``steps_per_generation`` and ``generation_batch_size`` are the preset's properties. The ``GRPOConfig``
+  itself is built from them on the machine that trains (:func:`labkit.training.grpo_config`): transformers refuses a
+  bf16 ``TrainingArguments`` on a machine without a bf16 GPU, so a plan for another card cannot hold one;
 - the card: a :class:`labkit.device.DeviceInfo` (the machine's, or the one the preset is made for).
 
 ``build_run``, ``preflight``, ``train --dry-run``, the estimator (:func:`labkit.oom.estimate`) and
@@ -139,16 +139,20 @@ class Preset:
     # How TRL makes the completions (labkit.generation.PATHS): "generate" (TRL's default), "static-compiled" (a static
     # KV cache and a compiled decode step), "continuous" (transformers' continuous batching) or "vllm" (colocated).
     generation: str = "generate"
-    # The card the recipe is made for, in GiB as PyTorch reports it (torch.cuda.mem_get_info()'s total),
-    # None for no GPU: read from the one table of cards (labkit.device.CARDS; _PRESET_CARDS says which card each
-    # GPU preset is made for). Caps and preflight use these figures.
-    card_gib: float | None = CARDS["rtx3080-laptop-16gb"].gib
+    # The card the recipe is made for: a key of the one table of cards (labkit.device.CARDS: its name, memory and
+    # compute capability, so its precision), None for no GPU; and its memory in GiB as PyTorch reports it
+    # (torch.cuda.mem_get_info()'s total): None is the card's own. Caps and preflight use these figures;
+    # card_gib without a card is a card of that memory, Ampere or newer.
+    card: str | None = "rtx3080-laptop-16gb"
+    card_gib: float | None = None
     # The GRPOConfig arguments, in TRL's names: RECIPE_CONFIG with what this preset changes (__post_init__).
     config: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if isinstance(self.config, dict):  # another type is validate()'s to refuse, with the field's name
             object.__setattr__(self, "config", {**copy.deepcopy(RECIPE_CONFIG), **self.config})
+        if self.card_gib is None and isinstance(self.card, str) and self.card in CARDS:  # another: validate()'s
+            object.__setattr__(self, "card_gib", CARDS[self.card].gib)
 
     def replace(self, **changes) -> "Preset":
         """Return a copy with ``changes``: a preset field by its name (lists become tuples), any other name a
@@ -162,6 +166,8 @@ class Preset:
         if settings or "config" in changes:
             base = self.config if "config" not in changes else changes["config"] or {}
             changes["config"] = {**base, **settings}
+        if "card" in changes and "card_gib" not in changes:  # another card brings its own memory
+            changes["card_gib"] = None
         if callable(changes.get("rewards")):  # one reward function of your own
             changes["rewards"] = (changes["rewards"],)
         for key in ("target_modules", "rewards", "reward_weights"):
@@ -190,8 +196,9 @@ class Preset:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Preset":
-        """Return the preset that :meth:`to_dict` wrote, or that labkit before the ``config`` dict wrote (its
-        ``GRPOConfig`` fields at the top, ``trl_options``, ``gradient_checkpointing``, ``save_steps=None``)."""
+        """Return the preset that :meth:`to_dict` wrote, or that an older labkit wrote (before the ``config`` dict: its
+        ``GRPOConfig`` fields at the top, ``trl_options``, ``gradient_checkpointing``, ``save_steps=None``; before
+        ``card``: only ``card_gib``)."""
         data = dict(data)
         name, model = data.pop("name"), data.pop("model")
         config = {**(data.pop("trl_options", None) or {}), **(data.pop("config", None) or {})}
@@ -202,6 +209,8 @@ class Preset:
             config["save_strategy"] = "no"
         if data.get("max_tool_calling_iterations", 0) is None:  # None was "no tools", passed only with an environment
             data.pop("max_tool_calling_iterations")
+        if "card" not in data:  # before a preset named its card: the card of its memory, none without a GPU
+            data["card"] = next((key for key, c in CARDS.items() if c.gib == data.get("card_gib")), None)
         return cls(name=name, model=model).replace(config=config, **data)
 
     @property
@@ -254,7 +263,7 @@ PRESETS: dict[str, Preset] = {
             description=f"Free Colab T4 ({CARDS['t4'].gib:g} GiB to PyTorch; no bf16: fp16 is chosen): the laptop recipe with shorter "
                         "completions (a T4 generates slowly) and a paged 8-bit AdamW for memory spikes; batch 28 x 4 "
                         "(112 completions a step), sized by rehearsal: peak 9.3 GiB (fake tensors).",
-            card_gib=CARDS["t4"].gib,
+            card="t4",
             config={
                 "per_device_train_batch_size": 28,
                 "max_completion_length": 512,
@@ -311,7 +320,7 @@ PRESETS: dict[str, Preset] = {
             task="word-problems",
             train_limit=64,
             eval_batch_size=16,
-            card_gib=None,
+            card=None,
             config={
                 # 4 prompts x 8 completions a step: with 2, one step in six had no right or no wrong reply in any
                 # group (no signal) and seed 0 rose 11.5 points; with 4, 30.2 (results/smollm2_experiments.json). The
@@ -349,7 +358,7 @@ PRESETS: dict[str, Preset] = {
             environment="calculator",
             train_limit=64,
             eval_batch_size=16,
-            card_gib=None,
+            card=None,
             config={
                 # a tool completion is long (the schema in the prompt, the tool turns): 16 of them in one fp32 pass of
                 # SmolLM2-135M took 18 GB of RAM, so the 16 completions of a step train in micro-batches of 4
@@ -373,7 +382,7 @@ PRESETS: dict[str, Preset] = {
                         "LoRA, one prompt x G=8 completions of up to 256 tokens a step, 30 steps, evaluated on 100 "
                         "test questions; about 14-25 min, an ESTIMATE from published T4 step times "
                         "(labkit.workshop.workshop_estimate). It shows the loop working, not a trained model.",
-            card_gib=CARDS["t4"].gib,
+            card="t4",
             config={
                 "per_device_train_batch_size": 8,
                 "gradient_accumulation_steps": 1,
@@ -394,7 +403,7 @@ PRESETS: dict[str, Preset] = {
             max_prompt_length=512,
             train_limit=64,
             eval_batch_size=16,
-            card_gib=None,
+            card=None,
             config={
                 "per_device_train_batch_size": 4,
                 "gradient_accumulation_steps": 2,
@@ -410,25 +419,14 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-# The card each GPU preset is made for: a key of labkit.device.CARDS (name, memory, compute capability).
-_PRESET_CARDS = {
-    "colab-t4": "t4",  # Turing: fp16 only
-    "workshop": "t4",  # notebook 04's default on a GPU: a free Colab T4
-    "laptop-16gb": "rtx3080-laptop-16gb",  # Ampere: bf16
-    "laptop-16gb-published": "rtx3080-laptop-16gb",
-    "qlora-3b": "rtx3080-laptop-16gb",
-    "tools-16gb": "rtx3080-laptop-16gb",
-}
-
-
 def card_device(preset: Preset | str):
     """Return a :class:`labkit.device.DeviceInfo` describing the card ``preset`` is made for (None: a CPU preset).
 
     What ``python -m labkit train --dry-run`` validates and plans against on a machine without that
     card: a learner planning a 16 GB run from a laptop gets the 16 GB card's precision and memory.
-    The card comes from :data:`labkit.device.CARDS` (``_PRESET_CARDS``), with the preset's own
-    ``card_gib``; presets without a named card get an Ampere (bf16) card of ``card_gib``. A ``card_gib``
-    that :func:`labkit.validation.validate` refuses (``"abc"``) gives None: validate then says what to set.
+    The card is the preset's ``card`` (:data:`labkit.device.CARDS`) with its ``card_gib``; a ``card_gib`` without a
+    card is an Ampere (bf16) card of that memory. Values that :func:`labkit.validation.validate` refuses
+    (``card_gib="abc"``) give None: validate then says what to set.
     """
     preset = get_preset(preset)
     gib = preset.card_gib
@@ -436,10 +434,10 @@ def card_device(preset: Preset | str):
         usable = not isinstance(gib, bool) and isinstance(gib, (int, float)) and 0 < float(gib) < math.inf
     except OverflowError:
         usable = False
-    if not usable or not isinstance(preset.name, str):
+    if not usable or not (preset.card is None or isinstance(preset.card, str) and preset.card in CARDS):
         return None  # a CPU preset, or values (card_gib="abc") that validate() refuses with a clear message
-    if preset.name in _PRESET_CARDS:
-        named = card(_PRESET_CARDS[preset.name])
+    if preset.card is not None:
+        named = card(preset.card)
         name, capability = named.name, named.compute_capability
     else:
         name, capability = f"a {preset.card_gib:g} GiB card (Ampere or newer)", (8, 0)
@@ -486,6 +484,20 @@ class Plan:
         return model_shape(self.shape_name)
 
     @cached_property
+    def context(self) -> int | None:
+        """The model's context (``max_position_embeddings``), without downloading weights: its shape's, else the hub's
+        config (or its cache's); None when neither answers."""
+        try:
+            return self.shape.context
+        except Exception:  # noqa: BLE001  neither in the catalogue nor a saved folder: a hub id
+            try:
+                from transformers import AutoConfig
+
+                return int(AutoConfig.from_pretrained(self.shape_name).max_position_embeddings)
+            except Exception:  # noqa: BLE001  offline, an unknown id, or a config without the field
+                return None
+
+    @cached_property
     def config(self) -> dict:
         """The ``GRPOConfig`` arguments ``build_run`` passes, in TRL's names: :func:`grpo_arguments` of the preset."""
         return grpo_arguments(self.preset)
@@ -501,14 +513,6 @@ class Plan:
     def quantization_config(self):
         """transformers' ``BitsAndBytesConfig`` (QLoRA; None otherwise): what ``GRPOTrainer`` is handed."""
         return quantization_config(self.precision) if self.method == "qlora" else None
-
-    @property
-    def steps_per_generation(self) -> int:  # TRL's batch rule, written once: Preset.steps_per_generation
-        return self.preset.steps_per_generation
-
-    @property
-    def generation_batch_size(self) -> int:
-        return self.preset.generation_batch_size
 
     @property
     def model_init_kwargs(self) -> dict:
@@ -546,7 +550,7 @@ class Plan:
                 f"(weights {str(self.weight_dtype).removeprefix('torch.')}), "
                 f"per_device_train_batch_size={c['per_device_train_batch_size']}, "
                 f"gradient_accumulation_steps={c['gradient_accumulation_steps']}, "
-                f"generation_batch_size={self.generation_batch_size}, num_generations={c['num_generations']}, "
+                f"generation_batch_size={self.preset.generation_batch_size}, num_generations={c['num_generations']}, "
                 f"max_completion_length={c['max_completion_length']}, optim={c['optim']}, "
                 f"generation={self.preset.generation}" + (f" on {self.card}" if self.card else ""))
 

@@ -51,7 +51,7 @@ LOCK_FILE = "labkit.lock"
 
 # Fields and GRPOConfig arguments a resumed run may change: they do not change what the run computes.
 RESUMABLE_CHANGES = ("description", "save_strategy", "save_steps", "save_total_limit", "activation_checkpointing",
-                     "activation_checkpointing_kwargs", "eval_batch_size", "card_gib")
+                     "activation_checkpointing_kwargs", "eval_batch_size", "card", "card_gib")
 
 
 def training_prompts(preset: Preset, tokenizer, *, split: str = "train", limit: int | None = None,

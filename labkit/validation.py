@@ -12,21 +12,20 @@ the ranges and choices it does not check itself (:data:`TRL_NUMBER_RANGES`, :dat
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
 from pathlib import Path
 
-from labkit.device import SIZING_CONTEXT_GIB, detect_device
+from labkit.device import CARDS, SIZING_CONTEXT_GIB, detect_device
 from labkit.generation import GENERATION_FIELDS, generation_problems
 from labkit.memory import EIGHT_BIT_OPTIMS, GIB, OPTIMS, generation_batch
-from labkit.models import TINY_SHAPES, LOCAL_MODELS, architecture_config, check_method, resolve_model
+from labkit.models import LOCAL_MODELS, TINY_SHAPES, check_method
 from labkit.presets import RECIPE_CONFIG, RECIPE_TARGETS, Plan, Preset, PresetError, resolve_plan
 from labkit.rewards import named_rewards, task_errors
 from labkit.tasks import WORD_PROBLEM_TASKS
 
-__all__ = ["validate", "checked_plan", "model_context_length", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES",
+__all__ = ["validate", "checked_plan", "SECRET_FIELDS", "TRL_NUMBER_RANGES", "TRL_CHOICES",
            "field_errors", "config_errors", "in_notebook_terms"]
 
 
@@ -129,6 +128,9 @@ def field_errors(p: Preset) -> list[str]:
         value = getattr(p, name)
         if not isinstance(value, str) or (name != "description" and not value.strip()):
             errors.append(f"{name} must be a non-empty text, not {value!r}.")
+    if p.card is not None and not (isinstance(p.card, str) and p.card in CARDS):
+        errors.append(f"card must be one of {', '.join(CARDS)} (labkit.device.CARDS), or None for no GPU (card_gib "
+                      f"alone: a card of that memory), not {p.card!r}.")
     if not isinstance(p.config, dict):
         return errors + [f"config must be a dict of GRPOConfig arguments (--set KEY=VALUE), not {p.config!r}."]
     errors.extend(config_errors(p.config))
@@ -215,7 +217,7 @@ def _tool_errors(p: Preset, plan: Plan | None = None, procs: int = 1) -> list[st
               + ": a bigger card, or a shorter max_prompt_length")
     return [f"tool rounds: each of the {rounds} tool rounds generates again on prompt + "
             f"completion so far (up to {p.max_prompt_length} + {length} tokens, prefilled from scratch) and asks "
-            f"{length} new tokens, for all {plan.generation_batch_size} completions of the generation batch: "
+            f"{length} new tokens, for all {plan.preset.generation_batch_size} completions of the generation batch: "
             f"estimated {needed:.1f} GiB for the generation (the first turn alone {first_turn:.1f} GiB), more than "
             f"this card's {card:g} GiB with the CUDA context ({SIZING_CONTEXT_GIB:g} GiB). {change}."]
 
@@ -228,8 +230,6 @@ def _secret_errors(options: dict) -> list[str]:
 
 def _model_errors(model: str) -> list[str]:
     """Return why ``model`` names no model: an unknown tiny model, a missing folder, a malformed hub id."""
-    import re
-
     if model.startswith("tiny:"):
         arch = model.split(":", 1)[1]
         return [] if arch in TINY_SHAPES else [
@@ -334,30 +334,6 @@ def config_errors(config: dict) -> list[str]:
         except Exception as exc:  # noqa: BLE001  whatever TRL refuses, as one line
             errors.append(f"config {extra}: GRPOConfig refuses them: {' '.join(str(exc).split())}")
     return errors
-
-
-def model_context_length(model: str) -> int | None:
-    """Return the model's context (``max_position_embeddings``) without downloading weights, or None.
-
-    Looks in the architecture catalogue, then a local ``config.json``, then the hub's (or
-    its cache's) config; returns None when none of them answers.
-    """
-    if model.startswith("tiny:"):
-        model = resolve_model(model)
-    model = LOCAL_MODELS.get(model, {}).get("hub_id", model)  # a packaged model has its hub twin's shape
-    try:
-        return int(architecture_config(model).max_position_embeddings)
-    except KeyError:
-        pass
-    config_file = Path(model) / "config.json"
-    if config_file.exists():
-        return json.loads(config_file.read_text()).get("max_position_embeddings")
-    try:
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(model).max_position_embeddings)
-    except Exception:  # offline, unknown id, or a config without the field
-        return None
 
 
 def process_count(num_processes: int | None) -> int:
@@ -491,7 +467,7 @@ def checked_plan(preset: Preset | Plan, device=None, *, num_processes: int | Non
     except ValueError as exc:
         errors.append(f"rewards: {exc}")
 
-    context = model_context_length(plan.shape_name)
+    context = plan.context
     total = p.max_prompt_length + c["max_completion_length"]
     if context is None:
         warnings.append(f"could not read {p.model}'s context length (offline?): prompt + completion length "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from labkit.device import CARDS, card, card_gib
-from labkit.presets import PRESETS, _PRESET_CARDS, card_device
+from labkit.presets import PRESETS, card_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,9 +93,9 @@ def test_the_table_holds_binary_figures_with_sources():
         card("h100")
 
 
-@pytest.mark.parametrize("name", sorted(_PRESET_CARDS))
+@pytest.mark.parametrize("name", sorted(n for n, p in PRESETS.items() if p.card is not None))
 def test_every_gpu_preset_reads_its_card_from_the_table(name):
-    c = CARDS[_PRESET_CARDS[name]]
+    c = CARDS[PRESETS[name].card]
     assert PRESETS[name].card_gib == c.gib
     device = card_device(name)
     assert (device.name, device.total_memory_gib, device.compute_capability) == (c.name, c.gib, c.compute_capability)
@@ -106,7 +106,22 @@ def test_the_workshop_preset_plans_for_a_t4_in_fp16():
 
     device = card_device("workshop")
     assert device.name == "Tesla T4" and device.bf16 is False and choose_precision(device) == "fp16"
-    assert {name for name, p in PRESETS.items() if p.card_gib is not None} == set(_PRESET_CARDS)
+    assert {name for name, p in PRESETS.items() if p.card_gib is None} == {"cpu-smollm2", "cpu-tools", "cpu-tiny"}
+
+
+def test_a_preset_carries_its_card_under_any_name():
+    from labkit.presets import Preset, get_preset
+
+    mine = get_preset("colab-t4").replace(name="my-t4")  # a copy under your own name stays a T4 recipe: fp16
+    assert (card_device(mine).name, card_device(mine).bf16, mine.card_gib) == ("Tesla T4", False, CARDS["t4"].gib)
+    laptop = mine.replace(card="rtx3080-laptop-16gb")  # another card brings its own memory
+    assert laptop.card_gib == CARDS["rtx3080-laptop-16gb"].gib and card_device(laptop).bf16
+    assert card_device(mine.replace(card=None)) is None  # no card: the CPU
+    sized = mine.replace(card=None, card_gib=24.0)  # a memory alone: a card of that memory, Ampere or newer
+    assert (card_device(sized).total_memory_gib, card_device(sized).compute_capability) == (24.0, (8, 0))
+    # a recipe saved before presets named their card (its memory alone) reads back with the card of that memory
+    saved = {k: v for k, v in mine.to_dict().items() if k != "card"}
+    assert Preset.from_dict(saved).card == "t4" and Preset.from_dict(dict(saved, card_gib=None)).card is None
 
 
 def test_the_sizing_allowance_is_stated_once_and_applied_as_stated():

@@ -44,7 +44,7 @@ def test_a_plans_generation_batch_is_what_grpo_config_resolves(name, changes, tm
     batch = {k: plan.config[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                          "steps_per_generation", "num_generations") if k in plan.config}
     config = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **batch)
-    assert (plan.generation_batch_size, plan.steps_per_generation) == (config.generation_batch_size,
+    assert (plan.preset.generation_batch_size, plan.preset.steps_per_generation) == (config.generation_batch_size,
                                                                        config.steps_per_generation)
 
 
@@ -68,7 +68,7 @@ def test_build_run_takes_a_plan(tmp_path):
     run = build_run(plan, tmp_path, disable_tqdm=True)
     args = run.trainer.args
     assert (args.bf16, args.fp16) == (False, False)
-    assert args.generation_batch_size == plan.generation_batch_size
+    assert args.generation_batch_size == plan.preset.generation_batch_size
     adapter = run.model.peft_config["default"]
     assert (adapter.r, adapter.lora_dropout) == (plan.peft_config.r, 0.0)  # the preset's dropout, not PEFT's 0.05
     assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in run.model.modules())
@@ -239,7 +239,7 @@ def test_a_plan_with_a_change_keeps_what_the_change_does_not_reach(resolve_calls
     resolve_calls.clear()
     smaller = plan.apply({"per_device_train_batch_size": 8, "lora_rank": 8, "steps_per_generation": 2})
     # the settings, the LoRA config and TRL's arguments follow; the model path, shape and precision stay as decided
-    assert (smaller.preset.config["per_device_train_batch_size"], smaller.generation_batch_size) == (8, 16)
+    assert (smaller.preset.config["per_device_train_batch_size"], smaller.preset.generation_batch_size) == (8, 16)
     assert smaller.config["steps_per_generation"] == 2 and smaller.peft_config.r == 8 and plan.peft_config.r == 16
     assert (smaller.model_path, smaller.precision, smaller.card) == (plan.model_path, plan.precision, plan.card)
     assert smaller.shape is plan.shape and smaller.quantization_config is plan.quantization_config

@@ -141,6 +141,6 @@ def test_rehearse_command_refuses_bad_input_before_building_anything(capsys):
     assert main(["--preset", "no-such-preset"]) == 2
     assert "unknown preset" in capsys.readouterr().err
     assert main(["--preset", "cpu-tiny"]) == 2  # a CPU preset: nothing to rehearse on a card
-    assert "card_gib" in capsys.readouterr().err
+    assert "--set card=rtx3080-laptop-16gb" in capsys.readouterr().err
     assert main(["--preset", "laptop-16gb", "--set", "per_device_train_batch_size"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err

@@ -104,7 +104,7 @@ _FIELDS.update({
     "optim": ["sgd", "1", "none"], "target_modules": ["nope", "1", "q_proj,xx"], "rewards": ["vibes", "1"],
     "reward_weights": ["nan,1,1", "abc", "inf,1,1", "0,0,0", "1"], "name": ["1", "none"], "description": ["1"],
     "task": ["chess", "1", "none"], "environment": ["abacus", "1"],
-    "generation": ["vllm2", "1", "none", "static"],
+    "generation": ["vllm2", "1", "none", "static"], "card": ["h100", "1", "true"],
 })
 _CONFIG = {name: _invalid_for(kind, low, high, low_allowed, True)
            for name, (kind, low, high, low_allowed) in TRL_NUMBER_RANGES.items()}
@@ -116,7 +116,7 @@ _VALID = {"lora_rank": ["4", "16"], "learning_rate": ["1e-4", "0.5"], "beta": ["
           "lora_alpha": ["32", "none", "8.5"], "lora_dropout": ["0", "0.05"], "target_modules": ["q_proj,v_proj", "down_proj"],
           "activation_checkpointing": ["false", "true"], "seed": ["0", "7"], "save_steps": ["3"],
           "save_strategy": ["no", "steps"],
-          "prepare_model_for_kbit_training": ["false"], "generation": ["generate", "continuous"]}
+          "prepare_model_for_kbit_training": ["false"], "generation": ["generate", "continuous"], "card": ["none", "t4"]}
 _VALID_CONFIG = {"loss_type": ["grpo", "dr_grpo"], "num_iterations": ["1", "2"], "epsilon": ["0.2", "0.1"],
                  "top_p": ["0.9", "1"], "scale_rewards": ["none", "batch"], "mask_truncated_completions": ["true"]}
 
