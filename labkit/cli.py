@@ -243,6 +243,7 @@ def train_cli(argv: list[str] | None = None) -> int:
             final = run.save()
         if main:
             print(f"done: {result.global_step} steps; saved to {final}")
+        _leave_process_group()
         return 0
     except TrainingOutOfMemory as exc:
         print(exc, file=sys.stderr)
@@ -256,6 +257,16 @@ def train_cli(argv: list[str] | None = None) -> int:
                  "no checkpoint was written yet, so re-running the same command starts again at step 0")
         print(f"\ninterrupted: {where}.", file=sys.stderr)
         return 130
+
+
+def _leave_process_group() -> None:
+    """Under ``accelerate launch``, leave the process group once the run is saved, as PyTorch asks of a program's end:
+    a process that exits with the group's threads still alive can abort ("terminate called without an active
+    exception", seen once on notebook 07's two-process CPU run)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def demo_parser(prog: str, description: str) -> argparse.ArgumentParser:

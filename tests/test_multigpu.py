@@ -417,3 +417,33 @@ def test_fsdp_refuses_bitsandbytes_optimisers_and_qlora_saying_what_to_set(monke
     assert validate(get_preset("laptop-16gb", optim="adamw_torch"), laptop, num_processes=2) is not None
     monkeypatch.delenv("ACCELERATE_USE_FSDP")
     assert validate(get_preset("laptop-16gb"), laptop, num_processes=2) is not None  # DDP keeps the 8-bit optimiser
+
+
+def test_a_finished_training_leaves_the_process_group(tmp_path, monkeypatch):
+    """Each process of ``accelerate launch`` trains in one process group; ``train`` leaves it once the run is saved,
+    so that no process exits with the group's threads alive (notebook 07's two-process CPU run once aborted there:
+    'terminate called without an active exception')."""
+    import types
+
+    import torch.distributed as dist
+
+    import labkit.run
+    from labkit.cli import train_cli
+
+    class SavedRun:  # what build_run returns, trained and saved at once
+        dropped_prompts, train_dataset = 0, []
+
+        def train(self, resume=None):
+            return types.SimpleNamespace(global_step=1)
+
+        def save(self):
+            return tmp_path / "run" / "final"
+
+    monkeypatch.setattr(labkit.run, "build_run", lambda *args, **kwargs: SavedRun())
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert train_cli(["--preset", "cpu-tiny", "--output-dir", str(tmp_path / "run")]) == 0
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
