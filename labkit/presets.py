@@ -444,8 +444,8 @@ def card_device(preset: Preset | str):
     return DeviceInfo.cuda(name, preset.card_gib, capability)
 
 
-def get_preset(name: str | Preset, **overrides) -> Preset:
-    """Return the named preset with ``overrides`` applied (``model=...``, ``max_steps=...``)."""
+def get_preset(name: str | Preset, /, **overrides) -> Preset:
+    """Return the named preset with ``overrides`` (``model=...``, ``max_steps=...``, ``name=...`` for a copy)."""
     if isinstance(name, Preset):
         return name.replace(**overrides) if overrides else name
     if name not in PRESETS:

@@ -112,7 +112,7 @@ def test_the_workshop_preset_plans_for_a_t4_in_fp16():
 def test_a_preset_carries_its_card_under_any_name():
     from labkit.presets import Preset, get_preset
 
-    mine = get_preset("colab-t4").replace(name="my-t4")  # a copy under your own name stays a T4 recipe: fp16
+    mine = get_preset("colab-t4", name="my-t4")  # a copy under your own name stays a T4 recipe: fp16
     assert (card_device(mine).name, card_device(mine).bf16, mine.card_gib) == ("Tesla T4", False, CARDS["t4"].gib)
     laptop = mine.replace(card="rtx3080-laptop-16gb")  # another card brings its own memory
     assert laptop.card_gib == CARDS["rtx3080-laptop-16gb"].gib and card_device(laptop).bf16
