@@ -490,12 +490,13 @@ class Plan:
         try:
             return self.shape.context
         except Exception:  # noqa: BLE001  neither in the catalogue nor a saved folder: a hub id
-            try:
-                from transformers import AutoConfig
+            pass
+        try:
+            from transformers import AutoConfig
 
-                return int(AutoConfig.from_pretrained(self.shape_name).max_position_embeddings)
-            except Exception:  # noqa: BLE001  offline, an unknown id, or a config without the field
-                return None
+            return int(AutoConfig.from_pretrained(self.shape_name).max_position_embeddings)
+        except Exception:  # noqa: BLE001  offline, an unknown id, or a config without the field
+            return None
 
     @cached_property
     def config(self) -> dict:

@@ -29,10 +29,10 @@ PACKAGE = REPO / "labkit"
 BESIDE = ("bench", "scripts")  # top-level folders beside the package: they import labkit, never the reverse
 MAX_LINES = 600
 # The installed package's Python, all lines counted (docstrings and blank lines too): the count reached, with no room
-# left. 15,138 on 2026-12-05 (14,642 on 2026-11-27); each commit that moved it says what the lines teach (git log -G
+# left. 15,139 on 2026-12-05 (14,642 on 2026-11-27); each commit that moved it says what the lines teach (git log -G
 # "^PACKAGE_BUDGET =" -- tests/test_layout.py). Issue 53 plans 11,500 by design. A ceiling against growth, not a goal:
 # raise it only in a commit that says what the lines teach.
-PACKAGE_BUDGET = 15_138
+PACKAGE_BUDGET = 15_139
 
 
 def _module_name(path: Path) -> str:
